@@ -1,0 +1,81 @@
+# spanmill's front door. `make demo` and `make test` install whatever is missing first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+CACHE := $(CURDIR)/.cache
+# Models, helper binaries and the local stack's state stay inside the checkout.
+export SPANMILL_HOME ?= $(CACHE)/spanmill
+export PATH := $(BIN):$(SPANMILL_HOME)/bin:$(PATH)
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+# The venv is rebuilt when the dependency list changes.
+DEPS_HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
+VENV_STAMP := $(VENV)/.installed-$(DEPS_HASH)
+HELM := $(SPANMILL_HOME)/bin/helm
+BASE_MODEL := smollm2-135m
+MODEL_STAMP := $(SPANMILL_HOME)/models/$(BASE_MODEL)/spanmill-model.json
+PYTEST_ARGS ?=
+
+.PHONY: help install demo test test-fast bench lint format charts up down status clean
+
+help:
+	@echo "make demo    install what is missing, then run the demo on the embedded stack"
+	@echo "make test    install what is missing, then run every test"
+	@echo "make lint    ruff and mypy;  make bench  benchmarks;  make charts  helm checks"
+	@echo "make up | status | down   the local stack (tansu, MLflow, tritonserver)"
+
+install: $(VENV_STAMP) $(HELM) $(MODEL_STAMP)
+
+# torch goes first and pinned: an open range would pull a multi-GB CUDA build.
+$(VENV_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[all,dev]'
+	$(BIN)/python -m pip check
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+$(HELM):
+	PYTHON=$(BIN)/python infra/local/fetch-helm.sh $(SPANMILL_HOME)/bin
+
+$(MODEL_STAMP): | $(VENV_STAMP)
+	$(BIN)/spanmill models pull $(BASE_MODEL)
+
+demo: install
+	$(BIN)/spanmill demo
+
+test: install lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not services and not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python -m bench
+
+lint: $(VENV_STAMP)
+	$(BIN)/ruff check src tests bench infra components pipelines services
+	$(BIN)/ruff format --check src tests bench infra components pipelines services
+	$(BIN)/mypy src
+
+format: $(VENV_STAMP)
+	$(BIN)/ruff check --fix src tests bench infra components pipelines services
+	$(BIN)/ruff format src tests bench infra components pipelines services
+
+charts: $(HELM)
+	@found=0; for chart in charts/*/Chart.yaml; do \
+	  [[ -e $$chart ]] || continue; found=1; \
+	  $(HELM) lint --strict "$$(dirname $$chart)"; \
+	done; [[ $$found == 1 ]] || echo "charts: no chart in charts/ yet"
+
+up status down: $(VENV_STAMP)
+	$(BIN)/spanmill $@
+
+clean:
+	-$(BIN)/spanmill down
+	rm -rf $(VENV) $(CACHE) .pytest_cache .mypy_cache .ruff_cache

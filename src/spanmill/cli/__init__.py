@@ -1,0 +1,1 @@
+"""The ``spanmill`` command line: one module per command group, assembled in ``main``."""

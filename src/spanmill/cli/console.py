@@ -1,0 +1,32 @@
+"""Shared terminal output and error handling for the CLI."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from spanmill.errors import SpanmillError
+
+console = Console()
+err_console = Console(stderr=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Show a SpanmillError as one readable message and exit 1, without a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except SpanmillError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(1) from None
+
+    return wrapper

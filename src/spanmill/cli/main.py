@@ -1,0 +1,35 @@
+"""The ``spanmill`` entry point.
+
+Each command group lives in its own module; later groups (collector, gateway,
+rollout, pipeline, demo) register here the same way.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from spanmill import __version__
+from spanmill.cli import models, stack
+
+app = typer.Typer(
+    name="spanmill",
+    help="Turn the traces of agents in production into better models, continuously.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+app.command()(stack.up)
+app.command()(stack.down)
+app.command()(stack.status)
+app.add_typer(models.app, name="models")
+
+
+@app.command()
+def version() -> None:
+    """Print the spanmill version."""
+    typer.echo(__version__)
+
+
+if __name__ == "__main__":
+    app()

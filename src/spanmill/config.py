@@ -1,0 +1,220 @@
+"""Configuration: one pydantic-settings model per service, env prefix ``SPANMILL_``.
+
+Connections shared by several services (Kafka, MLflow, Triton) have their own
+models and env prefixes, so one deployment sets ``SPANMILL_KAFKA_BOOTSTRAP_SERVERS``
+once for every service. A service's model composes the ones it needs. Defaults
+point at the embedded local stack (``spanmill up``), so nothing needs setting to
+try spanmill on one machine.
+
+Load settings with :func:`load_settings`: a bad value becomes a
+:class:`~spanmill.errors.ConfigError` that names the environment variable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from spanmill import paths, semconv
+from spanmill.errors import ConfigError
+
+LOOPBACK = "127.0.0.1"
+
+# Ports of the embedded stack. Chosen away from the usual defaults of the same
+# services (9092, 5000, 8000-8002) so that a developer's own copies can coexist.
+DEFAULT_KAFKA_PORT = 19092
+DEFAULT_MLFLOW_PORT = 15000
+DEFAULT_TRITON_HTTP_PORT = 18000
+DEFAULT_TRITON_GRPC_PORT = 18001
+DEFAULT_TRITON_METRICS_PORT = 18002
+
+
+def _config(prefix: str) -> SettingsConfigDict:
+    return SettingsConfigDict(env_prefix=prefix, extra="ignore", validate_default=True)
+
+
+class KafkaSettings(BaseSettings):
+    """How to reach Kafka. Env prefix ``SPANMILL_KAFKA_``."""
+
+    model_config = _config("SPANMILL_KAFKA_")
+
+    bootstrap_servers: str = Field(
+        f"{LOOPBACK}:{DEFAULT_KAFKA_PORT}", description="Comma-separated host:port list."
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    spans_topic: str = semconv.SPANS_TOPIC
+    dlq_topic: str = semconv.DLQ_TOPIC
+    max_message_bytes: int = Field(1024 * 1024, gt=0, description="Larger messages go to the DLQ.")
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_ports(cls, value: str) -> str:
+        for server in value.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"expected host:port[,host:port...], got {server.strip()!r}")
+        return value
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments shared by kafka-python's producer, consumer and admin client."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": [s.strip() for s in self.bootstrap_servers.split(",")],
+            "security_protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            options["sasl_mechanism"] = self.sasl_mechanism
+            options["sasl_plain_username"] = self.sasl_username
+            if self.sasl_password is not None:
+                options["sasl_plain_password"] = self.sasl_password.get_secret_value()
+        if self.ssl_cafile:
+            options["ssl_cafile"] = str(self.ssl_cafile)
+        return options
+
+
+class MLflowSettings(BaseSettings):
+    """How to reach the MLflow tracking server. Env prefix ``SPANMILL_MLFLOW_``."""
+
+    model_config = _config("SPANMILL_MLFLOW_")
+
+    tracking_uri: str = f"http://{LOOPBACK}:{DEFAULT_MLFLOW_PORT}"
+
+
+class TritonSettings(BaseSettings):
+    """How to reach Triton. Env prefix ``SPANMILL_TRITON_``."""
+
+    model_config = _config("SPANMILL_TRITON_")
+
+    http_url: str = f"{LOOPBACK}:{DEFAULT_TRITON_HTTP_PORT}"
+    grpc_url: str = f"{LOOPBACK}:{DEFAULT_TRITON_GRPC_PORT}"
+    model_repository: str = Field(
+        default_factory=lambda: str(paths.home() / "model-repository"),
+        description="A local folder or an fsspec URL such as s3://bucket/prefix.",
+    )
+
+
+class StackSettings(BaseSettings):
+    """The embedded stack that ``spanmill up`` starts. Env prefix ``SPANMILL_STACK_``."""
+
+    model_config = _config("SPANMILL_STACK_")
+
+    host: str = LOOPBACK
+    kafka_port: int = Field(DEFAULT_KAFKA_PORT, gt=0, lt=65536)
+    kafka_partitions: int = Field(3, gt=0, le=64)
+    mlflow_port: int = Field(DEFAULT_MLFLOW_PORT, gt=0, lt=65536)
+    triton_http_port: int = Field(DEFAULT_TRITON_HTTP_PORT, gt=0, lt=65536)
+    triton_grpc_port: int = Field(DEFAULT_TRITON_GRPC_PORT, gt=0, lt=65536)
+    triton_metrics_port: int = Field(DEFAULT_TRITON_METRICS_PORT, gt=0, lt=65536)
+    state_dir: Path = Field(default_factory=paths.state_dir)
+    model_repository: Path = Field(default_factory=lambda: paths.home() / "model-repository")
+    startup_timeout_s: float = Field(120.0, gt=0)
+
+
+class CollectorSettings(BaseSettings):
+    """The collector service. Env prefix ``SPANMILL_COLLECTOR_``."""
+
+    model_config = _config("SPANMILL_COLLECTOR_")
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    group_id: str = "spanmill-collector"
+    store_url: str = Field(
+        default_factory=lambda: str(paths.home() / "spans"),
+        description="Span store root: a local folder or an fsspec URL such as s3://bucket/spans.",
+    )
+    batch_max_spans: int = Field(5000, gt=0)
+    batch_max_seconds: float = Field(5.0, gt=0)
+    http_host: str = LOOPBACK
+    http_port: int = Field(4318, gt=0, lt=65536)
+
+
+class GatewaySettings(BaseSettings):
+    """The OpenAI-compatible gateway. Env prefix ``SPANMILL_GATEWAY_``."""
+
+    model_config = _config("SPANMILL_GATEWAY_")
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    triton: TritonSettings = Field(default_factory=TritonSettings)
+    host: str = LOOPBACK
+    port: int = Field(8080, gt=0, lt=65536)
+    routing_file: Path | None = None
+    api_key: SecretStr | None = Field(
+        None, description="When set, requests need this bearer token."
+    )
+    span_queue_size: int = Field(10_000, gt=0)
+
+
+class RolloutSettings(BaseSettings):
+    """The rollout controller. Env prefix ``SPANMILL_ROLLOUT_``."""
+
+    model_config = _config("SPANMILL_ROLLOUT_")
+
+    mlflow: MLflowSettings = Field(default_factory=MLflowSettings)
+    triton: TritonSettings = Field(default_factory=TritonSettings)
+    interval_s: float = Field(10.0, gt=0)
+    backend: Literal["local", "kubernetes"] = "local"
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """Build ``cls`` from the environment, turning validation errors into a ConfigError.
+
+    The message names each bad setting by the environment variable a user sets.
+    """
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe(cls, exc)) from None
+
+
+def _env_name(cls: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """Map a pydantic error location to the environment variable that feeds it."""
+    model: type[BaseModel] | None = cls
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    for i, part in enumerate(loc):
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            break
+        annotation = model.model_fields[part].annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseSettings):
+            model, prefix = annotation, str(annotation.model_config.get("env_prefix", ""))
+            continue
+        rest = "__".join(str(p) for p in loc[i + 1 :])
+        return (prefix + part).upper() + (f"__{rest}".upper() if rest else "")
+    return prefix.upper() + "_".join(str(p) for p in loc).upper()
+
+
+def _failing_model(cls: type[BaseModel], title: str) -> type[BaseModel]:
+    """Find the (possibly nested) settings model an error came from.
+
+    Nested connection settings are built by their own default factories, so their
+    errors arrive titled with the nested model's name, not the service's.
+    """
+    if cls.__name__ == title:
+        return cls
+    for field in cls.model_fields.values():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found = _failing_model(annotation, title)
+            if found.__name__ == title:
+                return found
+    return cls
+
+
+def _describe(cls: type[BaseModel], exc: ValidationError) -> str:
+    cls = _failing_model(cls, exc.title)
+    lines = [f"invalid {cls.__name__} settings:"]
+    for error in exc.errors():
+        name = _env_name(cls, tuple(error["loc"]))
+        value = error.get("input")
+        shown = "" if isinstance(value, dict) or value is None else f" (got {value!r})"
+        if "password" in name.lower() or "key" in name.lower():
+            shown = ""  # never echo a secret back into a log
+        lines.append(f"  {name}: {error['msg']}{shown}")
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Attribute names, values, topics and headers that spans and their carriers use.
+
+Spans follow the OpenTelemetry GenAI semantic conventions wherever one exists.
+What the conventions lack gets a ``spanmill.`` attribute, and every one of those
+is defined and documented here, nowhere else.
+
+Messages
+    ``gen_ai.input.messages``, ``gen_ai.output.messages`` and
+    ``gen_ai.system_instructions`` hold JSON text: an array of message objects
+    (``{"role": "user", "parts": [{"type": "text", "content": "..."}]}``), as the
+    GenAI conventions define them. A message object in ``gen_ai.input.messages``
+    that carries ``"spanmill.message.example": true`` is a few-shot example turn,
+    not part of the real conversation: the dataset builder may drop such turns to
+    re-target a sample to a shorter prompt (context distillation).
+
+Rewards
+    A reward is a span, or a span event named ``gen_ai.evaluation.result``,
+    carrying ``gen_ai.evaluation.name`` and a numeric
+    ``gen_ai.evaluation.score.value``. With ``gen_ai.response.id`` it belongs to
+    the one LLM call that returned that response id; without it, it belongs to the
+    whole episode (the trace, or every span sharing its ``spanmill.episode.id``).
+    An episode may carry several named rewards (``correct``, ``latency``, ...);
+    exactly one of them should set ``spanmill.reward.primary`` to true, and that
+    one is what training optimises. ``gen_ai.evaluation.score.label`` and
+    ``gen_ai.evaluation.explanation`` are optional and only informative.
+
+Episodes and tasks
+    An episode is the spans of one trace, or of one ``spanmill.episode.id`` when an
+    episode spans several traces. ``spanmill.task.id`` groups episodes that attempt
+    the same task, which is what pairs attempts for preference training.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- OpenTelemetry resource ----------------------------------------------------------
+SERVICE_NAME: Final = "service.name"
+
+# -- GenAI semantic conventions ------------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+
+GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"
+GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
+GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"
+# The span event that carries one evaluation (reward) of the span it sits on.
+GEN_AI_EVALUATION_RESULT_EVENT: Final = "gen_ai.evaluation.result"
+
+# Values of gen_ai.operation.name.
+OPERATION_CHAT: Final = "chat"
+OPERATION_TEXT_COMPLETION: Final = "text_completion"
+OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+OPERATION_INVOKE_AGENT: Final = "invoke_agent"
+# Operations whose spans are one call to a language model: the samples of a dataset.
+LLM_OPERATIONS: Final = frozenset({OPERATION_CHAT, OPERATION_TEXT_COMPLETION})
+
+# -- spanmill extensions -------------------------------------------------------------
+# Token ids the model produced for the completion (int[]), captured where they are
+# known (the gateway, the SDK) so that training never has to re-tokenize text.
+SPANMILL_COMPLETION_TOKEN_IDS: Final = "spanmill.completion.token_ids"
+# Log-probability of each completion token under the serving model (double[]),
+# aligned with spanmill.completion.token_ids.
+SPANMILL_COMPLETION_LOGPROBS: Final = "spanmill.completion.logprobs"
+# Token ids of the rendered prompt (int[]), chat template applied.
+SPANMILL_PROMPT_TOKEN_IDS: Final = "spanmill.prompt.token_ids"
+# Version of the served model that answered (the MLflow model version), which
+# gen_ai.response.model alone does not say once several versions serve one name.
+SPANMILL_MODEL_VERSION: Final = "spanmill.model.version"
+# Groups attempts at the same task, across episodes.
+SPANMILL_TASK_ID: Final = "spanmill.task.id"
+# Groups the spans of one episode when it is not exactly one trace.
+SPANMILL_EPISODE_ID: Final = "spanmill.episode.id"
+# Bool on a reward: this is the episode's primary reward.
+SPANMILL_REWARD_PRIMARY: Final = "spanmill.reward.primary"
+# Identity of the prompt template an LLM call was rendered from.
+SPANMILL_PROMPT_NAME: Final = "spanmill.prompt.name"
+SPANMILL_PROMPT_VERSION: Final = "spanmill.prompt.version"
+# Key inside a message object (not a span attribute): the turn is a few-shot example.
+SPANMILL_MESSAGE_EXAMPLE: Final = "spanmill.message.example"
+
+# -- Kafka ---------------------------------------------------------------------------
+# Messages are keyed by trace id so that one trace stays on one partition, in order.
+SPANS_TOPIC: Final = "spanmill.spans.v1"
+DLQ_TOPIC: Final = "spanmill.spans.v1.dlq"
+
+# Optional header naming the payload's media type; without it the collector sniffs.
+CONTENT_TYPE_HEADER: Final = "content-type"
+# Media-type parameter telling which JSON form a payload is: "otlp" or "sdk".
+FORMAT_PARAM: Final = "spanmill-format"
+CONTENT_TYPE_OTLP_PROTOBUF: Final = "application/x-protobuf"
+CONTENT_TYPE_OTLP_JSON: Final = "application/json; spanmill-format=otlp"
+CONTENT_TYPE_SDK_JSON: Final = "application/json; spanmill-format=sdk"
+
+# Headers of a dead-lettered message; its value is the original payload, untouched.
+DLQ_HEADER_REASON: Final = "spanmill.dlq.reason"  # short code, e.g. "bad_json"
+DLQ_HEADER_DETAIL: Final = "spanmill.dlq.detail"  # what is wrong, naming the field
+DLQ_HEADER_SOURCE: Final = "spanmill.dlq.source"  # "<topic>/<partition>/<offset>"
+DLQ_HEADER_FAILED_AT: Final = "spanmill.dlq.failed_at"  # Unix time, milliseconds
+DLQ_HEADER_COLLECTOR: Final = "spanmill.dlq.collector"  # which collector refused it

@@ -1,0 +1,101 @@
+"""Fixtures shared by every test: the real services, each started once per session.
+
+Each service binds 127.0.0.1 on free ports, keeps its files under the session's
+temporary folder, and is stopped (with everything it spawned) at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from spanmill.stack.ports import free_port
+from spanmill.stack.services import (
+    KafkaBroker,
+    MLflowServer,
+    RunningService,
+    TritonServer,
+)
+
+
+@dataclass(frozen=True)
+class KafkaService:
+    running: RunningService
+    broker: KafkaBroker
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.running.url
+
+    def create_topic(self, name: str, partitions: int = 1) -> str:
+        self.broker.create_topic(name, partitions)
+        return name
+
+
+@dataclass(frozen=True)
+class MLflowService:
+    running: RunningService
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.running.url
+
+
+@dataclass(frozen=True)
+class TritonService:
+    running: RunningService
+    model_repository: Path
+
+    @property
+    def http_url(self) -> str:
+        return self.running.url
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.running.host}:{self.running.ports['grpc']}"
+
+
+@pytest.fixture(scope="session")
+def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("services")
+
+
+@pytest.fixture(scope="session")
+def kafka(services_dir: Path) -> Iterator[KafkaService]:
+    broker = KafkaBroker("127.0.0.1", free_port(), services_dir / "kafka", partitions=3)
+    running = broker.start()
+    try:
+        yield KafkaService(running, broker)
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(services_dir: Path) -> Iterator[MLflowService]:
+    server = MLflowServer("127.0.0.1", free_port(), services_dir / "mlflow")
+    running = server.start()
+    try:
+        yield MLflowService(running)
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def triton(services_dir: Path) -> Iterator[TritonService]:
+    repository = services_dir / "model-repository"
+    server = TritonServer(
+        "127.0.0.1",
+        services_dir / "triton",
+        repository,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+    )
+    running = server.start()
+    try:
+        yield TritonService(running, repository)
+    finally:
+        running.stop()
