@@ -99,3 +99,16 @@ def triton(services_dir: Path) -> Iterator[TritonService]:
         yield TritonService(running, repository)
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real SmolLM2-135M-Instruct as a Hugging Face folder.
+
+    Pulling is idempotent: the Makefile pre-pulls into $SPANMILL_HOME, which makes
+    this instant; otherwise the first test using it pays the conversion once.
+    """
+    from spanmill.models import pull_model
+    from spanmill.paths import models_dir
+
+    return pull_model("smollm2-135m", models_dir())

@@ -1,0 +1,1 @@
+"""Serving models through Triton: the tensor protocol, generation, and the model repository."""

@@ -1,0 +1,178 @@
+"""Text generation with transformers: what a spanmill model runs inside Triton.
+
+Kept free of Triton so it can be tested and benchmarked on its own. The model's
+own chat template renders the messages, and the facts a trainer needs later
+(prompt and completion token ids, per-token logprobs, the serving version) are
+captured here, where they happen, instead of being reconstructed from text.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult
+
+SERVING_SPEC = "spanmill-serving.json"
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """What a Triton version folder serves: a base model plus an optional LoRA adapter.
+
+    ``base_model`` and ``adapter`` are paths relative to the version folder when
+    they are copied into it, absolute paths, or (for the base) a Hugging Face id.
+    """
+
+    base_model: str
+    adapter: str | None = None
+    dtype: Dtype = "bfloat16"
+    num_threads: int = 0  # 0: torch's default
+    max_tokens_limit: int = 1024
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2)
+
+    @classmethod
+    def load(cls, version_dir: Path) -> ServingSpec:
+        data = json.loads((version_dir / SERVING_SPEC).read_text())
+        return cls(**data)
+
+    def resolve(self, version_dir: Path, value: str) -> str:
+        candidate = version_dir / value
+        return str(candidate) if candidate.exists() else value
+
+
+class Generator:
+    """A causal LM with its tokenizer, ready to answer chat requests."""
+
+    def __init__(
+        self,
+        model_path: str,
+        adapter_path: str | None = None,
+        *,
+        dtype: Dtype = "bfloat16",
+        num_threads: int = 0,
+        max_tokens_limit: int = 1024,
+        version: str = "",
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if num_threads > 0:
+            torch.set_num_threads(num_threads)
+        self._torch = torch
+        self.version = version
+        self.max_tokens_limit = max_tokens_limit
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        if adapter_path:
+            from peft import PeftModel
+
+            # Merged once at load: serving then costs what the base model costs.
+            model = PeftModel.from_pretrained(model, adapter_path).merge_and_unload()
+        model.eval()
+        self.model: Any = model
+        self.eos_ids = _eos_ids(model, self.tokenizer)
+        self.pad_id = (
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else self.eos_ids[0]
+        )
+        # Seeded sampling sets torch's global generator: one request at a time.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_version_dir(cls, version_dir: Path, version: str = "") -> Generator:
+        spec = ServingSpec.load(version_dir)
+        return cls(
+            spec.resolve(version_dir, spec.base_model),
+            spec.resolve(version_dir, spec.adapter) if spec.adapter else None,
+            dtype=spec.dtype,
+            num_threads=spec.num_threads,
+            max_tokens_limit=spec.max_tokens_limit,
+            version=version or version_dir.name,
+        )
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        text = self.tokenizer.apply_chat_template(
+            messages,
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        return str(text)
+
+    def generate(
+        self,
+        messages: list[dict[str, Any]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> GenerationResult:
+        torch = self._torch
+        prompt = self.render(messages, tools)
+        encoded = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")
+        prompt_ids = encoded["input_ids"]
+        sampling = params.temperature > 0
+        options: dict[str, Any] = {
+            "max_new_tokens": min(params.max_tokens, self.max_tokens_limit),
+            "do_sample": sampling,
+            "num_return_sequences": params.n,
+            "return_dict_in_generate": True,
+            "output_scores": True,
+            "pad_token_id": self.pad_id,
+            "eos_token_id": self.eos_ids,
+        }
+        if sampling:
+            options.update(temperature=params.temperature, top_p=params.top_p)
+        else:
+            # Greedy: neutralise sampling defaults a generation_config may carry.
+            options.update(temperature=None, top_p=None, top_k=None)
+        if params.stop:
+            options.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        with self._lock, torch.inference_mode():
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(
+                input_ids=prompt_ids, attention_mask=encoded["attention_mask"], **options
+            )
+            scores = self.model.compute_transition_scores(
+                out.sequences, out.scores, normalize_logits=True
+            )
+        new_tokens = out.sequences[:, prompt_ids.shape[1] :]
+        choices = [
+            self._choice(new_tokens[row].tolist(), scores[row].tolist(), params)
+            for row in range(new_tokens.shape[0])
+        ]
+        return GenerationResult(
+            choices=choices,
+            prompt_token_ids=prompt_ids[0].tolist(),
+            model_version=self.version,
+        )
+
+    def _choice(self, tokens: list[int], logprobs: list[float], params: GenerationParams) -> Choice:
+        finish: Literal["stop", "length"] = "length"
+        end = len(tokens)
+        for i, token in enumerate(tokens):
+            if token in self.eos_ids:
+                end, finish = i, "stop"
+                break
+        tokens, logprobs = tokens[:end], logprobs[:end]
+        text = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        for stop in params.stop:
+            cut = text.find(stop)
+            if cut != -1:
+                text, finish = text[:cut], "stop"
+        return Choice(text=text, token_ids=tokens, logprobs=logprobs, finish_reason=finish)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    configured = model.generation_config.eos_token_id
+    if configured is None:
+        configured = tokenizer.eos_token_id
+    ids = configured if isinstance(configured, list) else [configured]
+    return [int(i) for i in ids if i is not None]

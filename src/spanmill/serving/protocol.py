@@ -1,0 +1,211 @@
+"""The tensor contract between the gateway and a spanmill text-generation model in Triton.
+
+Inputs: ``MESSAGES`` (chat messages as JSON text, roles and string contents,
+already normalised by the gateway), optional ``TOOLS`` (OpenAI tool schemas as
+JSON text) and optional typed sampling parameters. Outputs: one row per choice,
+token ids and logprobs padded to the longest choice, with the true lengths
+alongside, and the Triton version that produced them.
+
+Both sides import this module, so the names and encodings live in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+# name -> (Triton data type, dims)
+INPUTS: dict[str, tuple[str, list[int]]] = {
+    "MESSAGES": ("TYPE_STRING", [1]),
+    "TOOLS": ("TYPE_STRING", [1]),
+    "TEMPERATURE": ("TYPE_FP32", [1]),
+    "TOP_P": ("TYPE_FP32", [1]),
+    "MAX_TOKENS": ("TYPE_INT32", [1]),
+    "N": ("TYPE_INT32", [1]),
+    "SEED": ("TYPE_INT64", [1]),
+    "STOP": ("TYPE_STRING", [-1]),
+}
+REQUIRED_INPUTS = frozenset({"MESSAGES"})
+OUTPUTS: dict[str, tuple[str, list[int]]] = {
+    "TEXT": ("TYPE_STRING", [-1]),
+    "FINISH_REASON": ("TYPE_STRING", [-1]),
+    "TOKEN_IDS": ("TYPE_INT64", [-1, -1]),
+    "LOGPROBS": ("TYPE_FP32", [-1, -1]),
+    "COMPLETION_LENGTHS": ("TYPE_INT32", [-1]),
+    "PROMPT_TOKEN_IDS": ("TYPE_INT64", [-1]),
+    "MODEL_VERSION": ("TYPE_STRING", [1]),
+}
+# The client library names data types without the TYPE_ prefix, and strings BYTES.
+CLIENT_DTYPES = {"TYPE_STRING": "BYTES", "TYPE_FP32": "FP32", "TYPE_INT32": "INT32",
+                 "TYPE_INT64": "INT64"}  # fmt: skip
+
+MAX_STOP_SEQUENCES = 4
+MAX_CHOICES = 8
+
+
+class ProtocolError(ValueError):
+    """A request the model cannot serve; the message names the input."""
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    n: int = 1
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.temperature <= 2.0) or math.isnan(self.temperature):
+            raise ProtocolError(f"TEMPERATURE must be within [0, 2], got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ProtocolError(f"TOP_P must be within (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ProtocolError(f"MAX_TOKENS must be at least 1, got {self.max_tokens}")
+        if not (1 <= self.n <= MAX_CHOICES):
+            raise ProtocolError(f"N must be within [1, {MAX_CHOICES}], got {self.n}")
+        if len(self.stop) > MAX_STOP_SEQUENCES or any(not s for s in self.stop):
+            raise ProtocolError(f"STOP takes 1 to {MAX_STOP_SEQUENCES} non-empty strings")
+
+
+@dataclass(frozen=True)
+class Choice:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    choices: list[Choice]
+    prompt_token_ids: list[int]
+    model_version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def encode_request(
+    messages: list[dict[str, Any]],
+    params: GenerationParams,
+    tools: list[dict[str, Any]] | None = None,
+) -> dict[str, np.ndarray]:
+    """Client side: the input tensors for one request."""
+    tensors: dict[str, np.ndarray] = {
+        "MESSAGES": np.array([json.dumps(messages).encode()], dtype=object),
+        "TEMPERATURE": np.array([params.temperature], dtype=np.float32),
+        "TOP_P": np.array([params.top_p], dtype=np.float32),
+        "MAX_TOKENS": np.array([params.max_tokens], dtype=np.int32),
+        "N": np.array([params.n], dtype=np.int32),
+    }
+    if tools:
+        tensors["TOOLS"] = np.array([json.dumps(tools).encode()], dtype=object)
+    if params.seed is not None:
+        tensors["SEED"] = np.array([params.seed], dtype=np.int64)
+    if params.stop:
+        tensors["STOP"] = np.array([s.encode() for s in params.stop], dtype=object)
+    return tensors
+
+
+def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> Any:
+    value = inputs.get(name)
+    if value is None or value.size == 0:
+        return None
+    item = value.reshape(-1)[0]
+    return item.item() if isinstance(item, np.generic) else item
+
+
+def _json_input(inputs: Mapping[str, np.ndarray], name: str) -> Any:
+    raw = _scalar(inputs, name)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"{name} must be UTF-8 JSON text: {exc}") from None
+
+
+def decode_request(
+    inputs: Mapping[str, np.ndarray],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, GenerationParams]:
+    """Server side: messages, tools and parameters from the input tensors."""
+    messages = _json_input(inputs, "MESSAGES")
+    if not isinstance(messages, list) or not messages:
+        raise ProtocolError("MESSAGES must be a non-empty JSON array of chat messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ProtocolError(f"MESSAGES[{i}] must be an object with a string 'role'")
+        if not isinstance(message.get("content", ""), str):
+            raise ProtocolError(f"MESSAGES[{i}].content must be a string")
+    tools = _json_input(inputs, "TOOLS")
+    if tools is not None and not isinstance(tools, list):
+        raise ProtocolError("TOOLS must be a JSON array of tool schemas")
+    defaults = GenerationParams()
+    stop_tensor = inputs.get("STOP")
+    stop = tuple(
+        s.decode() if isinstance(s, bytes) else str(s)
+        for s in (stop_tensor.reshape(-1) if stop_tensor is not None else ())
+    )
+    params = GenerationParams(
+        temperature=float(_pick(_scalar(inputs, "TEMPERATURE"), defaults.temperature)),
+        top_p=float(_pick(_scalar(inputs, "TOP_P"), defaults.top_p)),
+        max_tokens=int(_pick(_scalar(inputs, "MAX_TOKENS"), defaults.max_tokens)),
+        n=int(_pick(_scalar(inputs, "N"), defaults.n)),
+        seed=_scalar(inputs, "SEED"),
+        stop=stop,
+    )
+    return messages, tools, params
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def encode_result(result: GenerationResult) -> dict[str, np.ndarray]:
+    """Server side: the output tensors for one result."""
+    width = max((len(c.token_ids) for c in result.choices), default=0)
+    token_ids = np.full((len(result.choices), width), -1, dtype=np.int64)
+    logprobs = np.zeros((len(result.choices), width), dtype=np.float32)
+    for row, choice in enumerate(result.choices):
+        token_ids[row, : len(choice.token_ids)] = choice.token_ids
+        logprobs[row, : len(choice.logprobs)] = choice.logprobs
+    return {
+        "TEXT": np.array([c.text.encode() for c in result.choices], dtype=object),
+        "FINISH_REASON": np.array([c.finish_reason.encode() for c in result.choices], dtype=object),
+        "TOKEN_IDS": token_ids,
+        "LOGPROBS": logprobs,
+        "COMPLETION_LENGTHS": np.array([len(c.token_ids) for c in result.choices], dtype=np.int32),
+        "PROMPT_TOKEN_IDS": np.array(result.prompt_token_ids, dtype=np.int64),
+        "MODEL_VERSION": np.array([result.model_version.encode()], dtype=object),
+    }
+
+
+def decode_result(outputs: Mapping[str, np.ndarray]) -> GenerationResult:
+    """Client side: the result from the output tensors."""
+    lengths = outputs["COMPLETION_LENGTHS"].reshape(-1).tolist()
+    texts = outputs["TEXT"].reshape(-1)
+    reasons = outputs["FINISH_REASON"].reshape(-1)
+    token_ids = outputs["TOKEN_IDS"]
+    logprobs = outputs["LOGPROBS"]
+    choices = []
+    for row, length in enumerate(lengths):
+        reason = reasons[row].decode()
+        choices.append(
+            Choice(
+                text=texts[row].decode(),
+                token_ids=[int(t) for t in token_ids[row, :length]],
+                logprobs=[float(x) for x in logprobs[row, :length]],
+                finish_reason="length" if reason == "length" else "stop",
+            )
+        )
+    version = outputs["MODEL_VERSION"].reshape(-1)[0]
+    return GenerationResult(
+        choices=choices,
+        prompt_token_ids=[int(t) for t in outputs["PROMPT_TOKEN_IDS"].reshape(-1)],
+        model_version=version.decode() if isinstance(version, bytes) else str(version),
+    )

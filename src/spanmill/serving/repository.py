@@ -1,0 +1,199 @@
+"""Writing spanmill models into a Triton model repository.
+
+One Triton model per agent, one Triton version per MLflow model version. Two
+flavours:
+
+* ``python``: Triton's Python backend running transformers (CPU or GPU); what
+  runs locally and in tests.
+* ``vllm``: Triton's vLLM backend with LoRA adapters, for GPU clusters. vLLM
+  cannot run on a machine without a GPU, so here it is written and validated,
+  not served.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from spanmill.errors import SpanmillError
+from spanmill.serving import protocol
+from spanmill.serving.generation import SERVING_SPEC, Dtype, ServingSpec
+
+Flavour = Literal["python", "vllm"]
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ENTRY_POINT = Path(__file__).with_name("triton_model.py")
+
+
+class RepositoryError(SpanmillError):
+    """A model or version cannot be written to the model repository."""
+
+
+def _check_target(repository: Path, model_name: str, version: int) -> Path:
+    if not _MODEL_NAME.match(model_name):
+        raise RepositoryError(
+            f"Triton model name {model_name!r} must be letters, digits, '_', '.' or '-'"
+        )
+    if version < 1:
+        raise RepositoryError(f"Triton versions start at 1, got {version}")
+    return repository / model_name / str(version)
+
+
+def _tensor_block(kind: str, tensors: Mapping[str, tuple[str, list[int]]]) -> str:
+    entries = []
+    for name, (dtype, dims) in tensors.items():
+        optional = (
+            "\n    optional: true"
+            if kind == "input" and name not in protocol.REQUIRED_INPUTS
+            else ""
+        )
+        entries.append(
+            f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: {dims}{optional}\n  }}'
+        )
+    return f"{kind} [\n" + ",\n".join(entries) + "\n]\n"
+
+
+def python_config(model_name: str, *, instances: int = 1, gpu: bool = False) -> str:
+    """config.pbtxt of the Python-backend flavour, complete (no auto-complete needed)."""
+    kind = "KIND_GPU" if gpu else "KIND_CPU"
+    return (
+        f'name: "{model_name}"\n'
+        'backend: "python"\n'
+        "max_batch_size: 0\n"
+        # Every version present is served, so champion and challenger can run side by side.
+        "version_policy: { all: {} }\n"
+        + _tensor_block("input", protocol.INPUTS)
+        + _tensor_block("output", protocol.OUTPUTS)
+        + f"instance_group [ {{ kind: {kind} count: {instances} }} ]\n"
+    )
+
+
+def write_python_version(
+    repository: Path,
+    model_name: str,
+    version: int,
+    base_model: str | Path,
+    adapter: Path | None = None,
+    *,
+    dtype: Dtype = "bfloat16",
+    copy_base: bool = False,
+    num_threads: int = 0,
+    max_tokens_limit: int = 1024,
+    gpu: bool = False,
+) -> Path:
+    """Write (or replace) one version of a Python-backend model; returns the version folder.
+
+    The adapter is always copied into the version folder, so a version stays what
+    it was when written. The base model is referenced where it lies unless
+    ``copy_base`` asks for a self-contained version (needed when the repository is
+    shipped to another machine).
+    """
+    version_dir = _check_target(repository, model_name, version)
+    base = str(base_model)
+    if isinstance(base_model, Path) or Path(base).exists():
+        base_path = Path(base).resolve()
+        if not (base_path / "config.json").exists():
+            raise RepositoryError(f"base model {base_path} has no config.json")
+        base = str(base_path)
+    if adapter is not None and not (adapter / "adapter_config.json").exists():
+        raise RepositoryError(f"LoRA adapter {adapter} has no adapter_config.json")
+
+    staging = version_dir.with_name(f".{version}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    spec_base = base
+    if copy_base and Path(base).exists():
+        shutil.copytree(base, staging / "base")
+        spec_base = "base"
+    spec_adapter = None
+    if adapter is not None:
+        shutil.copytree(adapter, staging / "adapter")
+        spec_adapter = "adapter"
+    shutil.copy2(_ENTRY_POINT, staging / "model.py")
+    spec = ServingSpec(
+        base_model=spec_base,
+        adapter=spec_adapter,
+        dtype=dtype,
+        num_threads=num_threads,
+        max_tokens_limit=max_tokens_limit,
+    )
+    (staging / SERVING_SPEC).write_text(spec.to_json())
+
+    config = version_dir.parent / "config.pbtxt"
+    config_text = python_config(model_name, gpu=gpu)
+    if config.exists() and 'backend: "python"' not in config.read_text():
+        raise RepositoryError(f"{config.parent} holds a model of another flavour")
+    config.write_text(config_text)
+    if version_dir.exists():
+        shutil.rmtree(version_dir)
+    staging.rename(version_dir)
+    return version_dir
+
+
+def vllm_config(model_name: str) -> str:
+    """config.pbtxt of the vLLM flavour: the backend defines its own tensors."""
+    return (
+        f'name: "{model_name}"\n'
+        'backend: "vllm"\n'
+        "version_policy: { all: {} }\n"
+        "instance_group [ { count: 1, kind: KIND_MODEL } ]\n"
+    )
+
+
+def write_vllm_version(
+    repository: Path,
+    model_name: str,
+    version: int,
+    base_model: str,
+    adapters: Mapping[str, str],
+    *,
+    max_lora_rank: int = 16,
+    gpu_memory_utilization: float = 0.9,
+    tensor_parallel_size: int = 1,
+    max_model_len: int = 4096,
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto",
+) -> Path:
+    """Write one version of a vLLM-backend model with LoRA adapters.
+
+    ``adapters`` maps the LoRA name a request asks for (``sampling_parameters``'
+    ``lora_name``) to where the adapter lies as seen from the Triton pod (a path
+    on the model volume).
+    """
+    version_dir = _check_target(repository, model_name, version)
+    if not adapters:
+        raise RepositoryError("a vLLM version needs at least one LoRA adapter")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise RepositoryError(
+            f"gpu_memory_utilization must be within (0, 1], got {gpu_memory_utilization}"
+        )
+    engine: dict[str, Any] = {
+        "model": base_model,
+        "disable_log_requests": True,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "tensor_parallel_size": tensor_parallel_size,
+        "max_model_len": max_model_len,
+        "dtype": dtype,
+        "enable_lora": True,
+        "max_lora_rank": max_lora_rank,
+        "max_loras": len(adapters),
+    }
+    version_dir.mkdir(parents=True, exist_ok=True)
+    (version_dir / "model.json").write_text(json.dumps(engine, indent=2))
+    (version_dir / "multi_lora.json").write_text(json.dumps(dict(adapters), indent=2))
+    (version_dir.parent / "config.pbtxt").write_text(vllm_config(model_name))
+    return version_dir
+
+
+def versions(repository: Path, model_name: str) -> list[int]:
+    """The versions present for a model, ascending."""
+    folder = repository / model_name
+    if not folder.exists():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def remove_version(repository: Path, model_name: str, version: int) -> None:
+    shutil.rmtree(_check_target(repository, model_name, version), ignore_errors=True)

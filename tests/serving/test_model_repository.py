@@ -1,0 +1,134 @@
+"""The model repository writer: both flavours, and the errors it gives."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spanmill.serving import protocol
+from spanmill.serving.generation import ServingSpec
+from spanmill.serving.protocol import GenerationParams, ProtocolError
+from spanmill.serving.repository import (
+    RepositoryError,
+    python_config,
+    versions,
+    write_python_version,
+    write_vllm_version,
+)
+
+
+def fake_base(tmp_path: Path) -> Path:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    return base
+
+
+def test_python_version_layout(tmp_path: Path) -> None:
+    repo, base = tmp_path / "repo", fake_base(tmp_path)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    v1 = write_python_version(repo, "calculator", 1, base)
+    v2 = write_python_version(repo, "calculator", 2, base, adapter)
+    assert versions(repo, "calculator") == [1, 2]
+    assert (v1 / "model.py").exists()
+    assert ServingSpec.load(v1).adapter is None
+    spec = ServingSpec.load(v2)
+    assert spec.adapter == "adapter" and (v2 / "adapter" / "adapter_config.json").exists()
+    assert spec.base_model == str(base.resolve())
+    config = (repo / "calculator" / "config.pbtxt").read_text()
+    assert 'name: "calculator"' in config and 'backend: "python"' in config
+    for name in [*protocol.INPUTS, *protocol.OUTPUTS]:
+        assert f'name: "{name}"' in config
+    # Only MESSAGES is required.
+    assert len(re.findall("optional: true", config)) == len(protocol.INPUTS) - 1
+
+
+def test_copy_base_makes_a_self_contained_version(tmp_path: Path) -> None:
+    v1 = write_python_version(tmp_path / "repo", "m", 1, fake_base(tmp_path), copy_base=True)
+    assert ServingSpec.load(v1).base_model == "base"
+    assert (v1 / "base" / "config.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "message"),
+    [("bad name!", 1, "Triton model name"), ("ok", 0, "versions start at 1")],
+)
+def test_bad_targets(tmp_path: Path, name: str, version: int, message: str) -> None:
+    with pytest.raises(RepositoryError, match=message):
+        write_python_version(tmp_path, name, version, fake_base(tmp_path))
+
+
+def test_missing_adapter_config_is_named(tmp_path: Path) -> None:
+    with pytest.raises(RepositoryError, match=r"adapter_config\.json"):
+        write_python_version(tmp_path / "r", "m", 1, fake_base(tmp_path), tmp_path)
+
+
+def test_vllm_flavour(tmp_path: Path) -> None:
+    v3 = write_vllm_version(
+        tmp_path, "calculator", 3, "HuggingFaceTB/SmolLM2-135M-Instruct",
+        {"calculator-v3": "/models/adapters/calculator/3"}, max_lora_rank=16,
+    )  # fmt: skip
+    engine = json.loads((v3 / "model.json").read_text())
+    assert engine["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert engine["enable_lora"] is True and engine["max_lora_rank"] == 16
+    assert json.loads((v3 / "multi_lora.json").read_text()) == {
+        "calculator-v3": "/models/adapters/calculator/3"
+    }
+    config = (tmp_path / "calculator" / "config.pbtxt").read_text()
+    assert 'backend: "vllm"' in config and "KIND_MODEL" in config
+    with pytest.raises(RepositoryError, match="at least one LoRA adapter"):
+        write_vllm_version(tmp_path, "calculator", 4, "m", {})
+    with pytest.raises(RepositoryError, match="gpu_memory_utilization"):
+        write_vllm_version(tmp_path, "calculator", 4, "m", {"a": "/a"}, gpu_memory_utilization=2)
+
+
+def test_gpu_config_uses_gpu_instances() -> None:
+    assert "KIND_GPU" in python_config("m", gpu=True)
+
+
+def test_protocol_round_trip() -> None:
+    messages = [{"role": "user", "content": "hé"}]
+    params = GenerationParams(temperature=0.5, top_p=0.75, max_tokens=5, n=2, seed=3, stop=("\n",))
+    tools = [{"type": "function", "function": {"name": "calculator"}}]
+    got_messages, got_tools, got_params = protocol.decode_request(
+        protocol.encode_request(messages, params, tools)
+    )
+    assert (got_messages, got_tools, got_params) == (messages, tools, params)
+    result = protocol.GenerationResult(
+        choices=[
+            protocol.Choice("a", [1, 2, 3], [-0.5, -1.0, -0.25], "stop"),
+            protocol.Choice("b", [4], [-2.0], "length"),
+        ],
+        prompt_token_ids=[9, 8],
+        model_version="2",
+    )
+    assert protocol.decode_result(protocol.encode_result(result)) == result
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        ({"MESSAGES": np.array([b"[]"], dtype=object)}, "non-empty JSON array"),
+        ({"MESSAGES": np.array([b"\xff"], dtype=object)}, "UTF-8 JSON"),
+        ({"MESSAGES": np.array([b'[{"content": "x"}]'], dtype=object)}, r"MESSAGES\[0\]"),
+        (
+            {"MESSAGES": np.array([b'[{"role": "user"}]'], dtype=object),
+             "TEMPERATURE": np.array([5.0], dtype=np.float32)},
+            "TEMPERATURE",
+        ),
+        (
+            {"MESSAGES": np.array([b'[{"role": "user"}]'], dtype=object),
+             "N": np.array([99], dtype=np.int32)},
+            "N must be",
+        ),
+    ],
+)  # fmt: skip
+def test_protocol_rejects_bad_requests(tensors: dict, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        protocol.decode_request(tensors)
