@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def home() -> Path:
-    """The root for models, state and helper binaries: ``$SPANMILL_HOME`` or ``~/.cache/spanmill``."""
+    """Root for models, state and helper binaries: ``$SPANMILL_HOME`` or ``~/.cache/spanmill``."""
     configured = os.environ.get("SPANMILL_HOME", "").strip()
     if configured:
         return Path(configured).expanduser()
