@@ -6,10 +6,15 @@ temporary folder, and is stopped (with everything it spawned) at the end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from spanmill.stack.ports import free_port
@@ -112,3 +117,32 @@ def smollm2_dir() -> Path:
     from spanmill.paths import models_dir
 
     return pull_model("smollm2-135m", models_dir())
+
+
+@contextmanager
+def _serve(app: Any, health_path: str = "/healthz") -> Iterator[str]:
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}{health_path}", timeout=1).status_code < 500:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+
+
+@pytest.fixture
+def serve_app() -> Callable[..., AbstractContextManager[str]]:
+    """``with serve_app(app) as url:`` runs an ASGI app with uvicorn on a free port."""
+    return _serve

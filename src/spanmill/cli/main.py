@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from spanmill import __version__
-from spanmill.cli import models, stack
+from spanmill.cli import gateway, models, stack
 
 app = typer.Typer(
     name="spanmill",
@@ -22,6 +22,7 @@ app = typer.Typer(
 app.command()(stack.up)
 app.command()(stack.down)
 app.command()(stack.status)
+app.command()(gateway.gateway)
 app.add_typer(models.app, name="models")
 
 

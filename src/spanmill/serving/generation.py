@@ -30,6 +30,9 @@ class ServingSpec:
 
     base_model: str
     adapter: str | None = None
+    # "transformers" serves base_model; "echo" answers with the last user message,
+    # token ids being its UTF-8 bytes: a model with no compute, to measure overhead.
+    engine: Literal["transformers", "echo"] = "transformers"
     dtype: Dtype = "bfloat16"
     num_threads: int = 0  # 0: torch's default
     max_tokens_limit: int = 1024
@@ -87,8 +90,10 @@ class Generator:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_version_dir(cls, version_dir: Path, version: str = "") -> Generator:
+    def from_version_dir(cls, version_dir: Path, version: str = "") -> Generator | EchoGenerator:
         spec = ServingSpec.load(version_dir)
+        if spec.engine == "echo":
+            return EchoGenerator(version or version_dir.name)
         return cls(
             spec.resolve(version_dir, spec.base_model),
             spec.resolve(version_dir, spec.adapter) if spec.adapter else None,
@@ -176,3 +181,31 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
         configured = tokenizer.eos_token_id
     ids = configured if isinstance(configured, list) else [configured]
     return [int(i) for i in ids if i is not None]
+
+
+class EchoGenerator:
+    """Answers with the last user message, cut to ``max_tokens`` bytes."""
+
+    def __init__(self, version: str = "") -> None:
+        self.version = version
+
+    def generate(
+        self,
+        messages: list[dict[str, Any]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> GenerationResult:
+        users = [m.get("content", "") for m in messages if m.get("role") == "user"]
+        data = (users[-1] if users else "").encode()
+        prompt = json.dumps(messages).encode()
+        tokens = list(data[: params.max_tokens])
+        finish: Literal["stop", "length"] = "stop" if len(tokens) == len(data) else "length"
+        choice = Choice(
+            text=bytes(tokens).decode(errors="ignore"),
+            token_ids=tokens,
+            logprobs=[0.0] * len(tokens),
+            finish_reason=finish,
+        )
+        return GenerationResult(
+            choices=[choice] * params.n, prompt_token_ids=list(prompt), model_version=self.version
+        )

@@ -133,6 +133,17 @@ def write_python_version(
     return version_dir
 
 
+def write_echo_version(repository: Path, model_name: str, version: int) -> Path:
+    """A version that echoes the last user message: measures everything but the model."""
+    version_dir = _check_target(repository, model_name, version)
+    version_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(_ENTRY_POINT, version_dir / "model.py")
+    spec = ServingSpec(base_model="", engine="echo")
+    (version_dir / SERVING_SPEC).write_text(spec.to_json())
+    (version_dir.parent / "config.pbtxt").write_text(python_config(model_name))
+    return version_dir
+
+
 def vllm_config(model_name: str) -> str:
     """config.pbtxt of the vLLM flavour: the backend defines its own tensors."""
     return (

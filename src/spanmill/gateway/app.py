@@ -1,0 +1,277 @@
+"""The gateway's HTTP application: OpenAI-compatible chat completions in front of Triton.
+
+Every call, answered or failed, becomes a ``chat`` span on Kafka that joins the
+caller's trace (W3C ``traceparent``), carrying what training needs: messages,
+token ids, logprobs and the Triton version that answered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from spanmill import messages as chat
+from spanmill.config import GatewaySettings
+from spanmill.gateway.emitter import SpanEmitter
+from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
+from spanmill.gateway.metrics import GatewayMetrics
+from spanmill.gateway.routing import RoutingFile, RoutingTable
+from spanmill.gateway.schema import ChatCompletionRequest, error_body
+from spanmill.gateway.upstream import TritonUpstream, UpstreamError
+from spanmill.serving.protocol import GenerationParams, GenerationResult
+
+log = logging.getLogger(__name__)
+_propagator = TraceContextTextMapPropagator()
+
+
+@dataclass
+class GatewayState:
+    settings: GatewaySettings
+    upstream: TritonUpstream
+    emitter: SpanEmitter
+    metrics: GatewayMetrics
+    routing_file: RoutingFile | None
+    table: RoutingTable = field(default_factory=RoutingTable)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def routes(self) -> RoutingTable:
+        if self.routing_file is not None:
+            self.table = self.routing_file.current()
+        self.metrics.routing_revision.set(self.table.revision)
+        return self.table
+
+
+def _caller_context(request: Request) -> tuple[str, str | None]:
+    """The caller's trace id and span id from ``traceparent``, or a fresh trace."""
+    context = _propagator.extract(carrier=dict(request.headers))
+    span_context = trace.get_current_span(context).get_span_context()
+    if span_context.is_valid:
+        return f"{span_context.trace_id:032x}", f"{span_context.span_id:016x}"
+    return new_trace_id(), None
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse(error_body(message, kind), status_code=status)
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    emitter: SpanEmitter | None = None,
+    upstream: TritonUpstream | None = None,
+    table: RoutingTable | None = None,
+) -> FastAPI:
+    metrics = GatewayMetrics()
+    state = GatewayState(
+        settings=settings,
+        upstream=upstream or TritonUpstream(settings.triton.http_url),
+        emitter=emitter or SpanEmitter(settings.kafka, metrics, settings.span_queue_size),
+        metrics=metrics,
+        routing_file=RoutingFile(settings.routing_file) if settings.routing_file else None,
+        table=table or RoutingTable(),
+    )
+    state.emitter.metrics = metrics
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.emitter.start()
+        yield
+        state.emitter.close()
+        await state.upstream.close()
+
+    app = FastAPI(title="spanmill gateway", lifespan=lifespan)
+    app.state.gateway = state
+
+    @app.middleware("http")
+    async def authorize(request: Request, call_next: Any) -> Response:
+        key = settings.api_key
+        open_paths = ("/healthz", "/readyz", "/metrics")
+        if key is not None and not request.url.path.startswith(open_paths):
+            expected = f"Bearer {key.get_secret_value()}"
+            if request.headers.get("authorization") != expected:
+                return _error(401, "missing or wrong bearer token", "authentication_error")
+        response: Response = await call_next(request)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in exc.errors()
+        )
+        return _error(400, f"invalid request: {problems}", "invalid_request_error")
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        if await state.upstream.ready():
+            return JSONResponse({"status": "ready"})
+        return _error(503, f"Triton at {state.upstream.url} is not ready", "unavailable")
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "spanmill"}
+                for name in sorted(state.routes().routes)
+            ],
+        }
+
+    @app.get("/admin/routes")
+    async def get_routes() -> JSONResponse:
+        return JSONResponse(json.loads(state.routes().dumps()))
+
+    @app.put("/admin/routes")
+    async def put_routes(request: Request) -> JSONResponse:
+        table = RoutingTable.parse(await request.body(), "request body")
+        state.table = table
+        if state.routing_file is not None:
+            state.routing_file.write(table)
+        return JSONResponse({"revision": table.revision})
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _complete(state, body, request)
+
+    return app
+
+
+async def _complete(state: GatewayState, body: ChatCompletionRequest, request: Request) -> Response:
+    started = time.time_ns()
+    clock = time.perf_counter()
+    route = state.routes().routes.get(body.model)
+    if route is None:
+        state.metrics.requests.labels(body.model, "", "404").inc()
+        return _error(404, f"model {body.model!r} is not routed by this gateway", "not_found")
+    backend = route.choose(state.rng)
+    trace_id, parent_id = _caller_context(request)
+    params = GenerationParams(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        max_tokens=body.token_limit,
+        n=body.n,
+        seed=body.seed,
+        stop=tuple(body.stop or ()),
+    )
+    raw_messages = body.raw_messages()
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    span_facts: dict[str, Any] = {
+        "trace_id": trace_id,
+        "parent_span_id": parent_id,
+        "start_ns": started,
+        "requested_model": body.model,
+        "triton_model": route.triton_model,
+        "version": backend.version,
+        "request_messages": raw_messages,
+        "params": {"temperature": body.temperature, "top_p": body.top_p,
+                   "max_tokens": body.token_limit},
+        "metadata": body.metadata,
+    }  # fmt: skip
+    try:
+        result = await state.upstream.generate(
+            route.triton_model,
+            backend.version,
+            chat.to_model_messages(raw_messages),
+            params,
+            body.tools,
+        )
+    except UpstreamError as exc:
+        state.emitter.emit(
+            build_llm_span(
+                **span_facts, span_id=new_span_id(), end_ns=time.time_ns(),
+                response_id=None, error=str(exc),
+            )
+        )  # fmt: skip
+        state.metrics.requests.labels(body.model, backend.version, str(exc.status)).inc()
+        kind = "invalid_request_error" if exc.status == 400 else "upstream_error"
+        return _error(exc.status, str(exc), kind)
+
+    choices = list(_choices(result, tools_offered=bool(body.tools)))
+    ended = time.time_ns()
+    for choice in choices:
+        state.emitter.emit(
+            build_llm_span(
+                **span_facts, span_id=new_span_id(), end_ns=ended, response_id=response_id,
+                choice=choice, prompt_token_ids=result.prompt_token_ids,
+            )
+        )  # fmt: skip
+    completion_tokens = sum(len(c["token_ids"]) for c in choices)
+    state.metrics.requests.labels(body.model, backend.version, "200").inc()
+    state.metrics.latency.labels(body.model, backend.version).observe(time.perf_counter() - clock)
+    state.metrics.completion_tokens.labels(body.model, backend.version).inc(completion_tokens)
+    payload = {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": started // 1_000_000_000,
+        "model": body.model,
+        "system_fingerprint": f"{route.triton_model}:{result.model_version or backend.version}",
+        "choices": [
+            {"index": i, "message": c["message"], "finish_reason": c["finish_reason"],
+             "logprobs": None}
+            for i, c in enumerate(choices)
+        ],
+        "usage": {
+            "prompt_tokens": len(result.prompt_token_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(result.prompt_token_ids) + completion_tokens,
+        },
+    }  # fmt: skip
+    headers = {"x-spanmill-model-version": backend.version, "x-spanmill-trace-id": trace_id}
+    if body.stream:
+        return StreamingResponse(_sse(payload), media_type="text/event-stream", headers=headers)
+    return JSONResponse(payload, headers=headers)
+
+
+def _choices(result: GenerationResult, *, tools_offered: bool) -> Iterator[dict[str, Any]]:
+    for choice in result.choices:
+        calls = chat.parse_tool_calls(choice.text) if tools_offered else []
+        message: dict[str, Any] = {"role": "assistant", "content": None if calls else choice.text}
+        if calls:
+            message["tool_calls"] = calls
+        yield {
+            "message": message,
+            "finish_reason": "tool_calls" if calls else choice.finish_reason,
+            "token_ids": choice.token_ids,
+            "logprobs": choice.logprobs,
+        }
+
+
+def _sse(payload: dict[str, Any]) -> Iterator[str]:
+    """The answer as OpenAI stream chunks: role, then content or tool calls, then finish."""
+    base = {k: payload[k] for k in ("id", "created", "model", "system_fingerprint")}
+    for index, choice in enumerate(payload["choices"]):
+        message = choice["message"]
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [
+                dict(call, index=i) for i, call in enumerate(message["tool_calls"])
+            ]
+        chunks = [
+            {"index": index, "delta": delta, "finish_reason": None},
+            {"index": index, "delta": {}, "finish_reason": choice["finish_reason"]},
+        ]
+        for chunk in chunks:
+            event = {**base, "object": "chat.completion.chunk", "choices": [chunk]}
+            yield f"data: {json.dumps(event)}\n\n"
+    yield "data: [DONE]\n\n"

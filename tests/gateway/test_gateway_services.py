@@ -1,0 +1,201 @@
+"""The real gateway against the real tritonserver and tansu broker (echo model)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import tritonclient.http as triton_http
+from kafka import KafkaConsumer
+
+from spanmill import semconv as sc
+from spanmill.config import GatewaySettings, KafkaSettings, TritonSettings
+from spanmill.gateway.app import create_app
+from spanmill.gateway.routing import RoutingTable
+from spanmill.serving.repository import write_echo_version
+from spanmill.spans import Span, detect_and_decode
+from spanmill.stack.ports import free_port
+from spanmill.stack.services import TritonServer
+
+pytestmark = pytest.mark.services
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+def echo_table(model: str = "echo") -> RoutingTable:
+    return RoutingTable.model_validate(
+        {"revision": 1, "routes": {model: {"triton_model": "echo",
+                                           "backends": [{"version": "1", "weight": 1}]}}}
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def echo_model(triton) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    write_echo_version(triton.model_repository, "echo", 1)
+    client = triton_http.InferenceServerClient(triton.http_url)
+    client.load_model("echo")
+    yield triton.http_url
+    client.unload_model("echo")
+
+
+def settings(kafka_bootstrap: str, topic: str, triton_url: str, **extra: object) -> GatewaySettings:
+    return GatewaySettings(
+        kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap, spans_topic=topic),
+        triton=TritonSettings(http_url=triton_url),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def read_spans(bootstrap: str, topic: str, expected: int) -> list[tuple[bytes, Span]]:
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"test-{uuid.uuid4().hex}",
+        auto_offset_reset="earliest",
+        session_timeout_ms=6000,
+        consumer_timeout_ms=15000,
+    )
+    found = []
+    for message in consumer:
+        found.extend((message.key, span) for span in detect_and_decode(message.value))
+        if len(found) >= expected:
+            break
+    consumer.close()
+    return found
+
+
+def test_chat_completion_is_answered_and_recorded(kafka, echo_model, serve_app) -> None:  # type: ignore[no-untyped-def]
+    topic = kafka.create_topic(f"spans-{uuid.uuid4().hex[:8]}", 3)
+    app = create_app(settings(kafka.bootstrap_servers, topic, echo_model), table=echo_table())
+    with serve_app(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+        response = client.chat.completions.create(
+            model="echo",
+            messages=[{"role": "system", "content": "be brief"},
+                      {"role": "user", "content": "héllo spans"}],
+            temperature=0,
+            max_tokens=64,
+            extra_headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
+            extra_body={"metadata": {sc.SPANMILL_TASK_ID: "task-7",
+                                     sc.SPANMILL_PROMPT_NAME: "calc-zero-shot"}},
+        )  # fmt: skip
+        assert response.choices[0].message.content == "héllo spans"
+        assert response.usage is not None and response.usage.completion_tokens == len(
+            "héllo spans".encode()
+        )
+        models = client.models.list()
+        assert [m.id for m in models.data] == ["echo"]
+
+        # Tool calls: model text holding a JSON call becomes OpenAI tool_calls.
+        tools = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
+        call = client.chat.completions.create(
+            model="echo",
+            messages=[{"role": "user", "content": '{"tool": "calculator", "expression": "6*7"}'}],
+            tools=tools,  # type: ignore[arg-type]
+        )
+        assert call.choices[0].finish_reason == "tool_calls"
+        tool_call = call.choices[0].message.tool_calls[0]  # type: ignore[index]
+        assert tool_call.function.name == "calculator"  # type: ignore[union-attr]
+
+        # Streaming gives the same answer in chunks.
+        stream = client.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "streamed"}], stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "streamed"
+
+        metrics = httpx.get(f"{url}/metrics").text
+        assert re.search(r'spanmill_gateway_requests_total\{model="echo",status="200",'
+                         r'version="1"\} 3\.0', metrics)  # fmt: skip
+
+    spans = read_spans(kafka.bootstrap_servers, topic, 3)
+    assert len(spans) == 3
+    key, span = next((k, s) for k, s in spans if s.trace_id == TRACE_ID)
+    assert key == TRACE_ID.encode()
+    assert span.parent_span_id == PARENT_ID
+    assert span.is_llm_call and span.model_version == "1" and span.model == "echo"
+    assert span.task_id == "task-7" and span.prompt_name == "calc-zero-shot"
+    assert span.response_id == response.id
+    assert span.completion_token_ids == list("héllo spans".encode())
+    assert span.completion_logprobs == [0.0] * len("héllo spans".encode())
+    assert span.input_messages[1]["parts"][0]["content"] == "héllo spans"
+    assert span.output_messages[0]["parts"][0]["content"] == "héllo spans"
+    assert span.prompt_token_ids  # the rendered prompt, as the model saw it
+    # Calls without a traceparent start traces of their own.
+    assert len({s.trace_id for _, s in spans}) == 3
+
+
+def test_auth_and_bad_requests(kafka, echo_model, serve_app) -> None:  # type: ignore[no-untyped-def]
+    token = uuid.uuid4().hex
+    gateway = settings(kafka.bootstrap_servers, "unused-topic", echo_model, api_key=token)
+    with serve_app(create_app(gateway, table=echo_table())) as url:
+        body = {"model": "echo", "messages": [{"role": "user", "content": "x"}]}
+        assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 401
+        auth = {"authorization": f"Bearer {token}"}
+        ok = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth)
+        assert ok.status_code == 200 and ok.headers["x-spanmill-model-version"] == "1"
+        assert httpx.get(f"{url}/healthz").status_code == 200  # probes need no token
+        missing = httpx.post(
+            f"{url}/v1/chat/completions", json={**body, "model": "nope"}, headers=auth
+        )
+        assert missing.status_code == 404 and "nope" in missing.json()["error"]["message"]
+        bad = httpx.post(
+            f"{url}/v1/chat/completions", json={**body, "temperature": 7}, headers=auth
+        )
+        assert bad.status_code == 400 and "temperature" in bad.json()["error"]["message"]
+        routes = echo_table("renamed").model_copy(update={"revision": 9})
+        put = httpx.put(f"{url}/admin/routes", content=routes.dumps(), headers=auth)
+        assert put.json() == {"revision": 9}
+        renamed = httpx.post(
+            f"{url}/v1/chat/completions", json={**body, "model": "renamed"}, headers=auth
+        )
+        assert renamed.status_code == 200
+
+
+def test_kafka_down_requests_still_served(echo_model, serve_app) -> None:  # type: ignore[no-untyped-def]
+    dead = f"127.0.0.1:{free_port()}"
+    app = create_app(settings(dead, "spans", echo_model, span_queue_size=2), table=echo_table())
+    with serve_app(app) as url:
+        body = {"model": "echo", "messages": [{"role": "user", "content": "still here"}]}
+        for _ in range(8):
+            response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+            assert response.status_code == 200
+            assert response.json()["choices"][0]["message"]["content"] == "still here"
+        metrics = httpx.get(f"{url}/metrics").text
+        dropped = re.search(
+            r'spanmill_gateway_spans_dropped_total\{reason="queue_full"\} (\d+)', metrics
+        )
+        assert dropped is not None and int(dropped.group(1)) >= 5
+
+
+def test_triton_down_gives_503_then_recovers(kafka, tmp_path: Path, serve_app) -> None:  # type: ignore[no-untyped-def]
+    http_port = free_port()
+    gateway = settings(kafka.bootstrap_servers, "spans-down", f"127.0.0.1:{http_port}")
+    with serve_app(create_app(gateway, table=echo_table())) as url:
+        body = {"model": "echo", "messages": [{"role": "user", "content": "are you there"}]}
+        down = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+        assert down.status_code == 503
+        assert "unavailable" in down.json()["error"]["message"]
+        assert httpx.get(f"{url}/readyz").status_code == 503
+
+        repository = tmp_path / "repo"
+        write_echo_version(repository, "echo", 1)
+        server = TritonServer(
+            "127.0.0.1", tmp_path / "triton", repository,
+            http_port=http_port, grpc_port=free_port(), metrics_port=free_port(),
+        )  # fmt: skip
+        running = server.start()
+        try:
+            triton_http.InferenceServerClient(f"127.0.0.1:{http_port}").load_model("echo")
+            assert httpx.get(f"{url}/readyz").status_code == 200
+            up = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+            assert up.status_code == 200, up.text
+            assert json.loads(up.text)["choices"][0]["message"]["content"] == "are you there"
+        finally:
+            running.stop()

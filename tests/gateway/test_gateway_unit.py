@@ -1,0 +1,130 @@
+"""Routing, message forms and the LLM span: the gateway's pure decisions."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from spanmill import messages as chat
+from spanmill import semconv as sc
+from spanmill.errors import ConfigError
+from spanmill.gateway.llm_span import build_llm_span
+from spanmill.gateway.routing import Route, RoutingFile, RoutingTable
+
+
+def table(weights: dict[str, float]) -> RoutingTable:
+    return RoutingTable.model_validate(
+        {
+            "revision": 3,
+            "routes": {
+                "calculator": {
+                    "triton_model": "calculator",
+                    "backends": [{"version": v, "weight": w} for v, w in weights.items()],
+                }
+            },
+        }
+    )
+
+
+def test_weighted_choice_follows_the_weights() -> None:
+    route = table({"1": 75, "2": 25}).routes["calculator"]
+    rng = random.Random(0)
+    counts = Counter(route.choose(rng).version for _ in range(4000))
+    assert 0.70 < counts["1"] / 4000 < 0.80
+    assert counts["1"] + counts["2"] == 4000
+    only = table({"1": 0, "2": 5}).routes["calculator"]
+    assert {only.choose(rng).version for _ in range(100)} == {"2"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "routing table is invalid"),
+        ('{"routes": {"m": {"triton_model": "m", "backends": []}}}', "at least 1 item"),
+        ('{"routes": {"m": {"triton_model": "m", "backends": [{"version": "0", "weight": 1}]}}}',
+         "version"),
+        ('{"routes": {"m": {"triton_model": "m", "backends": [{"version": "1", "weight": 0}]}}}',
+         "add up to more than 0"),
+    ],
+)  # fmt: skip
+def test_bad_tables_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RoutingTable.parse(text)
+
+
+def test_routing_file_reloads_and_keeps_last_good(tmp_path: Path) -> None:
+    path = tmp_path / "routes.json"
+    source = RoutingFile(path)
+    assert source.current().routes == {}
+    source.write(table({"1": 1}))
+    assert source.current().revision == 3
+    path.write_text("{broken")
+    assert source.current().revision == 3  # a bad edit keeps serving the last good table
+    source.write(table({"2": 1}).model_copy(update={"revision": 4}))
+    assert source.current().routes["calculator"].backends[0].version == "2"
+
+
+def test_route_needs_positive_total_weight() -> None:
+    with pytest.raises(ValueError, match="add up"):
+        Route.model_validate({"triton_model": "m", "backends": [{"version": "1", "weight": 0}]})
+
+
+def test_tool_calls_round_trip_through_model_text() -> None:
+    calls = chat.parse_tool_calls('{"tool": "calculator", "expression": "2 * (3 + 4)"}')
+    assert calls[0]["function"]["name"] == "calculator"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"expression": "2 * (3 + 4)"}
+    rendered = chat.to_model_messages([{"role": "assistant", "content": None, "tool_calls": calls}])
+    assert json.loads(rendered[0]["content"]) == {"tool": "calculator", "expression": "2 * (3 + 4)"}
+    fenced = '```json\n{"name": "search", "arguments": {"q": "x"}}\n```'
+    assert chat.parse_tool_calls(fenced)[0]["function"]["name"] == "search"
+    for text in ("The answer is 14.", '{"expression": "1"}', "{not json}", '["tool"]'):
+        assert chat.parse_tool_calls(text) == []
+
+
+def test_openai_and_genai_forms_convert_both_ways() -> None:
+    calls = chat.parse_tool_calls('{"tool": "calculator", "expression": "1+1"}')
+    conversation = [
+        {"role": "system", "content": "Use the calculator."},
+        {"role": "user", "content": [{"type": "text", "text": "What is 1+1?"}],
+         sc.SPANMILL_MESSAGE_EXAMPLE: True},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "2"},
+        {"role": "assistant", "content": "2"},
+    ]  # fmt: skip
+    genai = chat.openai_to_genai(conversation)
+    assert genai[1][sc.SPANMILL_MESSAGE_EXAMPLE] is True
+    assert genai[2]["parts"][0] == {
+        "type": "tool_call", "id": calls[0]["id"], "name": "calculator",
+        "arguments": {"expression": "1+1"},
+    }  # fmt: skip
+    assert genai[3]["parts"][0]["type"] == "tool_call_response"
+    back = chat.genai_to_openai(genai)
+    assert back[1]["content"] == "What is 1+1?"
+    assert back[2]["tool_calls"][0]["function"]["name"] == "calculator"
+    assert back[3] == {"role": "tool", "content": "2", "tool_call_id": calls[0]["id"]}
+    assert back[4] == {"role": "assistant", "content": "2"}
+
+
+def test_llm_span_carries_what_training_needs() -> None:
+    span = build_llm_span(
+        trace_id="ab" * 16, parent_span_id="cd" * 8, span_id="ef" * 8,
+        start_ns=1_000, end_ns=2_000, requested_model="calculator", triton_model="calculator",
+        version="2", response_id="chatcmpl-1",
+        request_messages=[{"role": "user", "content": "hi"}],
+        params={"temperature": 0.0, "top_p": 1.0, "max_tokens": 16},
+        metadata={sc.SPANMILL_PROMPT_NAME: "calc", sc.SPANMILL_TASK_ID: "t1", "other": "x"},
+        choice={"message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop",
+                "token_ids": [5, 6], "logprobs": [-0.1, -0.2]},
+        prompt_token_ids=[1, 2, 3],
+    )  # fmt: skip
+    assert span.is_llm_call and span.trace_id == "ab" * 16 and span.parent_span_id == "cd" * 8
+    assert span.model_version == "2" and span.task_id == "t1" and span.prompt_name == "calc"
+    assert span.completion_token_ids == [5, 6] and span.prompt_token_ids == [1, 2, 3]
+    assert span.completion_logprobs == [-0.1, -0.2]
+    assert span.output_messages[0]["parts"][0]["content"] == "hello"
+    assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+    assert "other" not in span.attributes
