@@ -31,4 +31,12 @@ def gateway(
         f"gateway on http://{settings.host}:{settings.port} → Triton {settings.triton.http_url}, "
         f"spans → {settings.kafka.bootstrap_servers}/{settings.kafka.spans_topic}"
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    # Per-request access lines would cost more than the proxying; metrics and spans
+    # record every call instead.
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=False,
+    )

@@ -1,0 +1,1 @@
+"""spanmill's benchmarks: each module has a ``main()`` that prints its figures."""

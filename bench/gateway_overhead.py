@@ -1,0 +1,151 @@
+"""Gateway overhead: a chat completion through the gateway vs the same request to Triton.
+
+Everything real: tansu (the gateway emits its spans), tritonserver with an echo
+model and with SmolLM2-135M-Instruct, and the gateway as its own process
+(`spanmill gateway`). Prints p50/p99 latency of both paths in one run, the
+difference, and requests/s under concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import tritonclient.http as triton_http
+
+from spanmill.gateway.routing import RoutingTable
+from spanmill.models import pull_model
+from spanmill.serving import protocol
+from spanmill.serving.protocol import GenerationParams
+from spanmill.serving.repository import write_echo_version, write_python_version
+from spanmill.stack.ports import free_port
+from spanmill.stack.process import wait_until
+from spanmill.stack.services import KafkaBroker, TritonServer
+
+MESSAGES = [{"role": "user", "content": "What is 12 plus 30? Answer with the number."}]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def direct(client: triton_http.InferenceServerClient, model: str, max_tokens: int) -> float:
+    tensors = protocol.encode_request(MESSAGES, GenerationParams(max_tokens=max_tokens))
+    inputs = []
+    for name, array in tensors.items():
+        tensor = triton_http.InferInput(
+            name, list(array.shape), protocol.CLIENT_DTYPES[protocol.INPUTS[name][0]]
+        )
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    started = time.perf_counter()
+    client.infer(model, inputs, model_version="1")
+    return time.perf_counter() - started
+
+
+def through_gateway(client: httpx.Client, model: str, max_tokens: int) -> float:
+    body = {"model": model, "messages": MESSAGES, "temperature": 0, "max_tokens": max_tokens}
+    started = time.perf_counter()
+    response = client.post("/v1/chat/completions", json=body)
+    response.raise_for_status()
+    return time.perf_counter() - started
+
+
+async def throughput(base_url: str, model: str, concurrency: int, total: int) -> float:
+    body = {"model": model, "messages": MESSAGES, "temperature": 0, "max_tokens": 32}
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        queue = list(range(total))
+
+        async def worker() -> None:
+            while queue:
+                queue.pop()
+                (await client.post("/v1/chat/completions", json=body)).raise_for_status()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return total / (time.perf_counter() - started)
+
+
+def compare(name: str, triton_url: str, gateway_url: str, n: int, max_tokens: int) -> None:
+    tclient = triton_http.InferenceServerClient(triton_url, network_timeout=300)
+    with httpx.Client(base_url=gateway_url, timeout=300) as gclient:
+        for _ in range(3):  # warm both paths
+            direct(tclient, name, max_tokens)
+            through_gateway(gclient, name, max_tokens)
+        pairs = [(direct(tclient, name, max_tokens), through_gateway(gclient, name, max_tokens))
+                 for _ in range(n)]  # fmt: skip
+    d = [p[0] * 1000 for p in pairs]
+    g = [p[1] * 1000 for p in pairs]
+    print(
+        f"{name:<8} n={n:<4} direct p50 {percentile(d, 0.5):8.2f} ms"
+        f"  p99 {percentile(d, 0.99):8.2f}"
+        f" | gateway p50 {percentile(g, 0.5):8.2f} ms  p99 {percentile(g, 0.99):8.2f}"
+        f" | overhead p50 {percentile(g, 0.5) - percentile(d, 0.5):+7.2f} ms"
+        f"  ratio {statistics.median(g) / statistics.median(d):.2f}x",
+        flush=True,
+    )
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    repository = work / "repo"
+    write_echo_version(repository, "echo", 1)
+    write_python_version(repository, "smollm2", 1, pull_model("smollm2-135m"), num_threads=1)
+    broker = KafkaBroker("127.0.0.1", free_port(), work / "kafka").start()
+    triton = TritonServer(
+        "127.0.0.1", work / "triton", repository,
+        http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+    ).start()  # fmt: skip
+    gateway = None
+    try:
+        client = triton_http.InferenceServerClient(triton.url, network_timeout=300)
+        client.load_model("echo")
+        client.load_model("smollm2")
+        routes = RoutingTable.model_validate({"routes": {
+            m: {"triton_model": m, "backends": [{"version": "1", "weight": 1}]}
+            for m in ("echo", "smollm2")}})  # fmt: skip
+        routing_file = work / "routes.json"
+        routing_file.write_text(routes.dumps())
+        port = free_port()
+        env = dict(os.environ, SPANMILL_KAFKA_BOOTSTRAP_SERVERS=broker.url,
+                   SPANMILL_TRITON_HTTP_URL=triton.url)  # fmt: skip
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "spanmill.cli.main", "gateway", "--port", str(port),
+             "--routing-file", str(routing_file)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=60,
+                   what="gateway")  # fmt: skip
+        print("latency, one request at a time (gateway includes span emission to Kafka):")
+        compare("echo", triton.url, url, n=300, max_tokens=32)
+        compare("smollm2", triton.url, url, n=20, max_tokens=16)
+        print("throughput through the gateway, echo model, 32-token answers:")
+        for concurrency in (1, 8, 32):
+            rps = asyncio.run(throughput(url, "echo", concurrency, total=400))
+            print(f"  concurrency {concurrency:>2}: {rps:8.1f} requests/s", flush=True)
+        spans = httpx.get(f"{url}/metrics").text
+        emitted = [
+            ln
+            for ln in spans.splitlines()
+            if ln.startswith("spanmill_gateway_spans_") and "_created" not in ln
+        ]
+        print("  " + "; ".join(emitted))
+    finally:
+        if gateway is not None:
+            gateway.terminate()
+            gateway.wait(timeout=30)
+        triton.stop()
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()
