@@ -1,0 +1,1 @@
+"""Training data built from spans: episodes, samples, credit assignment, datasets."""
