@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from spanmill import __version__
-from spanmill.cli import gateway, models, stack
+from spanmill.cli import agent, gateway, models, stack
 
 app = typer.Typer(
     name="spanmill",
@@ -24,6 +24,7 @@ app.command()(stack.down)
 app.command()(stack.status)
 app.command()(gateway.gateway)
 app.add_typer(models.app, name="models")
+app.add_typer(agent.app, name="agent")
 
 
 @app.command()
