@@ -12,6 +12,7 @@ Load settings with :func:`load_settings`: a bad value becomes a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -30,6 +31,7 @@ DEFAULT_MLFLOW_PORT = 15000
 DEFAULT_TRITON_HTTP_PORT = 18000
 DEFAULT_TRITON_GRPC_PORT = 18001
 DEFAULT_TRITON_METRICS_PORT = 18002
+DEFAULT_GATEWAY_PORT = 18080
 
 
 def _config(prefix: str) -> SettingsConfigDict:
@@ -111,8 +113,10 @@ class StackSettings(BaseSettings):
     triton_http_port: int = Field(DEFAULT_TRITON_HTTP_PORT, gt=0, lt=65536)
     triton_grpc_port: int = Field(DEFAULT_TRITON_GRPC_PORT, gt=0, lt=65536)
     triton_metrics_port: int = Field(DEFAULT_TRITON_METRICS_PORT, gt=0, lt=65536)
+    gateway_port: int = Field(DEFAULT_GATEWAY_PORT, gt=0, lt=65536)
     state_dir: Path = Field(default_factory=paths.state_dir)
     model_repository: Path = Field(default_factory=lambda: paths.home() / "model-repository")
+    routing_file: Path = Field(default_factory=lambda: paths.state_dir() / "routes.json")
     startup_timeout_s: float = Field(120.0, gt=0)
 
 
@@ -127,10 +131,70 @@ class CollectorSettings(BaseSettings):
         default_factory=lambda: str(paths.home() / "spans"),
         description="Span store root: a local folder or an fsspec URL such as s3://bucket/spans.",
     )
-    batch_max_spans: int = Field(5000, gt=0)
-    batch_max_seconds: float = Field(5.0, gt=0)
+    batch_max_spans: int = Field(
+        5000, gt=0, description="Records per batch (one file per hour) of one partition."
+    )
+    batch_max_seconds: float = Field(
+        5.0, gt=0, description="Oldest a partition's unwritten records may get before a write."
+    )
     http_host: str = LOOPBACK
-    http_port: int = Field(4318, gt=0, lt=65536)
+    http_port: int = Field(
+        4318, gt=0, lt=65536, description="OTLP/HTTP receiver, /metrics, /healthz and /readyz."
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description='fsspec options for store_url, JSON; e.g. {"endpoint_url": "http://minio:9000"}.',
+    )
+    batch_max_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Bytes per batch.")
+    workers: int = Field(
+        1, ge=0, le=64, description="Processes that decode and write; 0: the consumer's own."
+    )
+    max_inflight_batches: int = Field(
+        4, gt=0, description="Batches being written at once before consuming pauses."
+    )
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        "earliest", description="Where a new consumer group starts; earliest loses nothing."
+    )
+    session_timeout_ms: int = Field(10_000, ge=1000)
+    compression: Literal["zstd", "snappy", "gzip", "lz4", "none"] = "zstd"
+    redact_rules: list[Literal["email", "api_key", "card_number"]] = Field(
+        default_factory=lambda: ["email", "api_key", "card_number"],
+        description="Built-in redaction patterns to apply; [] for none.",
+    )
+    redact_patterns: dict[str, str] = Field(
+        default_factory=dict, description="More patterns, name to regex, JSON."
+    )
+    attributes_allow: list[str] = Field(
+        default_factory=list, description="When set, only attributes matching these globs are kept."
+    )
+    attributes_deny: list[str] = Field(
+        default_factory=lambda: [
+            "http.request.header.authorization",
+            "http.request.header.cookie",
+            "http.request.header.x-api-key",
+            "http.response.header.set-cookie",
+        ],
+        description="Attributes dropped by name (shell-style globs).",
+    )
+    conventions: list[Literal["openllmetry", "openinference"]] = Field(
+        default_factory=lambda: ["openllmetry", "openinference"],
+        description="Foreign conventions translated into the GenAI ones.",
+    )
+    receiver_enabled: bool = Field(True, description="Serve OTLP/HTTP POST /v1/traces.")
+    ledger_retention_s: float = Field(
+        3600.0, ge=0, description="Age after which ledger entries of committed batches go."
+    )
+    shutdown_timeout_s: float = Field(30.0, gt=0, description="Time allowed to flush on SIGTERM.")
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _regexes(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, pattern in value.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {name!r} is not a valid regex: {exc}") from None
+        return value
 
 
 class GatewaySettings(BaseSettings):
@@ -141,7 +205,7 @@ class GatewaySettings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     triton: TritonSettings = Field(default_factory=TritonSettings)
     host: str = LOOPBACK
-    port: int = Field(8080, gt=0, lt=65536)
+    port: int = Field(DEFAULT_GATEWAY_PORT, gt=0, lt=65536)
     routing_file: Path | None = None
     api_key: SecretStr | None = Field(
         None, description="When set, requests need this bearer token."

@@ -29,6 +29,7 @@ def stack_env(home: Path) -> dict[str, str]:
     env["SPANMILL_STACK_TRITON_HTTP_PORT"] = str(free_port())
     env["SPANMILL_STACK_TRITON_GRPC_PORT"] = str(free_port())
     env["SPANMILL_STACK_TRITON_METRICS_PORT"] = str(free_port())
+    env["SPANMILL_STACK_GATEWAY_PORT"] = str(free_port())
     return env
 
 
@@ -46,12 +47,12 @@ def test_up_status_down_leaves_nothing_running(tmp_path: Path) -> None:
     try:
         state = json.loads((tmp_path / "state" / "stack.json").read_text())
         pids = {name: s["process"]["pid"] for name, s in state["services"].items()}
-        assert set(pids) == {"kafka", "mlflow", "triton"}
+        assert set(pids) == {"kafka", "mlflow", "triton", "gateway"}
         assert all(psutil.pid_exists(pid) for pid in pids.values())
 
         status = run_cli("status", env=env)
         assert status.returncode == 0, status.stdout + status.stderr
-        assert status.stdout.count("healthy") == 3
+        assert status.stdout.count("healthy") == 4
 
         # A second `up` finds everything running and starts nothing new.
         again = run_cli("up", env=env)
@@ -64,11 +65,17 @@ def test_up_status_down_leaves_nothing_running(tmp_path: Path) -> None:
     assert not (tmp_path / "state" / "stack.json").exists()
     for pid in pids.values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    for name in ("KAFKA_PORT", "MLFLOW_PORT", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT"):
+    for name in (
+        "KAFKA_PORT",
+        "MLFLOW_PORT",
+        "TRITON_HTTP_PORT",
+        "TRITON_GRPC_PORT",
+        "GATEWAY_PORT",
+    ):
         assert not port_in_use("127.0.0.1", int(env[f"SPANMILL_STACK_{name}"]))
 
     status = run_cli("status", env=env)
-    assert status.stdout.count("stopped") == 3
+    assert status.stdout.count("stopped") == 4
 
 
 def test_taken_port_is_named_in_the_error(tmp_path: Path) -> None:

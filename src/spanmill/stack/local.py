@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from spanmill.config import StackSettings
 from spanmill.errors import StackError
 from spanmill.stack.services import (
+    GatewayProcess,
     KafkaBroker,
     MLflowServer,
     RunningService,
@@ -22,7 +23,7 @@ from spanmill.stack.services import (
     TritonServer,
 )
 
-SERVICE_NAMES = ("kafka", "mlflow", "triton")
+SERVICE_NAMES = ("kafka", "mlflow", "triton", "gateway")
 
 
 def build_services(settings: StackSettings) -> list[Service]:
@@ -44,6 +45,15 @@ def build_services(settings: StackSettings) -> list[Service]:
             http_port=settings.triton_http_port,
             grpc_port=settings.triton_grpc_port,
             metrics_port=settings.triton_metrics_port,
+            timeout=settings.startup_timeout_s,
+        ),
+        GatewayProcess(
+            settings.host,
+            settings.gateway_port,
+            work,
+            routing_file=settings.routing_file,
+            kafka_bootstrap=f"{settings.host}:{settings.kafka_port}",
+            triton_url=f"{settings.host}:{settings.triton_http_port}",
             timeout=settings.startup_timeout_s,
         ),
     ]

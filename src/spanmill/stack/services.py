@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -290,3 +291,49 @@ class TritonServer(Service):
     def healthy(self) -> bool:
         response = httpx.get(f"http://{self.url}/v2/health/ready", timeout=2.0)
         return response.status_code == 200
+
+
+class GatewayProcess(Service):
+    """The spanmill gateway, routing by a table file the rollout controller rewrites."""
+
+    name = "gateway"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        work_dir: Path,
+        *,
+        routing_file: Path,
+        kafka_bootstrap: str,
+        triton_url: str,
+        timeout: float = 60.0,
+    ) -> None:
+        super().__init__(host, work_dir, timeout)
+        self.port = port
+        self.routing_file = routing_file
+        self.kafka_bootstrap = kafka_bootstrap
+        self.triton_url = triton_url
+
+    def ports(self) -> dict[str, int]:
+        return {"main": self.port}
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def argv(self) -> Sequence[str]:
+        return [
+            sys.executable, "-m", "spanmill.cli.main", "gateway",
+            "--host", self.host, "--port", str(self.port),
+            "--routing-file", str(self.routing_file),
+        ]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env["SPANMILL_KAFKA_BOOTSTRAP_SERVERS"] = self.kafka_bootstrap
+        env["SPANMILL_TRITON_HTTP_URL"] = self.triton_url
+        return env
+
+    def healthy(self) -> bool:
+        return httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200
