@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from spanmill import __version__
-from spanmill.cli import agent, gateway, models, stack
+from spanmill.cli import agent, collector, demo, gateway, models, spans, stack
 
 app = typer.Typer(
     name="spanmill",
@@ -23,8 +23,11 @@ app.command()(stack.up)
 app.command()(stack.down)
 app.command()(stack.status)
 app.command()(gateway.gateway)
+app.command()(demo.demo)
 app.add_typer(models.app, name="models")
 app.add_typer(agent.app, name="agent")
+app.command()(collector.collector)
+app.add_typer(spans.app, name="spans")
 
 
 @app.command()
