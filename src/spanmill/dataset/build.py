@@ -1,0 +1,243 @@
+"""Building a dataset: spans in, train and eval rows plus a card out. Pure.
+
+Steps, each counted in the card: LLM calls in the window; those matching the
+service/agent/model filters; those with a completion; with a reward; within the
+length limit; after deduplication; then the mode's own step (threshold or
+weights, pairing, or grouping); then the split by a hash of the task id, so one
+task never lands in both splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from spanmill.dataset import credit
+from spanmill.dataset.episodes import DatasetError, LLMCall, read_llm_calls, read_rewards
+from spanmill.dataset.samples import Sample, make_sample
+from spanmill.dataset.spec import DatasetSpec
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Built:
+    spec: DatasetSpec
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+    counts: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    reward_name: str | None = None
+    rewards: list[float] = field(default_factory=list)
+    span_window: tuple[int | None, int | None] = (None, None)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def content_hash(self) -> str:
+        digest = hashlib.sha256()
+        for split, rows in (("train", self.train), ("eval", self.eval)):
+            for row in rows:
+                digest.update(split.encode())
+                digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
+        return digest.hexdigest()
+
+
+def split_of(group: str, eval_fraction: float, seed: int = 0) -> str:
+    """'eval' or 'train' for a task (or episode) id: a stable hash, never random."""
+    if eval_fraction <= 0:
+        return "train"
+    digest = hashlib.sha256(f"{seed}:{group}".encode()).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction else "train"
+
+
+def _group(sample: Sample) -> str:
+    return sample.call.task_id or sample.call.episode_id
+
+
+def _keep(spec: DatasetSpec, call: LLMCall) -> bool:
+    return (
+        (spec.service is None or call.service == spec.service)
+        and (spec.agent is None or call.agent == spec.agent)
+        and (spec.model is None or call.model == spec.model)
+        and (spec.model_version is None or call.model_version == spec.model_version)
+    )
+
+
+def build(spec: DatasetSpec, spans: pa.Table, progress: Progress | None = None) -> Built:
+    """Samples of ``spec.mode`` from a table of stored spans (the store's schema)."""
+    report = progress or (lambda _: None)
+    counts: OrderedDict[str, int] = OrderedDict()
+    counts["spans"] = spans.num_rows
+    report("finding LLM calls")
+    calls = read_llm_calls(spans)
+    counts["llm_calls"] = len(calls)
+    report("collecting rewards")
+    rewards = read_rewards(spans, {c.response_id for c in calls if c.response_id})
+    name = rewards.primary(spec.reward)
+    counts["episodes"] = len({c.episode_id for c in calls})
+
+    report("making samples")
+    samples: list[Sample] = []
+    matched = with_completion = 0
+    for call in calls:
+        if not _keep(spec, call):
+            continue
+        matched += 1
+        value = credit.assign(call, rewards, name, spec.credit, spec.discount) if name else None
+        sample = make_sample(call, value, drop_examples=spec.drop_examples)
+        if sample is None:
+            continue
+        with_completion += 1
+        if sample.reward is not None:
+            samples.append(sample)
+    counts["matching_filters"] = matched
+    counts["with_completion"] = with_completion
+    counts["with_reward"] = len(samples)
+
+    if spec.max_tokens is not None:
+        samples = [s for s in samples if s.tokens <= spec.max_tokens]
+    counts["within_max_tokens"] = len(samples)
+    if spec.dedupe:
+        seen: set[str] = set()
+        unique = []
+        for sample in samples:
+            if sample.key not in seen:
+                seen.add(sample.key)
+                unique.append(sample)
+        samples = unique
+    counts["deduplicated"] = len(samples)
+
+    report(f"building {spec.mode} rows")
+    if spec.mode == "sft":
+        rows = _sft(spec, samples, counts)
+    elif spec.mode == "preference":
+        rows = _preference(spec, samples, counts)
+    else:
+        rows = _rl(samples, counts)
+
+    train: list[dict[str, Any]] = []
+    evaluation: list[dict[str, Any]] = []
+    for group, row in rows:
+        (evaluation if split_of(group, spec.eval_fraction, spec.seed) == "eval" else train).append(
+            row
+        )
+    train.sort(key=lambda r: r["sample_id"])
+    evaluation.sort(key=lambda r: r["sample_id"])
+    counts["train"] = len(train)
+    counts["eval"] = len(evaluation)
+    starts = spans["start_time"]
+    window = (
+        (int(starts[0].value), int(starts[-1].value))  # sorted by the reader
+        if spans.num_rows
+        else (None, None)
+    )
+    return Built(
+        spec=spec,
+        train=train,
+        eval=evaluation,
+        counts=counts,
+        reward_name=name,
+        rewards=[s.reward for s in samples if s.reward is not None],
+        span_window=window,
+        details={
+            "model_versions": _tally(s.call.model_version for s in samples),
+            "prompt_names": _tally(s.call.prompt_name for s in samples),
+        },
+    )
+
+
+def _tally(values: Iterable[str | None]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for value in values:
+        counts[value or "(none)"] += 1
+    return dict(sorted(counts.items()))
+
+
+def _sft(
+    spec: DatasetSpec, samples: list[Sample], counts: OrderedDict[str, int]
+) -> list[tuple[str, dict[str, Any]]]:
+    rows = []
+    for s in samples:
+        reward = float(s.reward)  # type: ignore[arg-type]
+        if spec.min_reward is not None and reward < spec.min_reward:
+            continue
+        weight = 1.0 if spec.sft_weighting == "uniform" else max(reward, 0.0)
+        if weight <= 0:
+            continue
+        row = {"prompt": s.prompt, "completion": s.completion, "weight": weight,
+               "reward": reward, **s.lineage()}  # fmt: skip
+        rows.append((_group(s), row))
+    counts["sft_kept"] = len(rows)
+    return rows
+
+
+def _preference(
+    spec: DatasetSpec, samples: list[Sample], counts: OrderedDict[str, int]
+) -> list[tuple[str, dict[str, Any]]]:
+    """Pairs of attempts at one task from the same prompt: best against worst."""
+    groups: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    for s in samples:
+        if s.call.task_id:
+            groups[(s.call.task_id, s.prompt_key)].append(s)
+    rows = []
+    for (task_id, _), attempts in sorted(groups.items()):
+        ordered = sorted(attempts, key=lambda s: (-(s.reward or 0.0), s.call.span_id))
+        best, worst = ordered[0], ordered[-1]
+        if (best.reward or 0.0) - (worst.reward or 0.0) < max(spec.min_reward_gap, 1e-12):
+            continue
+        row = {
+            "prompt": best.prompt,
+            "chosen": best.completion,
+            "rejected": worst.completion,
+            "chosen_reward": float(best.reward or 0.0),
+            "rejected_reward": float(worst.reward or 0.0),
+            **best.lineage(),
+        }
+        row["sample_id"] = f"{best.call.span_id}:{worst.call.span_id}"
+        rows.append((task_id, row))
+    counts["task_groups"] = len(groups)
+    counts["pairs"] = len(rows)
+    return rows
+
+
+def _rl(samples: list[Sample], counts: OrderedDict[str, int]) -> list[tuple[str, dict[str, Any]]]:
+    rows = []
+    for s in samples:
+        group = _group(s)
+        row = {"prompt": s.prompt, "completion": s.completion, "reward": float(s.reward or 0.0),
+               "group_id": group, **s.lineage()}  # fmt: skip
+        rows.append((group, row))
+    counts["rl_samples"] = len(rows)
+    counts["groups"] = len({g for g, _ in rows})
+    return rows
+
+
+def histogram(values: list[float], bins: int = 10) -> list[dict[str, float]]:
+    """Equal-width bins over the values' range (one bin when they are all equal)."""
+    if not values:
+        return []
+    low, high = min(values), max(values)
+    if math.isclose(low, high):
+        return [{"low": low, "high": high, "count": len(values)}]
+    width = (high - low) / bins
+    counts = [0] * bins
+    for value in values:
+        counts[min(int((value - low) / width), bins - 1)] += 1
+    return [
+        {"low": low + i * width, "high": low + (i + 1) * width, "count": c}
+        for i, c in enumerate(counts)
+    ]
+
+
+def check_not_empty(built: Built) -> None:
+    if not built.train:
+        steps = ", ".join(f"{k}={v}" for k, v in built.counts.items())
+        raise DatasetError(
+            f"the {built.spec.mode} dataset has no training rows ({steps}); widen the window "
+            "or loosen the filters"
+        )

@@ -1,0 +1,181 @@
+"""Episodes from a table of stored spans: the LLM calls in time order, and the rewards.
+
+Works on the span store's columns directly (no per-span objects), so a million
+spans take seconds. LLM calls are found by ``gen_ai.operation.name``, never by
+span names; rewards come from the store's ``rewards`` column, which holds each
+span's own reward and its ``gen_ai.evaluation.result`` events.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spanmill import semconv as sc
+from spanmill.errors import SpanmillError
+
+# The store columns a build reads.
+COLUMNS = (
+    "trace_id",
+    "span_id",
+    "episode_id",
+    "start_time",
+    "operation_name",
+    "status_code",
+    "service_name",
+    "agent_name",
+    "model",
+    "model_version",
+    "task_id",
+    "response_id",
+    "prompt_name",
+    "prompt_version",
+    "input_messages",
+    "output_messages",
+    "system_instructions",
+    "input_tokens",
+    "output_tokens",
+    "completion_token_ids",
+    "rewards",
+)
+
+
+class DatasetError(SpanmillError):
+    """A dataset cannot be built as asked; the message says what to change."""
+
+
+@dataclass(slots=True)
+class LLMCall:
+    trace_id: str
+    span_id: str
+    episode_id: str
+    start_ns: int
+    service: str | None
+    agent: str | None
+    model: str | None
+    model_version: str | None
+    task_id: str | None
+    response_id: str | None
+    prompt_name: str | None
+    input_messages: str | None
+    output_messages: str | None
+    system_instructions: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    completion_token_ids: list[int] | None
+    failed: bool
+    index: int = 0  # position among the episode's calls, in time order
+    calls_in_episode: int = 1
+
+
+@dataclass
+class Rewards:
+    """Every reward seen, by episode and by the response id it is linked to.
+
+    When one name is given several times, the latest span's value counts.
+    """
+
+    by_episode: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    by_response: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    # The latest call-linked value per episode: the episode's own when it has none.
+    linked_by_episode: dict[str, dict[str, float]] = field(
+        default_factory=lambda: defaultdict(dict)
+    )
+    primary_names: Counter[str] = field(default_factory=Counter)
+    names: Counter[str] = field(default_factory=Counter)
+
+    def primary(self, requested: str | None) -> str | None:
+        """The reward to optimise: the one asked for, else the one marked primary."""
+        if requested is not None:
+            if self.names and requested not in self.names:
+                raise DatasetError(
+                    f"no reward named {requested!r} in the window; seen: {sorted(self.names)}"
+                )
+            return requested
+        if self.primary_names:
+            return self.primary_names.most_common(1)[0][0]
+        if len(self.names) == 1:
+            return next(iter(self.names))
+        if not self.names:
+            return None
+        raise DatasetError(
+            f"rewards {sorted(self.names)} were seen and none is marked primary "
+            f"({sc.SPANMILL_REWARD_PRIMARY}); choose one with --reward"
+        )
+
+
+def read_rewards(table: pa.Table, response_ids: set[str]) -> Rewards:
+    """Rewards linked to a call by response id, or else to the whole episode."""
+    rewards = Rewards()
+    rows = table.filter(pc.is_valid(table["rewards"])).select(
+        ["episode_id", "start_time", "rewards"]
+    )
+    if rows.num_rows == 0:
+        return rewards
+    rows = rows.sort_by([("start_time", "ascending")])
+    lists = rows["rewards"].combine_chunks()
+    parents = pc.list_parent_indices(lists).to_pylist()
+    flat = pc.list_flatten(lists)
+    episode_ids = rows["episode_id"].to_pylist()
+    names = pc.struct_field(flat, "name").to_pylist()
+    values = pc.struct_field(flat, "value").to_pylist()
+    linked = pc.struct_field(flat, "response_id").to_pylist()
+    primaries = pc.struct_field(flat, "primary").to_pylist()
+    for parent, name, value, response_id, primary in zip(
+        parents, names, values, linked, primaries, strict=True
+    ):
+        rewards.names[name] += 1
+        if primary:
+            rewards.primary_names[name] += 1
+        if response_id is not None and response_id in response_ids:
+            rewards.by_response[response_id][name] = value
+            rewards.linked_by_episode[episode_ids[parent]][name] = value
+        else:
+            # Unlinked, or linked to a call outside the window: it judges the episode.
+            rewards.by_episode[episode_ids[parent]][name] = value
+    return rewards
+
+
+def read_llm_calls(table: pa.Table) -> list[LLMCall]:
+    """The LLM calls of the table, grouped by episode and numbered in time order."""
+    is_llm = pc.is_in(table["operation_name"], value_set=pa.array(sorted(sc.LLM_OPERATIONS)))
+    llm = table.filter(pc.fill_null(is_llm, False))
+    llm = llm.sort_by([("episode_id", "ascending"), ("start_time", "ascending")])
+    columns = {name: llm[name].to_pylist() for name in COLUMNS if name != "rewards"}
+    starts = pc.cast(llm["start_time"], pa.int64()).to_pylist()
+    calls = [
+        LLMCall(
+            trace_id=columns["trace_id"][i],
+            span_id=columns["span_id"][i],
+            episode_id=columns["episode_id"][i],
+            start_ns=starts[i],
+            service=columns["service_name"][i],
+            agent=columns["agent_name"][i],
+            model=columns["model"][i],
+            model_version=columns["model_version"][i],
+            task_id=columns["task_id"][i],
+            response_id=columns["response_id"][i],
+            prompt_name=columns["prompt_name"][i],
+            input_messages=columns["input_messages"][i],
+            output_messages=columns["output_messages"][i],
+            system_instructions=columns["system_instructions"][i],
+            input_tokens=columns["input_tokens"][i],
+            output_tokens=columns["output_tokens"][i],
+            completion_token_ids=columns["completion_token_ids"][i],
+            failed=columns["status_code"][i] == "error",
+        )
+        for i in range(llm.num_rows)
+    ]
+    start = 0
+    while start < len(calls):
+        end = start
+        while end < len(calls) and calls[end].episode_id == calls[start].episode_id:
+            end += 1
+        for index in range(start, end):
+            calls[index].index = index - start
+            calls[index].calls_in_episode = end - start
+        start = end
+    return calls

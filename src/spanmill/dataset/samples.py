@@ -1,0 +1,96 @@
+"""One training sample per LLM call: the prompt and completion as the model saw them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from spanmill import messages as chat
+from spanmill.dataset.episodes import LLMCall
+
+# Without token counts, a character budget stands in: about 3.5 characters a
+# token for English text under the small models' tokenizers.
+CHARS_PER_TOKEN = 3.5
+
+
+@dataclass(slots=True)
+class Sample:
+    call: LLMCall
+    prompt: list[dict[str, str]]
+    completion: list[dict[str, str]]
+    reward: float | None
+    tokens: int
+    key: str  # identity of (prompt, completion), for deduplication
+    prompt_key: str  # identity of the prompt, for pairing attempts
+
+    def lineage(self) -> dict[str, Any]:
+        c = self.call
+        return {
+            "sample_id": c.span_id,
+            "task_id": c.task_id,
+            "episode_id": c.episode_id,
+            "trace_id": c.trace_id,
+            "response_id": c.response_id,
+            "agent": c.agent,
+            "model": c.model,
+            "model_version": c.model_version,
+        }
+
+
+def _json_list(text: str | None) -> list[dict[str, Any]]:
+    if not text:
+        return []
+    parsed = json.loads(text)
+    return parsed if isinstance(parsed, list) else [parsed]
+
+
+def _digest(value: Any) -> str:
+    return hashlib.blake2b(
+        json.dumps(value, sort_keys=True, ensure_ascii=False).encode(), digest_size=16
+    ).hexdigest()
+
+
+def make_sample(call: LLMCall, reward: float | None, *, drop_examples: bool) -> Sample | None:
+    """The sample of one call, or None when the call has no usable completion."""
+    if call.failed or not call.output_messages:
+        return None
+    try:
+        inputs = chat.genai_to_openai(_json_list(call.input_messages))
+        outputs = chat.genai_to_openai(_json_list(call.output_messages))
+        system = chat.genai_to_openai(_json_list(call.system_instructions))
+    except (ValueError, AttributeError, TypeError):
+        return None
+    if system and not any(m.get("role") == "system" for m in inputs):
+        inputs = [
+            {"role": "system", "content": "".join(m["content"] or "" for m in system)},
+            *inputs,
+        ]
+    if drop_examples:
+        # Context distillation: the few-shot turns go, the behaviour they taught stays.
+        inputs = [m for m in inputs if not m.get(chat.EXAMPLE)]
+    assistant = [m for m in outputs if m.get("role") == "assistant"][:1]
+    if not inputs or not assistant:
+        return None
+    prompt = chat.to_model_messages(inputs)
+    completion = chat.to_model_messages(assistant)
+    if not completion[0]["content"]:
+        return None
+    prompt_chars = sum(len(m["content"]) for m in prompt)
+    if call.input_tokens is not None and not drop_examples:
+        prompt_tokens = call.input_tokens
+    else:
+        prompt_tokens = round(prompt_chars / CHARS_PER_TOKEN)
+    completion_tokens = call.output_tokens
+    if completion_tokens is None:
+        completion_tokens = round(len(completion[0]["content"]) / CHARS_PER_TOKEN)
+    return Sample(
+        call=call,
+        prompt=prompt,
+        completion=completion,
+        reward=reward,
+        tokens=prompt_tokens + completion_tokens,
+        key=_digest([prompt, completion]),
+        prompt_key=_digest(prompt),
+    )

@@ -1,0 +1,53 @@
+"""What a dataset build asks for: the window, the filters, the mode and the credit rule."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from spanmill.dataset.layout import Mode
+
+CreditRule = Literal["episode", "per_call", "discounted"]
+SftWeighting = Literal["uniform", "reward"]
+
+
+class DatasetSpec(BaseModel):
+    """Every choice of a build; it is written into the dataset card as it was given."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Mode = "sft"
+    # Span window, ISO 8601 or nanoseconds; half-open [since, until).
+    since: str | int | None = None
+    until: str | int | None = None
+    # Which LLM calls become samples.
+    service: str | None = None
+    agent: str | None = None
+    model: str | None = None
+    model_version: str | None = None
+    # Rewards: the one training optimises, and how it reaches each call.
+    reward: str | None = Field(
+        None, description="Reward name to optimise; default: the one marked primary."
+    )
+    credit: CreditRule = "episode"
+    discount: float = Field(1.0, gt=0, le=1, description="Per-call discount for 'discounted'.")
+    min_reward: float | None = Field(None, description="sft: keep samples at or above it.")
+    sft_weighting: SftWeighting = "uniform"
+    min_reward_gap: float = Field(
+        1e-9, ge=0, description="preference: smallest reward difference that makes a pair."
+    )
+    max_tokens: int | None = Field(None, gt=0, description="Longest sample (prompt+completion).")
+    # Context distillation: drop few-shot example turns from prompts.
+    drop_examples: bool = False
+    dedupe: bool = True
+    eval_fraction: float = Field(0.1, ge=0, lt=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _coherent(self) -> DatasetSpec:
+        if self.sft_weighting == "reward" and self.mode != "sft":
+            raise ValueError("sft_weighting='reward' applies to mode 'sft' only")
+        if self.credit != "discounted" and self.discount != 1.0:
+            raise ValueError("discount applies to credit='discounted' only")
+        return self
