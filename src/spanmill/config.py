@@ -120,6 +120,19 @@ class StackSettings(BaseSettings):
     startup_timeout_s: float = Field(120.0, gt=0)
 
 
+# The collector's built-in redaction patterns and the foreign conventions it translates.
+RedactionRule = Literal["email", "api_key", "card_number"]
+Convention = Literal["openllmetry", "openinference"]
+
+
+def _all_redaction_rules() -> list[RedactionRule]:
+    return ["email", "api_key", "card_number"]
+
+
+def _all_conventions() -> list[Convention]:
+    return ["openllmetry", "openinference"]
+
+
 class CollectorSettings(BaseSettings):
     """The collector service. Env prefix ``SPANMILL_COLLECTOR_``."""
 
@@ -157,8 +170,8 @@ class CollectorSettings(BaseSettings):
     )
     session_timeout_ms: int = Field(10_000, ge=1000)
     compression: Literal["zstd", "snappy", "gzip", "lz4", "none"] = "zstd"
-    redact_rules: list[Literal["email", "api_key", "card_number"]] = Field(
-        default_factory=lambda: ["email", "api_key", "card_number"],
+    redact_rules: list[RedactionRule] = Field(
+        default_factory=_all_redaction_rules,
         description="Built-in redaction patterns to apply; [] for none.",
     )
     redact_patterns: dict[str, str] = Field(
@@ -176,8 +189,8 @@ class CollectorSettings(BaseSettings):
         ],
         description="Attributes dropped by name (shell-style globs).",
     )
-    conventions: list[Literal["openllmetry", "openinference"]] = Field(
-        default_factory=lambda: ["openllmetry", "openinference"],
+    conventions: list[Convention] = Field(
+        default_factory=_all_conventions,
         description="Foreign conventions translated into the GenAI ones.",
     )
     receiver_enabled: bool = Field(True, description="Serve OTLP/HTTP POST /v1/traces.")
@@ -207,6 +220,11 @@ class GatewaySettings(BaseSettings):
     host: str = LOOPBACK
     port: int = Field(DEFAULT_GATEWAY_PORT, gt=0, lt=65536)
     routing_file: Path | None = None
+    routing_configmap: str | None = Field(
+        None,
+        description="namespace/name of the ConfigMap holding the routing table (Kubernetes); "
+        "watched instead of routing_file.",
+    )
     api_key: SecretStr | None = Field(
         None, description="When set, requests need this bearer token."
     )

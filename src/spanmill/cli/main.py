@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from spanmill import __version__
-from spanmill.cli import agent, collector, demo, gateway, models, spans, stack
+from spanmill.cli import agent, collector, dataset, demo, gateway, models, spans, stack
 
 app = typer.Typer(
     name="spanmill",
@@ -26,6 +26,7 @@ app.command()(gateway.gateway)
 app.command()(demo.demo)
 app.add_typer(models.app, name="models")
 app.add_typer(agent.app, name="agent")
+app.add_typer(dataset.app, name="dataset")
 app.command()(collector.collector)
 app.add_typer(spans.app, name="spans")
 

@@ -1,0 +1,261 @@
+"""Collector throughput: spans/s from the topic to durable Parquet, next to a raw consume.
+
+Everything real: a tansu broker, a topic of 3 partitions filled with ~1 KB LLM
+spans (OTLP protobuf, one span per record, keyed by trace id), then, in one run:
+
+- raw consume: kafka-python reading every record with the collector's consumer
+  settings and doing nothing with them;
+- the collector as its own process (``python -m spanmill.collector``), from its
+  first record taken to its last span durably written and counted, for each
+  worker count.
+
+The figure is the ratio of the two rates. Peak RSS covers the collector and its
+worker processes. Target on two cores: at least 20,000 spans/s and a ratio of
+at least 0.7.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psutil
+
+from spanmill import semconv as sc
+from spanmill.spans import Span, encode_otlp_protobuf
+from spanmill.stack.ports import free_port
+from spanmill.stack.services import KafkaBroker
+
+SPANS = int(os.environ.get("SPANMILL_BENCH_SPANS", "150000"))
+WORKERS = [int(w) for w in os.environ.get("SPANMILL_BENCH_WORKERS", "0,1,2").split(",")]
+PARTITIONS = 3
+SESSION_TIMEOUT_MS = 6000
+
+
+def payloads(count: int) -> list[tuple[bytes, bytes]]:
+    """``count`` distinct ~1 KB LLM spans, encoded once from a template."""
+    template = Span(
+        trace_id="5b8efff798038103d269b633813fc60c",
+        span_id="eee19b7ec3c1b174",
+        parent_span_id="1111111111111111",
+        name="chat smollm2",
+        kind="client",
+        start_time_unix_nano=1_750_000_000_000_000_000,
+        end_time_unix_nano=1_750_000_000_400_000_000,
+        status_code="ok",
+        attributes={
+            sc.GEN_AI_OPERATION_NAME: "chat",
+            sc.GEN_AI_REQUEST_MODEL: "smollm2",
+            sc.GEN_AI_RESPONSE_MODEL: "smollm2-135m",
+            sc.SPANMILL_MODEL_VERSION: "3",
+            sc.GEN_AI_RESPONSE_ID: "chatcmpl-0",
+            sc.GEN_AI_AGENT_NAME: "calculator",
+            sc.GEN_AI_USAGE_INPUT_TOKENS: 120,
+            sc.GEN_AI_USAGE_OUTPUT_TOKENS: 16,
+            sc.GEN_AI_INPUT_MESSAGES: json.dumps(
+                [
+                    {
+                        "role": "system",
+                        "parts": [
+                            {
+                                "type": "text",
+                                "content": "You are a "
+                                "calculator agent. Answer with one JSON tool call.",
+                            }
+                        ],
+                    },
+                    {
+                        "role": "user",
+                        "parts": [
+                            {
+                                "type": "text",
+                                "content": "What is 12 times 7 plus 3, divided by two? " * 4,
+                            }
+                        ],
+                    },
+                ]
+            ),
+            sc.GEN_AI_OUTPUT_MESSAGES: json.dumps(
+                [
+                    {
+                        "role": "assistant",
+                        "parts": [
+                            {
+                                "type": "text",
+                                "content": '{"tool": "calculator", "expression": "(12*7+3)/2"}',
+                            }
+                        ],
+                    }
+                ]
+            ),
+            sc.SPANMILL_COMPLETION_TOKEN_IDS: list(range(100, 116)),
+            sc.SPANMILL_COMPLETION_LOGPROBS: [-0.125] * 16,
+            sc.SPANMILL_TASK_ID: "task-1",
+        },
+        resource_attributes={sc.SERVICE_NAME: "calculator-agent"},
+        scope_name="spanmill.sdk",
+        scope_version="0.1.0",
+    )
+    out = []
+    for i in range(count):
+        trace_id = f"{i + 1:032x}"
+        span = template.model_copy(
+            update={
+                "trace_id": trace_id,
+                "span_id": f"{i + 1:016x}",
+                "start_time_unix_nano": template.start_time_unix_nano + i * 1000,
+                "end_time_unix_nano": template.end_time_unix_nano + i * 1000,
+            }
+        )
+        out.append((trace_id.encode(), encode_otlp_protobuf([span])))
+    return out
+
+
+def consumer_options() -> dict[str, object]:
+    """The collector's consumer settings (see spanmill.collector.service), for a fair baseline."""
+    return {
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "session_timeout_ms": SESSION_TIMEOUT_MS,
+        "heartbeat_interval_ms": SESSION_TIMEOUT_MS // 3,
+        "max_poll_records": 5000,
+        "max_partition_fetch_bytes": 8 * 1024 * 1024,
+        "fetch_max_bytes": 64 * 1024 * 1024,
+    }
+
+
+def raw_consume(bootstrap: str, topic: str, count: int) -> float:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=[bootstrap],
+        group_id=f"raw-{uuid.uuid4().hex[:8]}",
+        **consumer_options(),
+    )
+    taken, started = 0, 0.0
+    while taken < count:
+        for records in consumer.poll(timeout_ms=1000).values():
+            if not started:
+                started = time.perf_counter()
+            taken += len(records)
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return count / elapsed
+
+
+def _metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def collector_run(bootstrap: str, topic: str, count: int, workers: int) -> tuple[float, float]:
+    """Spans/s from the first record taken to the last span written; and peak RSS in MiB."""
+    port = free_port()
+    store = tempfile.mkdtemp(prefix="spanmill-bench-store-")
+    env = dict(os.environ)
+    env.update(
+        {
+            "SPANMILL_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "SPANMILL_KAFKA_SPANS_TOPIC": topic,
+            "SPANMILL_COLLECTOR_GROUP_ID": f"bench-{uuid.uuid4().hex[:8]}",
+            "SPANMILL_COLLECTOR_STORE_URL": store,
+            "SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+            "SPANMILL_COLLECTOR_HTTP_PORT": str(port),
+            "SPANMILL_COLLECTOR_WORKERS": str(workers),
+            "SPANMILL_COLLECTOR_RECEIVER_ENABLED": "false",
+            # A finite run ends with partial batches; the default 5 s age limit would
+            # add that much idle tail to the timing.
+            "SPANMILL_COLLECTOR_BATCH_MAX_SECONDS": "0.5",
+        }
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "spanmill.collector"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    root = psutil.Process(process.pid)
+    peak = 0
+    started = finished = 0.0
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline:
+            try:
+                rss = root.memory_info().rss + sum(
+                    child.memory_info().rss for child in root.children(recursive=True)
+                )
+                peak = max(peak, rss)
+            except psutil.Error:
+                pass
+            try:
+                text = httpx.get(url, timeout=2).text
+            except httpx.HTTPError:
+                time.sleep(0.1)
+                continue
+            now = time.perf_counter()
+            if not started and _metric(text, "spanmill_collector_records_consumed_total") > 0:
+                started = now
+            if _metric(text, "spanmill_collector_spans_written_total") >= count:
+                finished = now
+                break
+            time.sleep(0.05)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    if not finished:
+        raise RuntimeError("the collector did not write every span in time")
+    return count / (finished - started), peak / 2**20
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp(prefix="spanmill-bench-"))
+    topic = f"bench-spans-{uuid.uuid4().hex[:8]}"
+    broker = KafkaBroker(
+        "127.0.0.1", free_port(), work / "kafka", topics=(topic,), partitions=PARTITIONS
+    )
+    running = broker.start()
+    try:
+        from kafka import KafkaProducer
+
+        records = payloads(SPANS)
+        size = sum(len(value) for _, value in records) / len(records)
+        producer = KafkaProducer(
+            bootstrap_servers=[running.url], linger_ms=20, batch_size=512 * 1024, acks=1
+        )
+        for key, value in records:
+            producer.send(topic, key=key, value=value)
+        producer.flush()
+        producer.close()
+        del records
+        print(
+            f"{SPANS} spans of {size:.0f} bytes (OTLP protobuf, one per record), "
+            f"{PARTITIONS} partitions, {os.cpu_count()} CPUs"
+        )
+        raw = raw_consume(running.url, topic, SPANS)
+        print(f"raw consume (kafka-python, same settings): {raw:,.0f} records/s")
+        for workers in WORKERS:
+            rate, peak = collector_run(running.url, topic, SPANS, workers)
+            print(
+                f"collector workers={workers}: {rate:,.0f} spans/s to durable Parquet, "
+                f"ratio {rate / raw:.2f}, peak RSS {peak:,.0f} MiB"
+            )
+        again = raw_consume(running.url, topic, SPANS)
+        print(f"raw consume again: {again:,.0f} records/s (noise between runs)")
+    finally:
+        running.stop()
+
+
+if __name__ == "__main__":
+    main()

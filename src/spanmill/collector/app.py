@@ -1,0 +1,70 @@
+"""The collector's HTTP side: OTLP/HTTP receiver, Prometheus metrics, health and readiness."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from fastapi import FastAPI, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from spanmill.collector.metrics import CollectorMetrics
+from spanmill.collector.receiver import OtlpReceiver, status_message
+
+
+class Health(Protocol):
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+
+def create_app(
+    health: Health, metrics: CollectorMetrics, receiver: OtlpReceiver | None = None
+) -> FastAPI:
+    app = FastAPI(title="spanmill collector", docs_url=None, redoc_url=None)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        ok = health.alive
+        return Response(b"ok" if ok else b"stuck", status_code=200 if ok else 503)
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        ok = health.ready
+        return Response(b"ready" if ok else b"not ready", status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    if receiver is not None:
+
+        @app.post("/v1/traces")
+        async def traces(request: Request) -> Response:
+            limit = receiver.max_bytes
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                as_json = "json" in request.headers.get("content-type", "")
+                return Response(
+                    status_message(
+                        3, f"request is over {limit} bytes; export smaller batches", as_json
+                    ),
+                    status_code=413,
+                )
+            body = await request.body()
+            reply = await run_in_threadpool(
+                receiver.export,
+                body,
+                request.headers.get("content-type"),
+                request.headers.get("content-encoding"),
+            )
+            return Response(
+                reply.body,
+                status_code=reply.status,
+                media_type=reply.media_type,
+                headers=reply.headers,
+            )
+
+    return app

@@ -1,0 +1,187 @@
+"""Decoding one Kafka record into span parts, with a fast path for OTLP protobuf.
+
+:func:`spanmill.spans.detect_and_decode` is the authority on what a valid span
+is, and says precisely why a payload is not. It builds a validated
+:class:`~spanmill.spans.Span` per span, which costs more than the rest of the
+collector together. Most records are OTLP protobuf with plain attributes, so
+:func:`decode_record` reads those straight from the parsed message into
+:class:`~spanmill.store.SpanParts`, checking the same rules the record model
+checks. Anything unusual (a bad id, a nested or mixed array, an oversize value,
+...) falls back to the authority, which then gives the spans or the error: the
+fast path may only ever say "these spans, exactly as the authority would give
+them" or "ask the authority". Tests hold the two to that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from spanmill.spans import SpanFormat, detect_and_decode, format_from_content_type
+from spanmill.spans.record import MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES, MAX_NAME_CHARS
+from spanmill.store.rows import SpanParts
+
+_ZERO_TRACE: Final = bytes(16)
+_ZERO_SPAN: Final = bytes(8)
+# OTLP enum numbers to the record's words; 0 (unspecified) reads as internal.
+_KINDS: Final = {
+    0: "internal",
+    1: "internal",
+    2: "server",
+    3: "client",
+    4: "producer",
+    5: "consumer",
+}
+_STATUS: Final = {0: "unset", 1: "ok", 2: "error"}
+_SCALARS: Final = {
+    "string_value": "string_value",
+    "int_value": "int_value",
+    "double_value": "double_value",
+    "bool_value": "bool_value",
+}
+
+
+class _Unusual(Exception):
+    """The fast path cannot vouch for this payload: let the authority decide."""
+
+
+def _check_text(value: str) -> None:
+    # len() counts characters; only long strings pay for the exact UTF-8 size.
+    if (
+        len(value) * 4 > MAX_ATTRIBUTE_VALUE_BYTES
+        and len(value.encode()) > MAX_ATTRIBUTE_VALUE_BYTES
+    ):
+        raise _Unusual
+
+
+def _attributes(pairs: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key = pair.key
+        if not key or len(key) > MAX_ATTRIBUTE_KEY_CHARS:
+            raise _Unusual
+        value = pair.value
+        which = value.WhichOneof("value")
+        if which == "string_value":
+            text = value.string_value
+            _check_text(text)
+            out[key] = text
+        elif which == "int_value":
+            out[key] = value.int_value
+        elif which == "double_value":
+            out[key] = value.double_value
+        elif which == "bool_value":
+            out[key] = value.bool_value
+        elif which == "array_value":
+            items = value.array_value.values
+            if not items:
+                out[key] = []
+                continue
+            first = items[0].WhichOneof("value")
+            field = _SCALARS.get(first or "")
+            if field is None:
+                raise _Unusual
+            for item in items:
+                if item.WhichOneof("value") != first:
+                    raise _Unusual
+            array = [getattr(item, field) for item in items]
+            if first == "string_value":
+                for text in array:
+                    _check_text(text)
+            out[key] = array
+        else:
+            raise _Unusual
+    return out
+
+
+def _span_id(raw: bytes, size: int, zero: bytes) -> str:
+    if len(raw) != size or raw == zero:
+        raise _Unusual
+    return raw.hex()
+
+
+def _name(text: str) -> str:
+    if not text or len(text) > MAX_NAME_CHARS:
+        raise _Unusual
+    return text
+
+
+def _fast_protobuf(payload: bytes) -> list[SpanParts]:
+    try:
+        request = ExportTraceServiceRequest.FromString(payload)
+    except (DecodeError, RuntimeError):
+        raise _Unusual from None
+    if not request.resource_spans:
+        raise _Unusual
+    out = []
+    for resource_spans in request.resource_spans:
+        resource = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            scope = scope_spans.scope
+            scope_name, scope_version = scope.name, scope.version
+            for pb in scope_spans.spans:
+                parent = pb.parent_span_id
+                start, end = pb.start_time_unix_nano, pb.end_time_unix_nano
+                if end < start:
+                    raise _Unusual
+                kind = _KINDS.get(pb.kind)
+                status = pb.status
+                code = _STATUS.get(status.code)
+                if kind is None or code is None:
+                    raise _Unusual
+                events = [
+                    (_name(event.name), event.time_unix_nano, _attributes(event.attributes))
+                    for event in pb.events
+                ]
+                links = [
+                    (
+                        _span_id(link.trace_id, 16, _ZERO_TRACE),
+                        _span_id(link.span_id, 8, _ZERO_SPAN),
+                        _attributes(link.attributes),
+                    )
+                    for link in pb.links
+                ]
+                out.append(
+                    SpanParts(
+                        _span_id(pb.trace_id, 16, _ZERO_TRACE),
+                        _span_id(pb.span_id, 8, _ZERO_SPAN),
+                        _span_id(parent, 8, _ZERO_SPAN) if parent else None,
+                        _name(pb.name),
+                        kind,
+                        start,
+                        end,
+                        code,
+                        status.message,
+                        _attributes(pb.attributes),
+                        resource,
+                        scope_name,
+                        scope_version,
+                        events,
+                        links,
+                    )
+                )
+    return out
+
+
+def _looks_like_json(payload: bytes) -> bool:
+    start = payload[:64].lstrip(b" \t\r\n")
+    return start[:1] in (b"{", b"[") or start.startswith(b"\xef\xbb\xbf")
+
+
+def decode_record(payload: bytes, content_type: str | None, max_bytes: int) -> list[SpanParts]:
+    """The spans of one record's value; raises SpanDecodeError with the reason it is refused."""
+    if 0 < len(payload) <= max_bytes:
+        try:
+            form = format_from_content_type(content_type) if content_type else None
+        except ValueError:
+            form = None  # the authority raises the precise error below
+        sniffed_protobuf = content_type is None and not _looks_like_json(payload)
+        if form is SpanFormat.OTLP_PROTOBUF or sniffed_protobuf:
+            try:
+                return _fast_protobuf(payload)
+            except _Unusual:
+                pass
+    spans = detect_and_decode(payload, content_type, max_bytes=max_bytes)
+    return [SpanParts.from_span(span) for span in spans]

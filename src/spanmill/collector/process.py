@@ -1,0 +1,237 @@
+"""Turning a batch of Kafka records into durable Parquet files: the collector's core.
+
+:class:`BatchProcessor` is a plain function of its inputs: decode each record
+(:mod:`~spanmill.collector.decode`), translate foreign conventions
+(:mod:`~spanmill.collector.translate`), redact (:mod:`~spanmill.collector.redact`),
+build one Arrow table per hour, write them (:class:`~spanmill.store.StoreWriter`).
+A record that cannot be decoded is reported as a dead letter with its reason;
+it never stops the others.
+
+Decoding is CPU-bound Python, and the Kafka client needs a core of its own to keep
+up, so :class:`ProcessPool` runs processors in worker processes; with
+``workers=0`` :class:`InlineProcessing` runs them in the caller's process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Any, Protocol
+
+from spanmill.collector.decode import decode_record
+from spanmill.collector.redact import Redactor
+from spanmill.collector.translate import Translation
+from spanmill.config import CollectorSettings
+from spanmill.spans.errors import SpanDecodeError
+from spanmill.store.layout import BatchId
+from spanmill.store.rows import HourlyColumns, SpanParts, check_storable
+from spanmill.store.writer import StoreWriter
+
+log = logging.getLogger(__name__)
+
+# A record whose spans broke the collector itself; its bytes go to the dead letters
+# with this reason rather than taking the batch, and the collector, down.
+INTERNAL_ERROR = "internal_error"
+
+
+@dataclass(frozen=True)
+class ProcessingConfig:
+    """What a processor needs, picklable for worker processes."""
+
+    store_url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    compression: str = "zstd"
+    max_message_bytes: int = 1024 * 1024
+    redact_rules: tuple[str, ...] = ("email", "api_key", "card_number")
+    redact_patterns: dict[str, str] = field(default_factory=dict)
+    attributes_allow: tuple[str, ...] = ()
+    attributes_deny: tuple[str, ...] = ()
+    conventions: tuple[str, ...] = ("openllmetry", "openinference")
+
+    @classmethod
+    def from_settings(cls, settings: CollectorSettings) -> ProcessingConfig:
+        return cls(
+            store_url=settings.store_url,
+            storage_options=dict(settings.storage_options),
+            compression=settings.compression,
+            max_message_bytes=settings.kafka.max_message_bytes,
+            redact_rules=tuple(settings.redact_rules),
+            redact_patterns=dict(settings.redact_patterns),
+            attributes_allow=tuple(settings.attributes_allow),
+            attributes_deny=tuple(settings.attributes_deny),
+            conventions=tuple(settings.conventions),
+        )
+
+
+@dataclass
+class BatchJob:
+    """The records of one batch, as plain lists (cheap to send to a worker)."""
+
+    batch: BatchId
+    offsets: list[int]
+    timestamps: list[int]
+    values: list[bytes]
+    content_types: list[str | None]
+
+
+@dataclass
+class BatchOutcome:
+    batch: BatchId
+    files: list[str]
+    records: int
+    spans: int
+    dead: list[tuple[int, str, str]]  # offset, reason, detail
+    redactions: dict[str, int]
+    translations: dict[str, int]
+    seconds: float
+
+
+class BatchProcessor:
+    """Decode, translate, redact and write one batch at a time."""
+
+    def __init__(self, config: ProcessingConfig) -> None:
+        self.config = config
+        self.writer = StoreWriter(
+            config.store_url,
+            config.storage_options,
+            compression=config.compression,
+            compression_level=1 if config.compression == "zstd" else None,
+        )
+        self.redactor = Redactor(
+            config.redact_rules,
+            config.redact_patterns,
+            config.attributes_allow,
+            config.attributes_deny,
+        )
+        self.translation = Translation(config.conventions)
+
+    def spans_of(
+        self,
+        value: bytes,
+        content_type: str | None,
+        redactions: dict[str, int],
+        translations: dict[str, int],
+    ) -> list[SpanParts]:
+        """One record's spans, ready for the store; raises SpanDecodeError."""
+        spans = decode_record(value, content_type, self.config.max_message_bytes)
+        for index, parts in enumerate(spans):
+            check_storable(parts, f"spans[{index}]")
+        for parts in spans:
+            self.translation.apply(parts.attributes, translations)
+            self.redactor.apply(parts, redactions)
+        return spans
+
+    def process(self, job: BatchJob) -> BatchOutcome:
+        started = time.perf_counter()
+        batch = job.batch
+        hourly = HourlyColumns()
+        dead: list[tuple[int, str, str]] = []
+        redactions: dict[str, int] = {}
+        translations: dict[str, int] = {}
+        for offset, timestamp, value, content_type in zip(
+            job.offsets, job.timestamps, job.values, job.content_types, strict=True
+        ):
+            try:
+                spans = self.spans_of(value, content_type, redactions, translations)
+            except SpanDecodeError as exc:
+                dead.append((offset, exc.reason, exc.detail))
+                continue
+            except Exception as exc:  # a collector bug must not lose the batch
+                log.exception(
+                    "record %s/%s/%s broke the collector", batch.topic, batch.partition, offset
+                )
+                dead.append((offset, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
+                continue
+            for index, parts in enumerate(spans):
+                hourly.append(parts, batch.topic, batch.partition, offset, index, timestamp)
+        files = self.writer.write_batch(batch, hourly.tables()) if hourly.rows else []
+        return BatchOutcome(
+            batch=batch,
+            files=files,
+            records=len(job.offsets),
+            spans=hourly.rows,
+            dead=dead,
+            redactions=redactions,
+            translations=translations,
+            seconds=time.perf_counter() - started,
+        )
+
+
+class Processing(Protocol):
+    def submit(self, job: BatchJob) -> Future[BatchOutcome]: ...
+
+    def close(self) -> None: ...
+
+
+class InlineProcessing:
+    """Processes each batch when it is submitted, in the calling process."""
+
+    def __init__(self, config: ProcessingConfig) -> None:
+        self.processor = BatchProcessor(config)
+
+    def submit(self, job: BatchJob) -> Future[BatchOutcome]:
+        future: Future[BatchOutcome] = Future()
+        try:
+            future.set_result(self.processor.process(job))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+_worker: BatchProcessor | None = None
+
+
+def _watch_parent(parent: int) -> None:
+    # A worker must not outlive a collector killed without a chance to stop it.
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _init_worker(config: ProcessingConfig, parent: int) -> None:
+    global _worker
+    _worker = BatchProcessor(config)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _process(job: BatchJob) -> BatchOutcome:
+    assert _worker is not None, "worker used before its initializer ran"
+    return _worker.process(job)
+
+
+def _ready() -> bool:
+    return _worker is not None
+
+
+class ProcessPool:
+    """Processes batches in worker processes (started fresh, not forked)."""
+
+    def __init__(self, config: ProcessingConfig, workers: int) -> None:
+        self.executor = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(config, os.getpid()),
+        )
+        # Start every worker now: a bad store URL fails here, not on the first batch.
+        for future in [self.executor.submit(_ready) for _ in range(workers)]:
+            future.result()
+
+    def submit(self, job: BatchJob) -> Future[BatchOutcome]:
+        return self.executor.submit(_process, job)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=False)
+
+
+def make_processing(config: ProcessingConfig, workers: int) -> Processing:
+    return ProcessPool(config, workers) if workers > 0 else InlineProcessing(config)

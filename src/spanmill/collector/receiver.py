@@ -1,0 +1,168 @@
+"""OTLP/HTTP receiver: ``POST /v1/traces`` into the span topic, one message per trace.
+
+Any OpenTelemetry-instrumented service can send spans here with its standard
+OTLP/HTTP exporter (protobuf or JSON, gzip or not), without Kafka client code.
+Each request is decoded and validated in full, then split by trace: every trace
+becomes one OTLP protobuf message keyed by its trace id, so one trace stays on
+one partition, in order. The reply waits until Kafka has acknowledged every
+message, so a 200 means the spans are on the topic.
+
+Replies follow the OTLP/HTTP specification: 200 with an empty
+``ExportTraceServiceResponse``, 400 with a ``google.rpc.Status`` naming what is
+wrong (not to be retried), 413 for a body over the limit, 415 for an encoding we
+do not take, 503 with ``Retry-After`` when Kafka is unavailable (to be retried).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from spanmill import semconv as sc
+from spanmill.collector.metrics import CollectorMetrics
+from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
+
+log = logging.getLogger(__name__)
+
+_INVALID_ARGUMENT: Final = 3
+_UNAVAILABLE: Final = 14
+_SEND_TIMEOUT_S: Final = 10.0
+PROTOBUF: Final = "application/x-protobuf"
+JSON: Final = "application/json"
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+    media_type: str
+    headers: dict[str, str]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def status_message(code: int, message: str, as_json: bool) -> bytes:
+    """A ``google.rpc.Status``: written by hand, it is two fields."""
+    if as_json:
+        return json.dumps({"code": code, "message": message}).encode()
+    text = message.encode()
+    return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+
+
+def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """Decompress at most ``limit + 1`` bytes, so that a small bomb cannot fill memory."""
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise SpanDecodeError("bad_encoding", f"body is not valid {encoding}: {exc}") from None
+    return out
+
+
+def split_by_trace(spans: Sequence[Span]) -> dict[str, list[Span]]:
+    traces: dict[str, list[Span]] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, []).append(span)
+    return traces
+
+
+def encode_trace(spans: list[Span], max_bytes: int) -> list[bytes]:
+    """A trace's spans as OTLP protobuf messages under the size limit (one, unless huge)."""
+    payload = encode_otlp_protobuf(spans)
+    if len(payload) <= max_bytes or len(spans) == 1:
+        return [payload]
+    half = len(spans) // 2
+    return encode_trace(spans[:half], max_bytes) + encode_trace(spans[half:], max_bytes)
+
+
+class OtlpReceiver:
+    """Decodes OTLP/HTTP export requests and produces their traces to the span topic."""
+
+    def __init__(
+        self, producer: Any, topic: str, metrics: CollectorMetrics, max_bytes: int
+    ) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.metrics = metrics
+        self.max_bytes = max_bytes
+
+    def _reply(self, status: int, body: bytes, as_json: bool, **headers: str) -> Reply:
+        self.metrics.receiver_requests.labels(str(status)).inc()
+        return Reply(status, body, JSON if as_json else PROTOBUF, headers)
+
+    def export(self, body: bytes, content_type: str | None, content_encoding: str | None) -> Reply:
+        media = (content_type or "").split(";")[0].strip().lower()
+        as_json = media == JSON or media.endswith("+json")
+        encoding = (content_encoding or "identity").strip().lower()
+        if encoding not in ("identity", "gzip", "deflate"):
+            return self._reply(
+                415,
+                status_message(
+                    _INVALID_ARGUMENT,
+                    f"Content-Encoding {encoding!r} is not accepted; use gzip, deflate or none",
+                    as_json,
+                ),
+                as_json,
+            )
+        try:
+            if encoding != "identity":
+                body = _inflate(body, encoding, self.max_bytes)
+            if len(body) > self.max_bytes:
+                return self._reply(
+                    413,
+                    status_message(
+                        _INVALID_ARGUMENT,
+                        f"request is over {self.max_bytes} bytes; export smaller batches",
+                        as_json,
+                    ),
+                    as_json,
+                )
+            spans = detect_and_decode(body, content_type or None, max_bytes=self.max_bytes)
+        except SpanDecodeError as exc:
+            self.metrics.receiver_spans.labels("rejected").inc()
+            return self._reply(
+                400,
+                status_message(_INVALID_ARGUMENT, f"{exc.reason}: {exc.detail}", as_json),
+                as_json,
+            )
+        from kafka.errors import KafkaError
+
+        try:
+            futures = [
+                self.producer.send(
+                    self.topic,
+                    key=trace_id.encode(),
+                    value=payload,
+                    headers=[(sc.CONTENT_TYPE_HEADER, sc.CONTENT_TYPE_OTLP_PROTOBUF.encode())],
+                )
+                for trace_id, trace in split_by_trace(spans).items()
+                for payload in encode_trace(trace, self.max_bytes)
+            ]
+            for future in futures:
+                future.get(timeout=_SEND_TIMEOUT_S)
+        except KafkaError as exc:
+            log.warning("OTLP export not forwarded to Kafka: %s", exc)
+            self.metrics.receiver_spans.labels("unavailable").inc(len(spans))
+            return self._reply(
+                503,
+                status_message(_UNAVAILABLE, f"Kafka is unavailable: {exc}", as_json),
+                as_json,
+                **{"Retry-After": "5"},
+            )
+        self.metrics.receiver_spans.labels("accepted").inc(len(spans))
+        return self._reply(200, b"{}" if as_json else b"", as_json)

@@ -1,0 +1,233 @@
+"""Redaction, applied to every span before anything is written to the store.
+
+Two kinds of rule, both configured on the collector (see
+:class:`~spanmill.config.CollectorSettings`):
+
+- *Patterns* replace what they match in every text a span carries — its name,
+  status message, and each string attribute of the span, its resource, events and
+  links (message JSON included) — with ``[REDACTED:<rule>]``. Built in:
+  ``email``, ``api_key`` (OpenAI/Anthropic-style ``sk-`` keys, AWS access key
+  ids, GitHub, Slack, Google and Hugging Face tokens, bearer tokens) and
+  ``card_number`` (13 to 19 digits that pass the Luhn check). Custom patterns are
+  regular expressions.
+- *Attribute lists* drop whole attributes by name: an allow list (when set, only
+  matching names are kept) and a deny list, both of shell-style globs such as
+  ``http.request.header.*``.
+
+The dead-letter topic keeps the original bytes of what it refuses, unredacted:
+give it the same access controls as the span topic.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from spanmill.store.rows import SpanParts
+
+_JOIN: Final = "\x1f"  # a separator no rule's pattern can match across
+
+
+def luhn_valid(text: str) -> bool:
+    digits = [int(char) for char in text if char.isdigit()]
+    if not 13 <= len(digits) <= 19:
+        return False
+    total = 0
+    for position, digit in enumerate(reversed(digits)):
+        if position % 2 == 1:
+            digit *= 2
+            if digit > 9:
+                digit -= 9
+        total += digit
+    return total % 10 == 0
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One pattern: cheap substrings that must occur first, then the regex, then a check."""
+
+    name: str
+    pattern: re.Pattern[str]
+    gates: tuple[str, ...] = ()
+    check: Callable[[str], bool] | None = None
+    replacement: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "replacement", f"[REDACTED:{self.name}]")
+
+    def _accepts(self, match: re.Match[str]) -> bool:
+        if self.check is None:
+            return True
+        start, text = match.start(), match.string
+        if start and (text[start - 1].isdigit() or text[start - 1] == "-"):
+            return False  # the middle of a longer number
+        return self.check(match.group())
+
+    def may_match(self, text: str) -> bool:
+        if self.gates:
+            for gate in self.gates:
+                if gate in text:
+                    break
+            else:
+                return False
+        if self.check is None:
+            return self.pattern.search(text) is not None
+        return any(self._accepts(match) for match in self.pattern.finditer(text))
+
+    def sub(self, text: str) -> tuple[str, int]:
+        if self.check is None:
+            return self.pattern.subn(self.replacement, text)
+        count = 0
+
+        def replace(match: re.Match[str]) -> str:
+            nonlocal count
+            if self._accepts(match):
+                count += 1
+                return self.replacement
+            return match.group()
+
+        return self.pattern.sub(replace, text), count
+
+
+BUILTIN_RULES: Final[dict[str, Rule]] = {
+    "email": Rule(
+        "email",
+        re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
+        gates=("@",),
+    ),
+    "api_key": Rule(
+        "api_key",
+        re.compile(
+            r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{16,}"
+            r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
+            r"|\bgh[pousr]_[A-Za-z0-9]{30,}"
+            r"|\bgithub_pat_[A-Za-z0-9_]{30,}"
+            r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
+            r"|\bAIza[0-9A-Za-z_-]{35}"
+            r"|\bhf_[A-Za-z0-9]{30,}"
+            r"|\b[Bb]earer\s+[A-Za-z0-9._~+/-]{20,}=*"
+        ),
+        # Few and short: each gate is a scan of the span's text.
+        gates=("k-", "AKIA", "ASIA", "gh", "xox", "AIza", "hf_", "earer"),
+    ),
+    # Issuer digits 2-6 leave out nanosecond timestamps and most other long numbers.
+    # The pattern starts with a character class so the regex engine can skip ahead
+    # fast; that it does not start inside a longer number is checked afterwards.
+    "card_number": Rule(
+        "card_number", re.compile(r"[2-6]\d(?:[ -]?\d){11,17}(?!\d)"), check=luhn_valid
+    ),
+}
+DEFAULT_RULES: Final = ("email", "api_key", "card_number")
+
+
+def _globs(patterns: Sequence[str]) -> re.Pattern[str] | None:
+    if not patterns:
+        return None
+    return re.compile("|".join(fnmatch.translate(pattern) for pattern in patterns))
+
+
+class Redactor:
+    """Applies the configured patterns and attribute lists to spans, in place."""
+
+    def __init__(
+        self,
+        rules: Sequence[str] = DEFAULT_RULES,
+        patterns: Mapping[str, str] | None = None,
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
+    ) -> None:
+        unknown = [name for name in rules if name not in BUILTIN_RULES]
+        if unknown:
+            raise ValueError(
+                f"unknown redaction rules {unknown}; built in: {sorted(BUILTIN_RULES)}"
+            )
+        self.rules = [BUILTIN_RULES[name] for name in rules]
+        for name, pattern in (patterns or {}).items():
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"redaction pattern {name!r} is not a regex: {exc}") from None
+            self.rules.append(Rule(name, compiled))
+        self._allow = _globs(allow)
+        self._deny = _globs(deny)
+        self._keep: dict[str, bool] = {}
+
+    @property
+    def filters_keys(self) -> bool:
+        return self._allow is not None or self._deny is not None
+
+    def keeps(self, key: str) -> bool:
+        """Whether an attribute of this name survives the allow and deny lists."""
+        decision = self._keep.get(key)
+        if decision is None:
+            decision = (self._allow is None or self._allow.match(key) is not None) and (
+                self._deny is None or self._deny.match(key) is None
+            )
+            if len(self._keep) > 100_000:  # names are few; this bounds a pathological producer
+                self._keep.clear()
+            self._keep[key] = decision
+        return decision
+
+    def _filter(self, attributes: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
+        dropped = [key for key in attributes if not self.keeps(key)]
+        if not dropped:
+            return attributes
+        counts["attribute"] = counts.get("attribute", 0) + len(dropped)
+        kept = dict(attributes)
+        for key in dropped:
+            del kept[key]
+        return kept
+
+    def apply(self, parts: SpanParts, counts: dict[str, int]) -> None:
+        if self.filters_keys:
+            parts.attributes = self._filter(parts.attributes, counts)
+            parts.resource_attributes = self._filter(parts.resource_attributes, counts)
+            parts.events = [(n, t, self._filter(a, counts)) for n, t, a in parts.events]
+            parts.links = [(t, s, self._filter(a, counts)) for t, s, a in parts.links]
+        if not self.rules:
+            return
+        texts = [parts.name, parts.status_message]
+        maps = [parts.attributes, parts.resource_attributes]
+        maps.extend(a for _, _, a in parts.events)
+        maps.extend(a for _, _, a in parts.links)
+        for attributes in maps:
+            for value in attributes.values():
+                kind = type(value)
+                if kind is str:
+                    texts.append(value)
+                elif kind is list and value and type(value[0]) is str:
+                    texts.extend(value)
+        joined = _JOIN.join(texts)
+        hits = [rule for rule in self.rules if rule.may_match(joined)]
+        if not hits:
+            return
+
+        def clean(text: str) -> str:
+            for rule in hits:
+                text, count = rule.sub(text)
+                if count:
+                    counts[rule.name] = counts.get(rule.name, 0) + count
+            return text
+
+        parts.name = clean(parts.name) or parts.name
+        parts.status_message = clean(parts.status_message)
+        # Resource dicts may be shared by the spans of one record: rebuild, never mutate.
+        parts.attributes = _clean_map(parts.attributes, clean)
+        parts.resource_attributes = _clean_map(parts.resource_attributes, clean)
+        parts.events = [(n, t, _clean_map(a, clean)) for n, t, a in parts.events]
+        parts.links = [(t, s, _clean_map(a, clean)) for t, s, a in parts.links]
+
+
+def _clean_map(attributes: dict[str, Any], clean: Callable[[str], str]) -> dict[str, Any]:
+    out = {}
+    for key, value in attributes.items():
+        kind = type(value)
+        if kind is str:
+            value = clean(value)
+        elif kind is list and value and type(value[0]) is str:
+            value = [clean(item) for item in value]
+        out[key] = value
+    return out

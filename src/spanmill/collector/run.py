@@ -1,0 +1,109 @@
+"""Running the collector as a service: the consume loop, the HTTP server, signals, logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from spanmill.collector.app import create_app
+from spanmill.collector.receiver import OtlpReceiver
+from spanmill.collector.service import Collector, CollectorError
+from spanmill.config import CollectorSettings, load_settings
+from spanmill.errors import SpanmillError
+
+log = logging.getLogger(__name__)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log collectors to parse."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+
+
+def _start_http(collector: Collector, settings: CollectorSettings) -> Any:
+    import uvicorn
+
+    receiver = (
+        OtlpReceiver(
+            collector.producer,
+            settings.kafka.spans_topic,
+            collector.metrics,
+            settings.kafka.max_message_bytes,
+        )
+        if settings.receiver_enabled
+        else None
+    )
+    app = create_app(collector, collector.metrics, receiver)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.http_host,
+            port=settings.http_port,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+        )
+    )
+    thread = threading.Thread(target=server.run, name="collector-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not server.started:
+        raise CollectorError(
+            f"the collector's HTTP server could not listen on {settings.http_host}:"
+            f"{settings.http_port}; free the port or set SPANMILL_COLLECTOR_HTTP_PORT"
+        )
+    return server, thread
+
+
+def run_collector(settings: CollectorSettings) -> None:
+    """Run until SIGTERM or SIGINT, then write what is held, commit and exit."""
+    collector = Collector(settings)
+    collector.start()
+    server, thread = _start_http(collector, settings)
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: writing what is held, then stopping", signum)
+        collector.stop()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        collector.run()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main() -> None:
+    """The collector service's entry point: settings from the environment only."""
+    configure_logging()
+    try:
+        run_collector(load_settings(CollectorSettings))
+    except SpanmillError as exc:
+        log.error("%s", exc)
+        sys.exit(1)

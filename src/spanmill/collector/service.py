@@ -1,0 +1,631 @@
+"""The collector's consume loop: Kafka records in, durable Parquet out, offsets committed after.
+
+One thread owns the Kafka consumer and runs :meth:`Collector.run`:
+
+1. poll records and append them to a buffer per partition;
+2. when a buffer is due (``batch_max_spans`` records, ``batch_max_bytes`` bytes, or
+   its oldest record ``batch_max_seconds`` old), fix the batch's extent in the
+   store's ledger (:mod:`spanmill.store.writer`) and hand it to the processing
+   workers (:mod:`spanmill.collector.process`);
+3. as batches finish, in order: send their dead letters, then commit the offset
+   past the batch. Nothing is committed before its files are durable and its dead
+   letters delivered.
+
+Rebalances only set flags (the Kafka client calls its listener from its own event
+loop, where blocking would stall heartbeats); the loop then writes what it holds of
+the partitions it lost. Their new owner reads them again from the last commit,
+and the ledger makes both end up with the same files. A partition whose log was
+replaced (offsets going backwards) is written out first, too.
+
+:meth:`Collector.stop` (SIGTERM) makes the loop write everything it holds, wait
+for it, commit, and leave the group.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from spanmill import semconv as sc
+from spanmill.collector.dlq import DeadLetter
+from spanmill.collector.metrics import CollectorMetrics
+from spanmill.collector.process import (
+    BatchJob,
+    BatchOutcome,
+    Processing,
+    ProcessingConfig,
+    make_processing,
+)
+from spanmill.config import CollectorSettings
+from spanmill.errors import SpanmillError
+from spanmill.store.layout import BatchId, fingerprint
+from spanmill.store.writer import LedgerEntry, StoreWriter
+
+log = logging.getLogger(__name__)
+
+_POLL_MS = 200
+_WRITE_ATTEMPTS = 5
+_DLQ_TIMEOUT_S = 10.0
+_COMMIT_TIMEOUT_MS = 10_000
+_LAG_EVERY_S = 1.0
+_PRUNE_EVERY_S = 600.0
+
+
+class CollectorError(SpanmillError):
+    """The collector cannot go on (its store cannot be written, say)."""
+
+
+def _content_type(headers: Iterable[tuple[str, bytes]] | None) -> str | None:
+    for name, value in headers or ():
+        if name.lower() == sc.CONTENT_TYPE_HEADER and value:
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                return value.decode("latin-1")
+    return None
+
+
+@dataclass
+class PartitionBuffer:
+    """Records of one partition taken but not yet handed to a batch."""
+
+    offsets: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes] = field(default_factory=list)
+    headers: list[Any] = field(default_factory=list)
+    size: int = 0
+    since: float = 0.0
+    # The ledger entry for the batch starting at offsets[0], once looked up.
+    entry: LedgerEntry | None = None
+    looked_up: tuple[int, str] | None = None
+
+    def take(self, count: int) -> dict[str, list[Any]]:
+        taken: dict[str, list[Any]] = {
+            "offsets": self.offsets[:count],
+            "timestamps": self.timestamps[:count],
+            "keys": self.keys[:count],
+            "values": self.values[:count],
+            "headers": self.headers[:count],
+        }
+        del self.offsets[:count], self.timestamps[:count], self.keys[:count]
+        del self.values[:count], self.headers[:count]
+        self.size = sum(len(value) for value in self.values)
+        self.entry, self.looked_up = None, None
+        self.since = time.monotonic() if self.offsets else 0.0
+        return taken
+
+
+@dataclass
+class InFlight:
+    """A batch handed to the workers, and what finishing it needs."""
+
+    partition: int
+    batch: BatchId
+    job: BatchJob
+    keys: list[bytes | None]
+    headers: list[Any]
+    taken_at: float
+    future: Future[BatchOutcome]
+    # The partition's assignment epoch when the batch was taken; see Collector._epochs.
+    epoch: int = 0
+    attempts: int = 1
+    outcome: BatchOutcome | None = None
+    delivered: set[int] = field(default_factory=set)
+    retry_at: float = 0.0
+
+
+class Collector:
+    """Consume the span topic into the store. Use :meth:`start`, :meth:`run`, :meth:`stop`."""
+
+    def __init__(
+        self,
+        settings: CollectorSettings,
+        *,
+        metrics: CollectorMetrics | None = None,
+        collector_id: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.topic = settings.kafka.spans_topic
+        self.metrics = metrics if metrics is not None else CollectorMetrics()
+        self.collector_id = collector_id or f"{socket.gethostname()}/{os.getpid()}"
+        self.ledger = StoreWriter(settings.store_url, settings.storage_options)
+        self.consumer: Any = None
+        self.producer: Any = None
+        self.processing: Processing | None = None
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._events: deque[tuple[str, list[Any]]] = deque()
+        self._buffers: dict[int, PartitionBuffer] = {}
+        self._next_offset: dict[int, int] = {}
+        self._inflight: deque[InFlight] = deque()
+        self._pending_commits: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+        self._assigned: set[int] = set()
+        # Bumped whenever a partition is assigned, taken away, or its offsets go back:
+        # a batch taken in an older epoch is written but its offset never committed,
+        # for it may belong to a log the group no longer reads.
+        self._epochs: dict[int, int] = {}
+        self._joined = False
+        self._commit_retry_at = 0.0
+        self._last_lag = 0.0
+        self._last_prune = time.monotonic()
+        self.last_loop = 0.0
+        self.spans_written = 0
+        self.dead_letters = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the workers and connect to Kafka; raises if either cannot be done."""
+        from kafka import KafkaConsumer, KafkaProducer
+        from kafka.consumer.subscription_state import ConsumerRebalanceListener
+        from kafka.errors import KafkaError
+
+        collector = self
+
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked: list[Any]) -> None:
+                collector._events.append(("revoked", list(revoked)))
+
+            def on_partitions_assigned(self, assigned: list[Any]) -> None:
+                collector._events.append(("assigned", list(assigned)))
+
+            def on_partitions_lost(self, lost: list[Any]) -> None:
+                collector._events.append(("lost", list(lost)))
+
+        settings = self.settings
+        self.processing = make_processing(
+            ProcessingConfig.from_settings(settings), settings.workers
+        )
+        options = settings.kafka.client_options()
+        session = settings.session_timeout_ms
+        try:
+            self.producer = KafkaProducer(
+                **options,
+                client_id=f"spanmill-collector-{self.collector_id}",
+                acks="all",
+                linger_ms=5,
+                # Dead letters carry the original bytes, however large they were.
+                max_request_size=max(settings.kafka.max_message_bytes * 4, 16 * 1024 * 1024),
+                max_block_ms=10_000,
+                request_timeout_ms=10_000,
+                delivery_timeout_ms=30_000,
+                reconnect_backoff_max_ms=5_000,
+                allow_auto_create_topics=False,
+            )
+            self.consumer = KafkaConsumer(
+                **options,
+                client_id=f"spanmill-collector-{self.collector_id}",
+                group_id=settings.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset=settings.auto_offset_reset,
+                session_timeout_ms=session,
+                heartbeat_interval_ms=max(500, session // 3),
+                max_poll_records=max(500, settings.batch_max_spans),
+                max_partition_fetch_bytes=max(
+                    8 * 1024 * 1024, settings.kafka.max_message_bytes * 2
+                ),
+                fetch_max_bytes=64 * 1024 * 1024,
+                reconnect_backoff_max_ms=5_000,
+                # A topic made by accident has the broker's default partitions; the
+                # collector waits for the real one instead.
+                allow_auto_create_topics=False,
+            )
+        except KafkaError as exc:
+            self.processing.close()
+            raise CollectorError(
+                f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc}; check "
+                "SPANMILL_KAFKA_BOOTSTRAP_SERVERS and that the broker is up"
+            ) from None
+        self.consumer.subscribe([self.topic], listener=Listener())
+        log.info(
+            "collector %s: %s (group %s) → %s",
+            self.collector_id,
+            self.topic,
+            settings.group_id,
+            settings.store_url,
+        )
+
+    def stop(self) -> None:
+        """Ask the loop to write what it holds, commit, and return (thread- and signal-safe)."""
+        self._stop.set()
+
+    @property
+    def ready(self) -> bool:
+        """Joined the group and looping: what /readyz reports."""
+        return (
+            self._joined and time.monotonic() - self.last_loop < 30 and not self._stopped.is_set()
+        )
+
+    @property
+    def alive(self) -> bool:
+        """The loop is not stuck: what /healthz reports."""
+        return self.last_loop == 0.0 or time.monotonic() - self.last_loop < 120
+
+    def run(self) -> None:
+        """Consume until :meth:`stop`; then flush, commit and close."""
+        if self.consumer is None:
+            self.start()
+        try:
+            while not self._stop.is_set():
+                self.step()
+        finally:
+            self._shutdown()
+
+    def step(self, poll_ms: int = _POLL_MS) -> None:
+        """One turn of the loop: poll, buffer, write what is due, finish what is done."""
+        records = self.consumer.poll(timeout_ms=poll_ms)
+        now = time.monotonic()
+        self.last_loop = now
+        self._handle_events()
+        for tp, batch in records.items():
+            self._take(tp.partition, batch, now)
+        for partition in list(self._buffers):
+            self._flush(partition, force=False, now=now)
+        self._reap(block=False)
+        self._commit()
+        if now - self._last_lag >= _LAG_EVERY_S:
+            self._update_lag()
+            self._last_lag = now
+        if now - self._last_prune >= _PRUNE_EVERY_S:
+            self._prune()
+            self._last_prune = now
+
+    def _shutdown(self) -> None:
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        try:
+            with contextlib.suppress(Exception):
+                self._handle_events()
+            for partition in list(self._buffers):
+                self._flush(partition, force=True, now=time.monotonic())
+            while self._inflight and time.monotonic() < deadline:
+                self._reap(block=True, deadline=deadline)
+            self._commit(force=True)
+        finally:
+            self._stopped.set()
+            if self.consumer is not None:
+                with contextlib.suppress(Exception):
+                    self.consumer.close(autocommit=False, timeout_ms=5_000)
+            if self.producer is not None:
+                with contextlib.suppress(Exception):
+                    self.producer.close(timeout=5)
+            if self.processing is not None:
+                self.processing.close()
+            log.info(
+                "collector %s stopped: %d spans written, %d dead letters",
+                self.collector_id,
+                self.spans_written,
+                self.dead_letters,
+            )
+
+    # -- taking records ----------------------------------------------------------------
+
+    def _handle_events(self) -> None:
+        while self._events:
+            kind, partitions = self._events.popleft()
+            numbers = {tp.partition for tp in partitions if tp.topic == self.topic}
+            if kind != "assigned":
+                # Write what is held first, in the epoch it was taken in.
+                for partition in numbers:
+                    self._flush(partition, force=True, now=time.monotonic())
+            for partition in numbers:
+                self._epochs[partition] = self._epochs.get(partition, 0) + 1
+                self._pending_commits.pop(partition, None)
+            if kind == "assigned":
+                self._joined = True
+                self._assigned |= numbers
+            else:
+                # What was held is written above: the new owner would read it again
+                # anyway, and for a log that is gone (a broker that lost its storage)
+                # it is the only copy. The ledger makes both writes the same files.
+                self._assigned -= numbers
+                for partition in numbers:
+                    self._next_offset.pop(partition, None)
+                    self._committed.pop(partition, None)
+            self.metrics.assigned_partitions.set(len(self._assigned))
+
+    def _take(self, partition: int, records: list[Any], now: float) -> None:
+        buffer = self._buffers.get(partition)
+        if buffer is None:
+            buffer = self._buffers[partition] = PartitionBuffer()
+        if buffer.offsets and records and records[0].offset <= buffer.offsets[-1]:
+            # Offsets went backwards: a new incarnation of the log, or a seek. What is
+            # held belongs to the old one; write it before taking the new.
+            log.warning(
+                "partition %d went back from offset %d to %d; writing what is held first",
+                partition,
+                buffer.offsets[-1],
+                records[0].offset,
+            )
+            self._flush(partition, force=True, now=now)
+            self._epochs[partition] = self._epochs.get(partition, 0) + 1
+            self._pending_commits.pop(partition, None)
+            buffer = self._buffers[partition] = PartitionBuffer()
+        if not buffer.offsets:
+            buffer.since = now
+        offsets, timestamps, keys = buffer.offsets, buffer.timestamps, buffer.keys
+        values, headers = buffer.values, buffer.headers
+        size = 0
+        for record in records:
+            value = record.value if record.value is not None else b""
+            offsets.append(record.offset)
+            timestamps.append(record.timestamp)
+            keys.append(record.key)
+            values.append(value)
+            headers.append(record.headers)
+            size += len(value)
+        buffer.size += size
+        if records:
+            self._next_offset[partition] = records[-1].offset + 1
+        self.metrics.records_consumed.labels(str(partition)).inc(len(records))
+
+    # -- batches -----------------------------------------------------------------------
+
+    def _entry(self, partition: int, buffer: PartitionBuffer) -> LedgerEntry | None:
+        first = buffer.offsets[0]
+        mark = fingerprint(buffer.timestamps[0], buffer.keys[0], buffer.values[0])
+        if buffer.looked_up != (first, mark):
+            buffer.entry = self.ledger.ledger_entry(self.topic, partition, first, mark)
+            buffer.looked_up = (first, mark)
+        return buffer.entry
+
+    def _flush(self, partition: int, *, force: bool, now: float) -> None:
+        """Hand over every batch of this partition's buffer that is due (all, if forced)."""
+        settings = self.settings
+        buffer = self._buffers.get(partition)
+        while buffer is not None and buffer.offsets:
+            entry = self._entry(partition, buffer)
+            if entry is None:
+                due = (
+                    force
+                    or len(buffer.offsets) >= settings.batch_max_spans
+                    or buffer.size >= settings.batch_max_bytes
+                    or now - buffer.since >= settings.batch_max_seconds
+                )
+                if not due:
+                    return
+                count = min(len(buffer.offsets), settings.batch_max_spans)
+                first, last = buffer.offsets[0], buffer.offsets[count - 1]
+                mark = fingerprint(buffer.timestamps[0], buffer.keys[0], buffer.values[0])
+                entry = self.ledger.claim(self.topic, partition, first, mark, last)
+                buffer.entry, buffer.looked_up = entry, (first, mark)
+            if buffer.offsets[-1] < entry.last:
+                # Someone started this batch before and it ended further on: wait for
+                # those records. Forced, there is no waiting: leave the batch to
+                # whoever reads the partition next, uncommitted.
+                if force:
+                    log.info(
+                        "partition %d: batch %d-%d is recorded further than what is held "
+                        "(up to %d); left to the next reader",
+                        partition,
+                        entry.first,
+                        entry.last,
+                        buffer.offsets[-1],
+                    )
+                    self._buffers.pop(partition, None)
+                return
+            count = bisect.bisect_right(buffer.offsets, entry.last)
+            since = buffer.since
+            self._submit(partition, entry.batch(), buffer.take(count), buffer_since=since)
+            buffer = self._buffers.get(partition)
+
+    def _submit(
+        self, partition: int, batch: BatchId, taken: dict[str, list[Any]], *, buffer_since: float
+    ) -> None:
+        assert self.processing is not None
+        while len(self._inflight) >= self.settings.max_inflight_batches:
+            self._reap(block=True)
+        job = BatchJob(
+            batch=batch,
+            offsets=taken["offsets"],
+            timestamps=taken["timestamps"],
+            values=taken["values"],
+            content_types=[_content_type(headers) for headers in taken["headers"]],
+        )
+        self._inflight.append(
+            InFlight(
+                partition=partition,
+                batch=batch,
+                job=job,
+                keys=taken["keys"],
+                headers=taken["headers"],
+                taken_at=buffer_since or time.monotonic(),
+                future=self.processing.submit(job),
+                epoch=self._epochs.get(partition, 0),
+            )
+        )
+
+    def _reap(self, *, block: bool, deadline: float | None = None) -> None:
+        """Finish batches in the order they were handed over: dead letters, then commit."""
+        while self._inflight:
+            head = self._inflight[0]
+            if head.outcome is None:
+                if not block and not head.future.done():
+                    return
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    head.outcome = head.future.result(timeout=timeout)
+                except TimeoutError:
+                    return
+                except Exception as exc:
+                    self._retry_write(head, exc)
+                    continue
+                self._record(head.outcome)
+            if not self._deliver_dead_letters(head, block=block):
+                return
+            self._inflight.popleft()
+            if head.epoch == self._epochs.get(head.partition, 0):
+                self._pending_commits[head.partition] = head.batch.last + 1
+            self.metrics.batch_seconds.observe(time.monotonic() - head.taken_at)
+            if not block:
+                continue
+            return
+
+    def _retry_write(self, item: InFlight, exc: BaseException) -> None:
+        assert self.processing is not None
+        if item.attempts >= _WRITE_ATTEMPTS:
+            raise CollectorError(
+                f"writing batch {item.batch.file_name()} to {self.settings.store_url} failed "
+                f"{item.attempts} times, last with {type(exc).__name__}: {exc}; check that the "
+                "store is reachable and writable (SPANMILL_COLLECTOR_STORE_URL)"
+            ) from exc
+        log.warning(
+            "writing batch %s failed (%s: %s); trying again",
+            item.batch.file_name(),
+            type(exc).__name__,
+            exc,
+        )
+        time.sleep(min(2.0**item.attempts, 30.0))
+        item.attempts += 1
+        item.future = self.processing.submit(item.job)
+
+    def _record(self, outcome: BatchOutcome) -> None:
+        metrics = self.metrics
+        metrics.spans_written.inc(outcome.spans)
+        metrics.files_written.inc(len(outcome.files))
+        metrics.write_seconds.observe(outcome.seconds)
+        metrics.batch_records.observe(outcome.records)
+        for rule, count in outcome.redactions.items():
+            metrics.redactions.labels(rule).inc(count)
+        for convention, count in outcome.translations.items():
+            metrics.translated.labels(convention).inc(count)
+        self.spans_written += outcome.spans
+
+    def _deliver_dead_letters(self, item: InFlight, *, block: bool) -> bool:
+        """Send the batch's dead letters; False while some wait for the broker."""
+        from kafka.errors import KafkaError
+
+        assert item.outcome is not None
+        dead = [d for d in item.outcome.dead if d[0] not in item.delivered]
+        if not dead:
+            return True
+        if not block and time.monotonic() < item.retry_at:
+            return False
+        index = {offset: i for i, offset in enumerate(item.job.offsets)}
+        sent = []
+        for offset, reason, detail in dead:
+            i = index[offset]
+            letter = DeadLetter(
+                topic=self.topic,
+                partition=item.partition,
+                offset=offset,
+                key=item.keys[i],
+                value=item.job.values[i],
+                headers=tuple(item.headers[i] or ()),
+                reason=reason,
+                detail=detail,
+            )
+            try:
+                future = self.producer.send(
+                    self.settings.kafka.dlq_topic,
+                    key=letter.key,
+                    value=letter.value,
+                    headers=letter.dlq_headers(self.collector_id),
+                )
+                sent.append((letter, future))
+            except KafkaError as exc:
+                if not self._store_dead_letter(letter, exc):
+                    item.retry_at = time.monotonic() + 5.0
+                    return False
+                item.delivered.add(offset)
+        for letter, future in sent:
+            try:
+                future.get(timeout=_DLQ_TIMEOUT_S)
+            except KafkaError as exc:
+                if not self._store_dead_letter(letter, exc):
+                    log.warning("dead letter %s not delivered yet: %s", letter.source, exc)
+                    item.retry_at = time.monotonic() + 5.0
+                    return False
+            else:
+                self.metrics.dead_letters.labels(letter.reason).inc()
+                self.dead_letters += 1
+            item.delivered.add(letter.offset)
+        return True
+
+    def _store_dead_letter(self, letter: DeadLetter, exc: BaseException) -> bool:
+        """Keep a dead letter the topic refuses for good in the store; False to retry later."""
+        if getattr(exc, "retriable", False):
+            return False
+        log.error(
+            "dead-letter topic refused %s (%s); keeping it in the store's _dead_letters",
+            letter.source,
+            exc,
+        )
+        self.ledger.write_dead_letter(
+            letter.topic,
+            letter.partition,
+            letter.offset,
+            letter.value,
+            letter.meta(self.collector_id),
+        )
+        self.metrics.dead_letters.labels(letter.reason).inc()
+        self.metrics.dead_letters_stored.inc()
+        self.dead_letters += 1
+        return True
+
+    # -- offsets -----------------------------------------------------------------------
+
+    def _commit(self, *, force: bool = False) -> None:
+        from kafka import TopicPartition
+        from kafka.errors import CommitFailedError, KafkaError
+        from kafka.structs import OffsetAndMetadata
+
+        if not self._pending_commits:
+            return
+        if not force and time.monotonic() < self._commit_retry_at:
+            return
+        # Only partitions still ours: a moved partition's new owner commits it.
+        for partition in [p for p in self._pending_commits if p not in self._assigned]:
+            del self._pending_commits[partition]
+        if not self._pending_commits:
+            return
+        offsets = {
+            TopicPartition(self.topic, partition): OffsetAndMetadata(offset, "", -1)
+            for partition, offset in self._pending_commits.items()
+        }
+        try:
+            self.consumer.commit(offsets, timeout_ms=_COMMIT_TIMEOUT_MS)
+        except CommitFailedError as exc:
+            log.info("commit dropped, partitions moved to another collector: %s", exc)
+            self.metrics.commits_failed.inc()
+            self._pending_commits.clear()
+            return
+        except KafkaError as exc:
+            log.warning("commit failed (%s); trying again", exc)
+            self.metrics.commits_failed.inc()
+            self._commit_retry_at = time.monotonic() + 2.0
+            return
+        self._committed.update(self._pending_commits)
+        self._pending_commits.clear()
+
+    def _update_lag(self) -> None:
+        from kafka import TopicPartition
+
+        for partition in self._assigned:
+            position = self._next_offset.get(partition)
+            try:
+                high = self.consumer.highwater(TopicPartition(self.topic, partition))
+            except Exception:
+                continue
+            if high is not None and position is not None:
+                self.metrics.lag.labels(str(partition)).set(max(0, high - position))
+
+    def _prune(self) -> None:
+        for partition, committed in list(self._committed.items()):
+            try:
+                self.ledger.prune_ledger(
+                    self.topic, partition, committed, self.settings.ledger_retention_s
+                )
+            except OSError as exc:
+                log.warning("pruning the ledger of partition %d failed: %s", partition, exc)

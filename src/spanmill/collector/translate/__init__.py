@@ -1,0 +1,39 @@
+"""Foreign conventions into the one schema, at the edge: one translator per convention.
+
+Each translator rewrites a span's attributes in place into the GenAI semantic
+conventions (see :mod:`spanmill.semconv`) and says whether it found anything to
+translate. Native GenAI attributes always win over translated ones. Everything
+after the collector's decoding — redaction, the store, the dataset builder — sees
+only the GenAI names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from spanmill.collector.translate import openinference, openllmetry
+
+Translator = Callable[[dict[str, Any]], bool]
+TRANSLATORS: Final[dict[str, Translator]] = {
+    openllmetry.NAME: openllmetry.translate,
+    openinference.NAME: openinference.translate,
+}
+
+
+class Translation:
+    """The translators a collector is configured with, applied in order."""
+
+    def __init__(self, conventions: Sequence[str] = tuple(TRANSLATORS)) -> None:
+        unknown = [name for name in conventions if name not in TRANSLATORS]
+        if unknown:
+            raise ValueError(f"unknown conventions {unknown}; known: {sorted(TRANSLATORS)}")
+        self.steps = [(name, TRANSLATORS[name]) for name in conventions]
+
+    def apply(self, attributes: dict[str, Any], counts: dict[str, int]) -> None:
+        for name, step in self.steps:
+            if step(attributes):
+                counts[name] = counts.get(name, 0) + 1
+
+
+__all__ = ["TRANSLATORS", "Translation", "Translator"]

@@ -1,0 +1,84 @@
+"""Building GenAI message objects, the one shape every translator produces.
+
+A message is ``{"role": ..., "parts": [...]}``; a part is ``{"type": "text",
+"content": ...}``, ``{"type": "tool_call", "id", "name", "arguments"}`` or
+``{"type": "tool_call_response", "id", "response"}``, as the GenAI semantic
+conventions define them. Foreign conventions flatten lists into indexed keys
+(``gen_ai.prompt.0.role``); :func:`indexed` gathers them back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_INDEX = re.compile(r"^(\d+)\.(.+)$")
+
+
+def indexed(
+    attributes: Mapping[str, Any], prefix: str
+) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """Group ``<prefix><i>.<rest>`` keys by ``i``: ``{i: {rest: value}}``, and the keys used."""
+    groups: dict[int, dict[str, Any]] = {}
+    used = []
+    for key, value in attributes.items():
+        if not key.startswith(prefix):
+            continue
+        match = _INDEX.match(key[len(prefix) :])
+        if match is None:
+            continue
+        groups.setdefault(int(match[1]), {})[match[2]] = value
+        used.append(key)
+    return groups, used
+
+
+def parse_arguments(value: Any) -> Any:
+    """Tool-call arguments as a JSON value when they are JSON text, else as sent."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def text_parts(content: Any) -> list[dict[str, Any]]:
+    """Parts of a message whose content is text, or a JSON list of typed content items."""
+    if not isinstance(content, str):
+        return [] if content is None else [{"type": "text", "content": str(content)}]
+    stripped = content.lstrip()
+    if stripped.startswith("[") and '"type"' in stripped:
+        try:
+            items = json.loads(content)
+        except ValueError:
+            items = None
+        if isinstance(items, list) and all(isinstance(item, dict) for item in items):
+            parts = []
+            for item in items:
+                if item.get("type") == "text" and "text" in item:
+                    parts.append({"type": "text", "content": item["text"]})
+                else:
+                    parts.append(item)
+            return parts
+    return [{"type": "text", "content": content}]
+
+
+def message(role: Any, parts: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": role if isinstance(role, str) and role else "user"}
+    out["parts"] = parts
+    out.update({key: value for key, value in extra.items() if value is not None})
+    return out
+
+
+def dumps(messages: list[dict[str, Any]]) -> str:
+    return json.dumps(messages, ensure_ascii=False, separators=(",", ":"))
+
+
+def set_default(attributes: dict[str, Any], key: str, value: Any) -> bool:
+    """Set a GenAI attribute unless the span already carries it: native values win."""
+    if value is None or key in attributes:
+        return False
+    attributes[key] = value
+    return True

@@ -1,0 +1,168 @@
+"""OpenInference (Arize Phoenix) attributes into the GenAI conventions.
+
+OpenInference marks every span with ``openinference.span.kind`` (``LLM``, ``TOOL``,
+``AGENT``, ``CHAIN``, ...), flattens messages into
+``llm.input_messages.<i>.message.role|content|contents.<j>.message_content.*|
+tool_calls.<j>.tool_call.id|function.name|function.arguments|tool_call_id``
+(and ``llm.output_messages``), names the model ``llm.model_name``, counts tokens
+as ``llm.token_count.prompt|completion``, and carries raw ``input.value`` /
+``output.value``. Those become the GenAI operation, model, provider, messages,
+usage, tool, agent and conversation attributes. A TOOL span's ``input.value`` /
+``output.value`` become the tool call's arguments and result; an LLM span with
+no messages gets them from its plain-text ``input.value`` / ``output.value``.
+Translated keys are removed; every other key is kept as sent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from spanmill import semconv as sc
+from spanmill.collector.translate.messages import (
+    dumps,
+    indexed,
+    message,
+    parse_arguments,
+    set_default,
+    text_parts,
+)
+
+NAME: Final = "openinference"
+SPAN_KIND: Final = "openinference.span.kind"
+SIGNATURE: Final = (SPAN_KIND, "llm.model_name", "llm.input_messages.0.message.role")
+# GenAI names for a tool call's arguments and result (opt-in attributes of the conventions).
+TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
+TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+_OPERATIONS: Final = {
+    "LLM": sc.OPERATION_CHAT,
+    "TOOL": sc.OPERATION_EXECUTE_TOOL,
+    "AGENT": sc.OPERATION_INVOKE_AGENT,
+    "EMBEDDING": "embeddings",
+}
+_MOVES: Final = (
+    ("llm.model_name", sc.GEN_AI_REQUEST_MODEL),
+    ("llm.request.model_name", sc.GEN_AI_REQUEST_MODEL),
+    ("llm.response.model_name", sc.GEN_AI_RESPONSE_MODEL),
+    ("llm.system", sc.GEN_AI_PROVIDER_NAME),
+    ("llm.provider", sc.GEN_AI_PROVIDER_NAME),
+    ("llm.token_count.prompt", sc.GEN_AI_USAGE_INPUT_TOKENS),
+    ("llm.token_count.completion", sc.GEN_AI_USAGE_OUTPUT_TOKENS),
+    ("tool.name", sc.GEN_AI_TOOL_NAME),
+    ("tool_call.id", sc.GEN_AI_TOOL_CALL_ID),
+    ("agent.name", sc.GEN_AI_AGENT_NAME),
+    ("session.id", sc.GEN_AI_CONVERSATION_ID),
+    ("llm.prompt_template.version", sc.SPANMILL_PROMPT_VERSION),
+)
+_PARAMETERS: Final = {
+    "temperature": sc.GEN_AI_REQUEST_TEMPERATURE,
+    "top_p": sc.GEN_AI_REQUEST_TOP_P,
+    "max_tokens": sc.GEN_AI_REQUEST_MAX_TOKENS,
+}
+
+
+def _parts(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    contents, _ = indexed(fields, "message.contents.")
+    if contents:
+        parts: list[dict[str, Any]] = []
+        for _, item in sorted(contents.items()):
+            kind = item.get("message_content.type")
+            if kind == "text" or "message_content.text" in item:
+                parts.append({"type": "text", "content": item.get("message_content.text", "")})
+            elif "message_content.image.image.url" in item:
+                parts.append({"type": "image", "url": item["message_content.image.image.url"]})
+        return parts
+    return text_parts(fields.get("message.content"))
+
+
+def _tool_calls(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    calls, _ = indexed(fields, "message.tool_calls.")
+    parts = []
+    for _, call in sorted(calls.items()):
+        part: dict[str, Any] = {"type": "tool_call"}
+        if "tool_call.id" in call:
+            part["id"] = call["tool_call.id"]
+        part["name"] = call.get("tool_call.function.name", "")
+        if "tool_call.function.arguments" in call:
+            part["arguments"] = parse_arguments(call["tool_call.function.arguments"])
+        parts.append(part)
+    return parts
+
+
+def _messages(groups: dict[int, dict[str, Any]], output: bool) -> list[dict[str, Any]]:
+    messages = []
+    for _, fields in sorted(groups.items()):
+        role = fields.get("message.role")
+        if role == "tool" and "message.tool_call_id" in fields:
+            parts: list[dict[str, Any]] = [
+                {
+                    "type": "tool_call_response",
+                    "id": fields["message.tool_call_id"],
+                    "response": fields.get("message.content"),
+                }
+            ]
+        else:
+            parts = _parts(fields) + _tool_calls(fields)
+        messages.append(message(role or ("assistant" if output else "user"), parts))
+    return messages
+
+
+def _plain_text(attributes: dict[str, Any], which: str) -> str | None:
+    value = attributes.get(f"{which}.value")
+    mime = attributes.get(f"{which}.mime_type", "text/plain")
+    return value if isinstance(value, str) and mime == "text/plain" else None
+
+
+def translate(attributes: dict[str, Any]) -> bool:
+    """Rewrite OpenInference attributes in place; True when the span carried any."""
+    if not any(key in attributes for key in SIGNATURE):
+        return False
+    changed = False
+    kind = attributes.pop(SPAN_KIND, None)
+    if kind is not None:
+        changed = True
+        operation = _OPERATIONS.get(str(kind).upper())
+        if operation is not None:
+            set_default(attributes, sc.GEN_AI_OPERATION_NAME, operation)
+    for prefix, key, output in (
+        ("llm.input_messages.", sc.GEN_AI_INPUT_MESSAGES, False),
+        ("llm.output_messages.", sc.GEN_AI_OUTPUT_MESSAGES, True),
+    ):
+        groups, used = indexed(attributes, prefix)
+        if groups:
+            set_default(attributes, key, dumps(_messages(groups, output)))
+            for name in used:
+                del attributes[name]
+            changed = True
+    for old, new in _MOVES:
+        if old in attributes:
+            set_default(attributes, new, attributes.pop(old))
+            changed = True
+    parameters = attributes.get("llm.invocation_parameters")
+    if isinstance(parameters, str):
+        try:
+            decoded = json.loads(parameters)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict):
+            for name, key in _PARAMETERS.items():
+                value = decoded.get(name)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    changed |= set_default(attributes, key, value)
+    if str(kind).upper() == "TOOL":
+        for which, key in (("input", TOOL_CALL_ARGUMENTS), ("output", TOOL_CALL_RESULT)):
+            value = attributes.get(f"{which}.value")
+            if isinstance(value, str) and set_default(attributes, key, value):
+                attributes.pop(f"{which}.value")
+                attributes.pop(f"{which}.mime_type", None)
+                changed = True
+    elif str(kind).upper() == "LLM":
+        for which, key, role in (
+            ("input", sc.GEN_AI_INPUT_MESSAGES, "user"),
+            ("output", sc.GEN_AI_OUTPUT_MESSAGES, "assistant"),
+        ):
+            text = _plain_text(attributes, which)
+            if text is not None and key not in attributes:
+                attributes[key] = dumps([message(role, [{"type": "text", "content": text}])])
+                changed = True
+    return changed

@@ -1,0 +1,117 @@
+"""OpenLLMetry (Traceloop) attributes into the GenAI conventions.
+
+OpenLLMetry flattens messages into ``gen_ai.prompt.<i>.role|content|tool_call_id``
+and ``gen_ai.completion.<i>.role|content|finish_reason|tool_calls.<j>.id|name|arguments``,
+counts tokens as ``gen_ai.usage.prompt_tokens|completion_tokens``, names the
+provider ``gen_ai.system``, the call type ``llm.request.type`` and the workflow
+step ``traceloop.span.kind`` / ``traceloop.entity.name``. Those become
+``gen_ai.input.messages`` / ``gen_ai.output.messages``, the usage, provider,
+operation, agent and tool attributes; the flattened keys are removed once
+translated, every other key is kept as sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from spanmill import semconv as sc
+from spanmill.collector.translate.messages import (
+    dumps,
+    indexed,
+    message,
+    parse_arguments,
+    set_default,
+    text_parts,
+)
+
+NAME: Final = "openllmetry"
+PROMPT_PREFIX: Final = "gen_ai.prompt."
+COMPLETION_PREFIX: Final = "gen_ai.completion."
+# Keys whose presence marks a span as OpenLLMetry's: checked with dict lookups only.
+SIGNATURE: Final = (
+    "gen_ai.prompt.0.role",
+    "gen_ai.prompt.0.content",
+    "gen_ai.completion.0.role",
+    "gen_ai.completion.0.content",
+    "gen_ai.system",
+    "gen_ai.usage.prompt_tokens",
+    "gen_ai.usage.completion_tokens",
+    "llm.request.type",
+    "traceloop.span.kind",
+)
+_REQUEST_TYPES: Final = {"chat": sc.OPERATION_CHAT, "completion": sc.OPERATION_TEXT_COMPLETION}
+_SPAN_KINDS: Final = {"agent": sc.OPERATION_INVOKE_AGENT, "tool": sc.OPERATION_EXECUTE_TOOL}
+
+
+def _tool_calls(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    calls, _ = indexed(fields, "tool_calls.")
+    parts = []
+    for _, call in sorted(calls.items()):
+        part: dict[str, Any] = {"type": "tool_call"}
+        if "id" in call:
+            part["id"] = call["id"]
+        part["name"] = call.get("name", "")
+        if "arguments" in call:
+            part["arguments"] = parse_arguments(call["arguments"])
+        parts.append(part)
+    return parts
+
+
+def _messages(groups: dict[int, dict[str, Any]], output: bool) -> list[dict[str, Any]]:
+    messages = []
+    for _, fields in sorted(groups.items()):
+        role = fields.get("role")
+        if role == "tool" and "tool_call_id" in fields:
+            parts: list[dict[str, Any]] = [
+                {
+                    "type": "tool_call_response",
+                    "id": fields["tool_call_id"],
+                    "response": fields.get("content"),
+                }
+            ]
+        else:
+            parts = text_parts(fields.get("content")) + _tool_calls(fields)
+        finish = fields.get("finish_reason") if output else None
+        messages.append(
+            message(role or ("assistant" if output else "user"), parts, finish_reason=finish)
+        )
+    return messages
+
+
+def translate(attributes: dict[str, Any]) -> bool:
+    """Rewrite OpenLLMetry attributes in place; True when the span carried any."""
+    if not any(key in attributes for key in SIGNATURE):
+        return False
+    changed = False
+    prompts, used_prompts = indexed(attributes, PROMPT_PREFIX)
+    completions, used_completions = indexed(attributes, COMPLETION_PREFIX)
+    if prompts and set_default(
+        attributes, sc.GEN_AI_INPUT_MESSAGES, dumps(_messages(prompts, False))
+    ):
+        changed = True
+    if completions and set_default(
+        attributes, sc.GEN_AI_OUTPUT_MESSAGES, dumps(_messages(completions, True))
+    ):
+        changed = True
+    for key in used_prompts + used_completions:
+        del attributes[key]
+        changed = True
+    for old, new in (
+        ("gen_ai.usage.prompt_tokens", sc.GEN_AI_USAGE_INPUT_TOKENS),
+        ("gen_ai.usage.completion_tokens", sc.GEN_AI_USAGE_OUTPUT_TOKENS),
+        ("gen_ai.system", sc.GEN_AI_PROVIDER_NAME),
+    ):
+        if old in attributes:
+            set_default(attributes, new, attributes.pop(old))
+            changed = True
+    request_type = attributes.get("llm.request.type")
+    if request_type in _REQUEST_TYPES:
+        changed |= set_default(attributes, sc.GEN_AI_OPERATION_NAME, _REQUEST_TYPES[request_type])
+    span_kind = attributes.get("traceloop.span.kind")
+    if span_kind in _SPAN_KINDS:
+        changed |= set_default(attributes, sc.GEN_AI_OPERATION_NAME, _SPAN_KINDS[span_kind])
+        entity = attributes.get("traceloop.entity.name")
+        target = sc.GEN_AI_AGENT_NAME if span_kind == "agent" else sc.GEN_AI_TOOL_NAME
+        if isinstance(entity, str):
+            changed |= set_default(attributes, target, entity)
+    return changed

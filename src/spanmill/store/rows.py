@@ -1,0 +1,358 @@
+"""Spans into store rows and back: columns built column-wise, one Arrow table per hour.
+
+:class:`SpanParts` is the plain, mutable shape of one span that the collector's
+decoding, translation and redaction work on; :class:`HourlyColumns` turns many of
+them into Arrow tables of :data:`~spanmill.store.schema.SPAN_SCHEMA`, one per hour
+folder; :func:`span_from_row` reads a row back into a :class:`~spanmill.spans.Span`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import pyarrow as pa
+
+from spanmill import semconv as sc
+from spanmill.spans import Span
+from spanmill.spans.errors import SCHEMA, SpanDecodeError
+from spanmill.store.layout import hour_key
+from spanmill.store.schema import PROMOTED, PROMOTED_RESOURCE, SPAN_SCHEMA, Promoted
+
+_INT64_MAX: Final = 2**63 - 1
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+_KIND_TYPES: Final[dict[str, type]] = {"str": str, "int": int, "float": float, "bool": bool}
+
+Event = tuple[str, int, dict[str, Any]]
+Link = tuple[str, str, dict[str, Any]]
+
+
+class SpanParts:
+    """One span as plain fields; attribute dicts are owned and may be changed in place."""
+
+    __slots__ = (
+        "attributes",
+        "end",
+        "events",
+        "kind",
+        "links",
+        "name",
+        "parent_span_id",
+        "resource_attributes",
+        "scope_name",
+        "scope_version",
+        "span_id",
+        "start",
+        "status_code",
+        "status_message",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        trace_id: str,
+        span_id: str,
+        parent_span_id: str | None,
+        name: str,
+        kind: str,
+        start: int,
+        end: int,
+        status_code: str,
+        status_message: str,
+        attributes: dict[str, Any],
+        resource_attributes: dict[str, Any],
+        scope_name: str,
+        scope_version: str,
+        events: list[Event],
+        links: list[Link],
+    ) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_span_id = parent_span_id
+        self.name = name
+        self.kind = kind
+        self.start = start
+        self.end = end
+        self.status_code = status_code
+        self.status_message = status_message
+        self.attributes = attributes
+        self.resource_attributes = resource_attributes
+        self.scope_name = scope_name
+        self.scope_version = scope_version
+        self.events = events
+        self.links = links
+
+    @classmethod
+    def from_span(cls, span: Span) -> SpanParts:
+        return cls(
+            span.trace_id,
+            span.span_id,
+            span.parent_span_id,
+            span.name,
+            span.kind.value,
+            span.start_time_unix_nano,
+            span.end_time_unix_nano,
+            span.status_code.value,
+            span.status_message,
+            dict(span.attributes),
+            dict(span.resource_attributes),
+            span.scope_name,
+            span.scope_version,
+            [(e.name, e.time_unix_nano, dict(e.attributes)) for e in span.events],
+            [(link.trace_id, link.span_id, dict(link.attributes)) for link in span.links],
+        )
+
+    def to_span(self) -> Span:
+        return Span(
+            trace_id=self.trace_id,
+            span_id=self.span_id,
+            parent_span_id=self.parent_span_id,
+            name=self.name,
+            kind=self.kind,
+            start_time_unix_nano=self.start,
+            end_time_unix_nano=self.end,
+            status_code=self.status_code,
+            status_message=self.status_message,
+            attributes=self.attributes,
+            resource_attributes=self.resource_attributes,
+            scope_name=self.scope_name,
+            scope_version=self.scope_version,
+            events=[{"name": n, "time_unix_nano": t, "attributes": a} for n, t, a in self.events],
+            links=[{"trace_id": t, "span_id": s, "attributes": a} for t, s, a in self.links],
+        )
+
+
+def check_storable(parts: SpanParts, where: str) -> None:
+    """Refuse what a valid span may hold but the store's nanosecond timestamps cannot."""
+    if parts.end > _INT64_MAX:
+        raise SpanDecodeError(
+            SCHEMA,
+            f"{where}: end time {parts.end} ns is after the year 2262, which the span "
+            "store cannot hold; send nanoseconds since the Unix epoch",
+        )
+
+
+def _matches(promoted: Promoted, value: Any) -> bool:
+    # Attribute arrays hold one type (the span record guarantees it): the first item tells.
+    kind = promoted.kind
+    if kind == "int_list":
+        return type(value) is list and (not value or type(value[0]) is int)
+    if kind == "float_list":
+        return type(value) is list and (not value or type(value[0]) is float)
+    return type(value) is _KIND_TYPES[kind]
+
+
+def _own_reward(attributes: Mapping[str, Any], default_response_id: str | None) -> Any:
+    name = attributes.get(sc.GEN_AI_EVALUATION_NAME)
+    score = attributes.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
+    if type(name) is not str or type(score) not in (int, float):
+        return None
+    response_id = attributes.get(sc.GEN_AI_RESPONSE_ID, default_response_id)
+    label = attributes.get(sc.GEN_AI_EVALUATION_SCORE_LABEL)
+    return {
+        "name": name,
+        "value": float(score),  # type: ignore[arg-type]
+        "response_id": response_id if type(response_id) is str else None,
+        "primary": attributes.get(sc.SPANMILL_REWARD_PRIMARY) is True,
+        "label": label if type(label) is str else None,
+    }
+
+
+def _rewards(parts: SpanParts) -> list[Any] | None:
+    found = []
+    own = _own_reward(parts.attributes, None)
+    if own is not None:
+        found.append(own)
+    if parts.events:
+        response_id = parts.attributes.get(sc.GEN_AI_RESPONSE_ID)
+        default = response_id if type(response_id) is str else None
+        for name, _, attributes in parts.events:
+            if name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
+                reward = _own_reward(attributes, default)
+                if reward is not None:
+                    found.append(reward)
+    return found or None
+
+
+def _json_or_none(value: Any) -> str | None:
+    return _JSON.encode(value) if value else None
+
+
+class ColumnBuilder:
+    """Rows of one Arrow table, gathered column by column."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[Any]] = {name: [] for name in SPAN_SCHEMA.names}
+        self.rows = 0
+
+    def append(
+        self,
+        parts: SpanParts,
+        topic: str,
+        partition: int,
+        offset: int,
+        index: int,
+        timestamp_ms: int,
+    ) -> None:
+        c = self.columns
+        attributes = parts.attributes
+        c["rewards"].append(_rewards(parts))
+        response_model = attributes.get(sc.GEN_AI_RESPONSE_MODEL)
+        request_model = attributes.get(sc.GEN_AI_REQUEST_MODEL)
+        c["model"].append(
+            response_model
+            if type(response_model) is str and response_model
+            else (request_model if type(request_model) is str and request_model else None)
+        )
+        episode = attributes.get(sc.SPANMILL_EPISODE_ID)
+        c["episode_id"].append(episode if type(episode) is str and episode else parts.trace_id)
+        score = attributes.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
+        for promoted in PROMOTED:
+            value = attributes.get(promoted.key)
+            if value is not None and _matches(promoted, value):
+                del attributes[promoted.key]
+                c[promoted.column].append(value)
+            elif promoted.column == "reward_value" and type(score) is int:
+                c["reward_value"].append(float(score))
+            else:
+                c[promoted.column].append(None)
+        resource = parts.resource_attributes
+        for promoted in PROMOTED_RESOURCE:
+            value = resource.get(promoted.key)
+            if value is not None and _matches(promoted, value):
+                resource = dict(resource)  # resources are shared by the spans of a record
+                del resource[promoted.key]
+                c[promoted.column].append(value)
+            else:
+                c[promoted.column].append(None)
+        c["trace_id"].append(parts.trace_id)
+        c["span_id"].append(parts.span_id)
+        c["parent_span_id"].append(parts.parent_span_id)
+        c["name"].append(parts.name)
+        c["kind"].append(parts.kind)
+        c["start_time"].append(parts.start)
+        c["end_time"].append(parts.end)
+        c["status_code"].append(parts.status_code)
+        c["status_message"].append(parts.status_message)
+        c["attributes"].append(_json_or_none(attributes))
+        c["resource_attributes"].append(_json_or_none(resource))
+        c["scope_name"].append(parts.scope_name)
+        c["scope_version"].append(parts.scope_version)
+        c["events"].append(
+            _JSON.encode(
+                [{"name": n, "time_unix_nano": t, "attributes": a} for n, t, a in parts.events]
+            )
+            if parts.events
+            else None
+        )
+        c["links"].append(
+            _JSON.encode(
+                [{"trace_id": t, "span_id": s, "attributes": a} for t, s, a in parts.links]
+            )
+            if parts.links
+            else None
+        )
+        c["kafka_topic"].append(topic)
+        c["kafka_partition"].append(partition)
+        c["kafka_offset"].append(offset)
+        c["kafka_index"].append(index)
+        c["kafka_timestamp"].append(timestamp_ms)
+        self.rows += 1
+
+    def to_table(self) -> pa.Table:
+        arrays = [pa.array(self.columns[field.name], type=field.type) for field in SPAN_SCHEMA]
+        return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
+
+
+class HourlyColumns:
+    """Rows split by the hour of their span's start time: one table per hour folder."""
+
+    def __init__(self) -> None:
+        self.hours: dict[int, ColumnBuilder] = {}
+        self.rows = 0
+
+    def append(
+        self,
+        parts: SpanParts,
+        topic: str,
+        partition: int,
+        offset: int,
+        index: int,
+        timestamp_ms: int,
+    ) -> None:
+        hour = hour_key(parts.start)
+        builder = self.hours.get(hour)
+        if builder is None:
+            builder = self.hours[hour] = ColumnBuilder()
+        builder.append(parts, topic, partition, offset, index, timestamp_ms)
+        self.rows += 1
+
+    def tables(self) -> dict[int, pa.Table]:
+        return {hour: builder.to_table() for hour, builder in sorted(self.hours.items())}
+
+
+def table_from_spans(
+    spans: Iterable[Span],
+    *,
+    topic: str = "",
+    partition: int = 0,
+    offset: int = 0,
+    timestamp_ms: int = 0,
+) -> pa.Table:
+    """Spans as one store table (every span credited to one Kafka record): for tests and tools."""
+    builder = ColumnBuilder()
+    for index, span in enumerate(spans):
+        parts = SpanParts.from_span(span)
+        check_storable(parts, f"spans[{index}]")
+        builder.append(parts, topic, partition, offset, index, timestamp_ms)
+    return builder.to_table()
+
+
+def _restore(attributes: dict[str, Any], promoted: Promoted, value: Any) -> None:
+    if value is None or promoted.key in attributes:
+        return
+    if promoted.kind == "int_list" or promoted.kind == "float_list":
+        value = list(value)
+    attributes[promoted.key] = value
+
+
+def span_from_row(row: Mapping[str, Any]) -> Span:
+    """A stored row (as ``pyarrow.Table.to_pylist`` gives it) back as the span taken in.
+
+    Times must be integer nanoseconds: pyarrow's datetimes drop them, which is why
+    :func:`spans_from_table` casts the time columns first.
+    """
+    attributes = json.loads(row["attributes"]) if row.get("attributes") else {}
+    for promoted in PROMOTED:
+        _restore(attributes, promoted, row.get(promoted.column))
+    resource = json.loads(row["resource_attributes"]) if row.get("resource_attributes") else {}
+    for promoted in PROMOTED_RESOURCE:
+        _restore(resource, promoted, row.get(promoted.column))
+    return Span(
+        trace_id=row["trace_id"],
+        span_id=row["span_id"],
+        parent_span_id=row.get("parent_span_id"),
+        name=row["name"],
+        kind=row["kind"],
+        start_time_unix_nano=row["start_time"],
+        end_time_unix_nano=row["end_time"],
+        status_code=row["status_code"],
+        status_message=row["status_message"],
+        attributes=attributes,
+        resource_attributes=resource,
+        scope_name=row["scope_name"],
+        scope_version=row["scope_version"],
+        events=json.loads(row["events"]) if row.get("events") else (),
+        links=json.loads(row["links"]) if row.get("links") else (),
+    )
+
+
+def spans_from_table(table: pa.Table) -> list[Span]:
+    """Every row of a store table as a Span, times read as exact integer nanoseconds."""
+    exact = table
+    for name in ("start_time", "end_time"):
+        if name in exact.column_names:
+            index = exact.column_names.index(name)
+            exact = exact.set_column(index, name, exact.column(name).cast(pa.int64()))
+    return [span_from_row(row) for row in exact.to_pylist()]

@@ -1,0 +1,142 @@
+"""Helpers for collector tests: spans to send, settings, a collector in a thread, waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spanmill import semconv as sc
+from spanmill.collector import Collector
+from spanmill.config import CollectorSettings, KafkaSettings
+from spanmill.spans import Span
+
+BASE_NS = 1_750_000_000_000_000_000
+
+
+@dataclass(frozen=True)
+class Topics:
+    spans: str
+    dlq: str
+    group: str
+    bootstrap: str
+
+
+def settings_for(topics: Topics, store: Path | str, **overrides: Any) -> CollectorSettings:
+    values: dict[str, Any] = {
+        "kafka": KafkaSettings(
+            bootstrap_servers=topics.bootstrap, spans_topic=topics.spans, dlq_topic=topics.dlq
+        ),
+        "group_id": topics.group,
+        "store_url": str(store),
+        # tansu: the first assignment takes about half the session timeout.
+        "session_timeout_ms": 6000,
+        "batch_max_seconds": 0.5,
+        "workers": 0,
+        "receiver_enabled": False,
+    }
+    values.update(overrides)
+    return CollectorSettings(**values)
+
+
+@contextmanager
+def running(settings: CollectorSettings) -> Iterator[Collector]:
+    collector = Collector(settings)
+    collector.start()
+    failure: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            collector.run()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=loop, name="collector-under-test", daemon=True)
+    thread.start()
+    try:
+        yield collector
+    finally:
+        collector.stop()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the collector did not stop"
+    if failure:
+        raise failure[0]
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def producer(bootstrap: str, **options: Any) -> Any:
+    from kafka import KafkaProducer
+
+    return KafkaProducer(bootstrap_servers=[bootstrap], linger_ms=5, acks="all", **options)
+
+
+def llm_span(i: int = 0, trace_id: str | None = None, **attributes: Any) -> Span:
+    """A realistic LLM call span with messages, tokens, logprobs and a reward event."""
+    base = BASE_NS + i * 1_000_000
+    attrs: dict[str, Any] = {
+        sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
+        sc.GEN_AI_REQUEST_MODEL: "smollm2",
+        sc.GEN_AI_RESPONSE_MODEL: "smollm2-135m",
+        sc.SPANMILL_MODEL_VERSION: "3",
+        sc.GEN_AI_RESPONSE_ID: f"chatcmpl-{i}",
+        sc.GEN_AI_AGENT_NAME: "calculator",
+        sc.GEN_AI_USAGE_INPUT_TOKENS: 42,
+        sc.GEN_AI_USAGE_OUTPUT_TOKENS: 3,
+        sc.GEN_AI_INPUT_MESSAGES: json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": f"what is {i} + 1? ÿ 🧮"}]}],
+            ensure_ascii=False,
+        ),
+        sc.GEN_AI_OUTPUT_MESSAGES: json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": str(i + 1)}]}]
+        ),
+        sc.SPANMILL_COMPLETION_TOKEN_IDS: [17, 2, i % 50000],
+        sc.SPANMILL_COMPLETION_LOGPROBS: [-0.25, -1e-9, 0.0],
+        sc.SPANMILL_TASK_ID: f"task-{i % 7}",
+        "custom.flag": True,
+        "custom.ratio": 0.5,
+    }
+    attrs.update(attributes)
+    return Span(
+        trace_id=trace_id or os.urandom(16).hex(),
+        span_id=os.urandom(8).hex(),
+        parent_span_id=os.urandom(8).hex(),
+        name="chat smollm2",
+        kind="client",
+        start_time_unix_nano=base,
+        end_time_unix_nano=base + 500_000_000,
+        status_code="ok",
+        attributes=attrs,
+        resource_attributes={sc.SERVICE_NAME: "calculator-agent", "host.name": "pod-1"},
+        scope_name="spanmill.sdk",
+        scope_version="0.1.0",
+        events=[
+            {
+                "name": sc.GEN_AI_EVALUATION_RESULT_EVENT,
+                "time_unix_nano": base + 600_000_000,
+                "attributes": {
+                    sc.GEN_AI_EVALUATION_NAME: "correct",
+                    sc.GEN_AI_EVALUATION_SCORE_VALUE: 1.0,
+                    sc.SPANMILL_REWARD_PRIMARY: True,
+                },
+            }
+        ],
+        links=[{"trace_id": "a" * 32, "span_id": "b" * 16, "attributes": {"why": "retry"}}],
+    )
+
+
+def by_id(spans: list[Span]) -> dict[str, Span]:
+    return {span.span_id: span for span in spans}

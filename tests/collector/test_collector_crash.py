@@ -1,0 +1,118 @@
+"""The collector SIGKILLed again and again while 100k spans arrive: none lost, none twice."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from collector_helpers import Topics, llm_span, producer, wait_for
+
+from spanmill.spans import encode_otlp_protobuf
+from spanmill.stack.ports import free_port
+from spanmill.store import SpanStore
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+TOTAL_SPANS = 100_000
+SPANS_PER_RECORD = 10
+KILLS = 4
+
+
+def _collector(topics: Topics, store: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "SPANMILL_KAFKA_BOOTSTRAP_SERVERS": topics.bootstrap,
+            "SPANMILL_KAFKA_SPANS_TOPIC": topics.spans,
+            "SPANMILL_KAFKA_DLQ_TOPIC": topics.dlq,
+            "SPANMILL_COLLECTOR_GROUP_ID": topics.group,
+            "SPANMILL_COLLECTOR_STORE_URL": str(store),
+            "SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS": "6000",
+            "SPANMILL_COLLECTOR_BATCH_MAX_SECONDS": "0.5",
+            "SPANMILL_COLLECTOR_BATCH_MAX_SPANS": "500",
+            "SPANMILL_COLLECTOR_WORKERS": "1",
+            "SPANMILL_COLLECTOR_HTTP_PORT": str(free_port()),
+        }
+    )
+    with open(log, "ab") as out:
+        # A session of its own: SIGKILL then takes the worker process down with it.
+        return subprocess.Popen(
+            [sys.executable, "-m", "spanmill.collector"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def test_sigkill_while_producing_loses_nothing_and_duplicates_nothing(
+    topics: Topics, tmp_path: Path
+) -> None:
+    rng = random.Random(4)
+    records = []
+    expected: set[tuple[str, str]] = set()
+    template = [llm_span(i) for i in range(SPANS_PER_RECORD)]
+    for n in range(TOTAL_SPANS // SPANS_PER_RECORD):
+        trace_id = f"{n + 1:032x}"
+        spans = [
+            span.model_copy(update={"trace_id": trace_id, "span_id": f"{n + 1:08x}{i + 1:08x}"})
+            for i, span in enumerate(template)
+        ]
+        expected.update((span.trace_id, span.span_id) for span in spans)
+        records.append((trace_id.encode(), encode_otlp_protobuf(spans)))
+
+    send = producer(topics.bootstrap)
+    produced = threading.Event()
+
+    def produce() -> None:
+        # Spread over the kills: about 25 s of steady traffic.
+        for start in range(0, len(records), 200):
+            for key, value in records[start : start + 200]:
+                send.send(topics.spans, key=key, value=value)
+            send.flush()
+            time.sleep(0.5)
+        produced.set()
+
+    store_dir = tmp_path / "store"
+    store = SpanStore(str(store_dir))
+    log = tmp_path / "collector.log"
+    threading.Thread(target=produce, name="producer", daemon=True).start()
+
+    def files() -> int:
+        return sum(1 for _ in store_dir.rglob("*.parquet")) if store_dir.exists() else 0
+
+    for _ in range(KILLS):
+        before = files()
+        process = _collector(topics, store_dir, log)
+        try:
+            # Kill only once it has joined and written: a member killed mid-join blocks
+            # a tansu group for a minute.
+            wait_for(lambda: files() > before, 90, "the collector to write")  # noqa: B023
+            time.sleep(rng.uniform(0.2, 2.0))
+        finally:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+    final = _collector(topics, store_dir, log)
+    try:
+        wait_for(produced.is_set, 120, "the producer to finish")
+        wait_for(lambda: store.count() >= TOTAL_SPANS, 120, "every span in the store")
+    finally:
+        final.send_signal(signal.SIGTERM)
+        code = final.wait(timeout=60)
+    assert code == 0, log.read_text()[-3000:]
+
+    table = store.table(columns=["trace_id", "span_id"])
+    stored = list(
+        zip(table.column("trace_id").to_pylist(), table.column("span_id").to_pylist(), strict=True)
+    )
+    assert len(stored) == TOTAL_SPANS
+    assert set(stored) == expected
+    assert store.duplicates() == 0

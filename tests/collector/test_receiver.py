@@ -1,0 +1,204 @@
+"""OTLP/HTTP into the topic, one message per trace; and the whole service end to end."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from collector_helpers import Topics, llm_span, wait_for
+from fastapi.testclient import TestClient
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from spanmill import semconv as sc
+from spanmill.collector.app import create_app
+from spanmill.collector.metrics import CollectorMetrics
+from spanmill.collector.receiver import OtlpReceiver
+from spanmill.spans import decode_otlp_protobuf, encode_otlp_json, encode_otlp_protobuf
+from spanmill.stack.ports import free_port
+from spanmill.store import SpanStore
+
+
+class Health:
+    alive = True
+    ready = False
+
+
+def _client(producer: Any, topic: str = "t", max_bytes: int = 1024 * 1024) -> TestClient:
+    metrics = CollectorMetrics()
+    return TestClient(
+        create_app(Health(), metrics, OtlpReceiver(producer, topic, metrics, max_bytes))
+    )
+
+
+def _read(bootstrap: str, topic: str, count: int) -> list[Any]:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=[bootstrap],
+        group_id=f"read-{topic}",
+        auto_offset_reset="earliest",
+        session_timeout_ms=6000,
+    )
+    found: list[Any] = []
+    wait_for(
+        lambda: (
+            bool([found.extend(r) for r in consumer.poll(timeout_ms=500).values()])
+            or len(found) >= count
+        ),
+        60,
+        f"{count} records",
+    )
+    consumer.close()
+    return found
+
+
+@pytest.mark.services
+def test_export_becomes_one_message_per_trace(topics: Topics) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=[topics.bootstrap], acks="all")
+    client = _client(producer, topics.spans)
+    trace_a, trace_b = "a" * 31 + "1", "b" * 31 + "2"
+    spans = [llm_span(i, trace_id=trace_a) for i in range(3)] + [llm_span(9, trace_id=trace_b)]
+    reply = client.post(
+        "/v1/traces",
+        content=gzip.compress(encode_otlp_protobuf(spans)),
+        headers={"content-type": "application/x-protobuf", "content-encoding": "gzip"},
+    )
+    assert reply.status_code == 200, reply.content
+    assert reply.headers["content-type"] == "application/x-protobuf"
+    ExportTraceServiceResponse.FromString(reply.content)
+    more = [llm_span(20, trace_id="c" * 32)]
+    reply = client.post(
+        "/v1/traces", content=encode_otlp_json(more), headers={"content-type": "application/json"}
+    )
+    assert reply.status_code == 200 and reply.json() == {}
+
+    records = _read(topics.bootstrap, topics.spans, 3)
+    assert len(records) == 3
+    by_key = {record.key.decode(): record for record in records}
+    assert set(by_key) == {trace_a, trace_b, "c" * 32}
+    assert decode_otlp_protobuf(by_key[trace_a].value) == spans[:3]
+    assert decode_otlp_protobuf(by_key["c" * 32].value) == more
+    assert dict(by_key[trace_b].headers)[sc.CONTENT_TYPE_HEADER] == b"application/x-protobuf"
+    producer.close()
+
+
+class RefusingProducer:
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        from kafka.errors import KafkaTimeoutError
+
+        raise KafkaTimeoutError("no broker")
+
+
+def test_refusals_follow_the_otlp_http_specification() -> None:
+    client = _client(RefusingProducer(), max_bytes=10_000)
+    bad = client.post(
+        "/v1/traces",
+        content=b"\x0a\xff\xff\x0f",
+        headers={"content-type": "application/x-protobuf"},
+    )
+    assert bad.status_code == 400
+    assert b"bad_protobuf" in bad.content  # inside a google.rpc.Status
+    bad_json = client.post("/v1/traces", content=b"{", headers={"content-type": "application/json"})
+    assert bad_json.status_code == 400 and bad_json.json()["code"] == 3
+    assert "bad_json" in bad_json.json()["message"]
+    assert (
+        client.post(
+            "/v1/traces",
+            content=b"x",
+            headers={"content-type": "application/x-protobuf", "content-encoding": "br"},
+        ).status_code
+        == 415
+    )
+    bomb = gzip.compress(b"\x00" * 1_000_000)
+    assert (
+        client.post(
+            "/v1/traces",
+            content=bomb,
+            headers={"content-type": "application/x-protobuf", "content-encoding": "gzip"},
+        ).status_code
+        == 413
+    )
+    down = client.post(
+        "/v1/traces",
+        content=encode_otlp_protobuf([llm_span(1)]),
+        headers={"content-type": "application/x-protobuf"},
+    )
+    assert down.status_code == 503 and down.headers["retry-after"] == "5"
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 503
+    metrics = client.get("/metrics").text
+    assert 'spanmill_collector_receiver_requests_total{status="400"} 2.0' in metrics
+
+
+@pytest.mark.services
+def test_service_end_to_end_over_http(topics: Topics, tmp_path: Path) -> None:
+    port = free_port()
+    store_dir = tmp_path / "store"
+    env = dict(os.environ)
+    env.update(
+        {
+            "SPANMILL_KAFKA_BOOTSTRAP_SERVERS": topics.bootstrap,
+            "SPANMILL_KAFKA_SPANS_TOPIC": topics.spans,
+            "SPANMILL_KAFKA_DLQ_TOPIC": topics.dlq,
+            "SPANMILL_COLLECTOR_GROUP_ID": topics.group,
+            "SPANMILL_COLLECTOR_STORE_URL": str(store_dir),
+            "SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS": "6000",
+            "SPANMILL_COLLECTOR_BATCH_MAX_SECONDS": "0.5",
+            "SPANMILL_COLLECTOR_HTTP_PORT": str(port),
+        }
+    )
+    log = tmp_path / "collector.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "spanmill.cli.main", "collector"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, 60, "the collector to be ready")
+        spans = [llm_span(i) for i in range(25)]
+        reply = httpx.post(
+            f"{base}/v1/traces",
+            content=encode_otlp_protobuf(spans),
+            headers={"content-type": "application/x-protobuf"},
+            timeout=30,
+        )
+        assert reply.status_code == 200
+        store = SpanStore(str(store_dir))
+        wait_for(lambda: store.count() >= 25, 60, "the spans in the store")
+        # Counted once the batch is finished: a moment after its files appear.
+        wait_for(
+            lambda: (
+                "spanmill_collector_spans_written_total 25.0"
+                in httpx.get(f"{base}/metrics", timeout=5).text
+            ),
+            30,
+            "the spans counted",
+        )
+        metrics = httpx.get(f"{base}/metrics", timeout=5).text
+        assert 'spanmill_collector_receiver_spans_total{outcome="accepted"} 25.0' in metrics
+        assert "spanmill_collector_lag{" in metrics
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+    assert code == 0, log.read_text()[-2000:]
+    assert sorted(store.spans(), key=lambda s: s.span_id) == sorted(spans, key=lambda s: s.span_id)

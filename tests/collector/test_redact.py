@@ -1,0 +1,117 @@
+"""Redaction rules: built-in patterns, custom ones, and attribute allow and deny lists."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spanmill.collector.redact import Redactor, luhn_valid
+from spanmill.store.rows import SpanParts
+
+
+def parts(**attributes: object) -> SpanParts:
+    return SpanParts(
+        "1" * 32,
+        "2" * 16,
+        None,
+        "mail bob@corp.io",
+        "client",
+        1,
+        2,
+        "error",
+        "key sk-abcdefghijklmnop1234 leaked",
+        dict(attributes),
+        {"host": "h"},
+        "",
+        "",
+        [("log", 1, {"msg": "ping ann@x.org"})],
+        [("3" * 32, "4" * 16, {"k": "AKIAABCDEFGHIJKLMNOP"})],
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "rule"),
+    [
+        ("write to jane.doe+x@mail.example.co.uk now", "write to [REDACTED:email] now", "email"),
+        ("token sk-proj-AbCdEf0123456789XyZ_-q", "token [REDACTED:api_key]", "api_key"),
+        ("aws AKIAIOSFODNN7EXAMPLE", "aws [REDACTED:api_key]", "api_key"),
+        ("gh ghp_" + "a" * 36, "gh [REDACTED:api_key]", "api_key"),
+        (
+            "Authorization: Bearer abcdefghijklmnopqrstuvwxyz.123",
+            "Authorization: [REDACTED:api_key]",
+            "api_key",
+        ),
+        ("hf_" + "B" * 34, "[REDACTED:api_key]", "api_key"),
+        ("card 4111-1111-1111-1111.", "card [REDACTED:card_number].", "card_number"),
+        ("amex 378282246310005", "amex [REDACTED:card_number]", "card_number"),
+    ],
+)
+def test_builtin_patterns(text: str, expected: str, rule: str) -> None:
+    counts: dict[str, int] = {}
+    span = parts(text=text)
+    Redactor().apply(span, counts)
+    assert span.attributes["text"] == expected
+    assert counts.get(rule, 0) >= 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "started at 1750000000000000000 ns",  # a timestamp, not a card
+        "order 4111111111111112",  # fails the Luhn check
+        "id 94111111111111111111",  # the middle of a longer number
+        "plain text with sk- but short sk-abc",
+        "an @ sign alone, or me@localhost",
+    ],
+)
+def test_lookalikes_are_left_alone(text: str) -> None:
+    span = parts(text=text)
+    Redactor().apply(span, {})
+    assert span.attributes["text"] == text
+
+
+def test_every_text_of_a_span_is_redacted() -> None:
+    counts: dict[str, int] = {}
+    messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "I am a@b.io"}]}])
+    span = parts(**{"gen_ai.input.messages": messages, "emails": ["x@y.com", "fine"]})
+    Redactor().apply(span, counts)
+    assert span.name == "mail [REDACTED:email]"
+    assert span.status_message == "key [REDACTED:api_key] leaked"
+    assert json.loads(span.attributes["gen_ai.input.messages"])[0]["parts"][0]["content"] == (
+        "I am [REDACTED:email]"
+    )
+    assert span.attributes["emails"] == ["[REDACTED:email]", "fine"]
+    assert span.events[0][2] == {"msg": "ping [REDACTED:email]"}
+    assert span.links[0][2] == {"k": "[REDACTED:api_key]"}
+    assert counts == {"email": 4, "api_key": 2}
+
+
+def test_custom_patterns_and_attribute_lists() -> None:
+    redactor = Redactor(
+        rules=(),
+        patterns={"ticket": r"TICKET-\d+"},
+        allow=["gen_ai.*", "keep.*", "host"],
+        deny=["keep.secret*"],
+    )
+    counts: dict[str, int] = {}
+    span = parts(**{"gen_ai.x": "see TICKET-42", "keep.a": 1, "keep.secret_b": 2, "other": 3})
+    redactor.apply(span, counts)
+    assert span.attributes == {"gen_ai.x": "see [REDACTED:ticket]", "keep.a": 1}
+    assert span.resource_attributes == {"host": "h"}
+    assert span.events[0][2] == {} and span.links[0][2] == {}
+    assert counts == {"attribute": 4, "ticket": 1}
+    assert span.name == "mail bob@corp.io"  # no built-in rules configured
+
+
+def test_bad_configuration_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown redaction rules"):
+        Redactor(rules=("phone",))
+    with pytest.raises(ValueError, match="'broken' is not a regex"):
+        Redactor(patterns={"broken": "("})
+
+
+def test_luhn() -> None:
+    assert luhn_valid("4111 1111 1111 1111")
+    assert not luhn_valid("4111 1111 1111 1112")
+    assert not luhn_valid("4111")

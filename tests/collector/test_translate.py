@@ -1,0 +1,151 @@
+"""OpenLLMetry and OpenInference attributes become the GenAI conventions, at the edge."""
+
+from __future__ import annotations
+
+import json
+
+from spanmill import semconv as sc
+from spanmill.collector.translate import Translation, openinference, openllmetry
+
+
+def test_openllmetry_messages_usage_and_kind() -> None:
+    attributes = {
+        "gen_ai.system": "openai",
+        "llm.request.type": "chat",
+        "gen_ai.request.model": "gpt-4o",
+        "gen_ai.prompt.0.role": "system",
+        "gen_ai.prompt.0.content": "You add numbers.",
+        "gen_ai.prompt.1.role": "user",
+        "gen_ai.prompt.1.content": "2+2?",
+        "gen_ai.prompt.2.role": "tool",
+        "gen_ai.prompt.2.content": "4",
+        "gen_ai.prompt.2.tool_call_id": "call_1",
+        "gen_ai.completion.0.role": "assistant",
+        "gen_ai.completion.0.finish_reason": "tool_calls",
+        "gen_ai.completion.0.tool_calls.0.id": "call_2",
+        "gen_ai.completion.0.tool_calls.0.name": "calculator",
+        "gen_ai.completion.0.tool_calls.0.arguments": '{"expression": "2+2"}',
+        "gen_ai.usage.prompt_tokens": 11,
+        "gen_ai.usage.completion_tokens": 5,
+        "llm.usage.total_tokens": 16,
+    }
+    assert openllmetry.translate(attributes)
+    assert json.loads(attributes[sc.GEN_AI_INPUT_MESSAGES]) == [
+        {"role": "system", "parts": [{"type": "text", "content": "You add numbers."}]},
+        {"role": "user", "parts": [{"type": "text", "content": "2+2?"}]},
+        {
+            "role": "tool",
+            "parts": [{"type": "tool_call_response", "id": "call_1", "response": "4"}],
+        },
+    ]
+    assert json.loads(attributes[sc.GEN_AI_OUTPUT_MESSAGES]) == [
+        {
+            "role": "assistant",
+            "parts": [
+                {
+                    "type": "tool_call",
+                    "id": "call_2",
+                    "name": "calculator",
+                    "arguments": {"expression": "2+2"},
+                }
+            ],
+            "finish_reason": "tool_calls",
+        }
+    ]
+    assert attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 11
+    assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
+    assert attributes[sc.GEN_AI_PROVIDER_NAME] == "openai"
+    assert attributes[sc.GEN_AI_OPERATION_NAME] == "chat"
+    assert not any(key.startswith(("gen_ai.prompt.", "gen_ai.completion.")) for key in attributes)
+    assert attributes["llm.usage.total_tokens"] == 16  # untranslated keys stay
+
+
+def test_openllmetry_agent_step_and_native_values_win() -> None:
+    attributes = {
+        "traceloop.span.kind": "agent",
+        "traceloop.entity.name": "planner",
+        sc.GEN_AI_AGENT_NAME: "native-name",
+        "gen_ai.prompt.0.content": '[{"type": "text", "text": "hi"}]',
+    }
+    assert openllmetry.translate(attributes)
+    assert attributes[sc.GEN_AI_OPERATION_NAME] == sc.OPERATION_INVOKE_AGENT
+    assert attributes[sc.GEN_AI_AGENT_NAME] == "native-name"
+    assert json.loads(attributes[sc.GEN_AI_INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "hi"}]}
+    ]
+
+
+def test_openinference_llm_span() -> None:
+    attributes = {
+        "openinference.span.kind": "LLM",
+        "llm.model_name": "claude-x",
+        "llm.provider": "anthropic",
+        "llm.invocation_parameters": '{"temperature": 0.2, "max_tokens": 64}',
+        "llm.input_messages.0.message.role": "user",
+        "llm.input_messages.0.message.contents.0.message_content.type": "text",
+        "llm.input_messages.0.message.contents.0.message_content.text": "hello",
+        "llm.output_messages.0.message.role": "assistant",
+        "llm.output_messages.0.message.content": "hi!",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.id": "t1",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "search",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": '{"q": 1}',
+        "llm.token_count.prompt": 3,
+        "llm.token_count.completion": 2,
+        "session.id": "conv-9",
+        "input.value": '{"messages": []}',
+        "input.mime_type": "application/json",
+    }
+    assert openinference.translate(attributes)
+    assert attributes[sc.GEN_AI_OPERATION_NAME] == sc.OPERATION_CHAT
+    assert attributes[sc.GEN_AI_REQUEST_MODEL] == "claude-x"
+    assert attributes[sc.GEN_AI_PROVIDER_NAME] == "anthropic"
+    assert attributes[sc.GEN_AI_REQUEST_TEMPERATURE] == 0.2
+    assert attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] == 64
+    assert attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 3
+    assert attributes[sc.GEN_AI_CONVERSATION_ID] == "conv-9"
+    assert json.loads(attributes[sc.GEN_AI_INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "hello"}]}
+    ]
+    assert json.loads(attributes[sc.GEN_AI_OUTPUT_MESSAGES]) == [
+        {
+            "role": "assistant",
+            "parts": [
+                {"type": "text", "content": "hi!"},
+                {"type": "tool_call", "id": "t1", "name": "search", "arguments": {"q": 1}},
+            ],
+        }
+    ]
+    assert not any(key.startswith("llm.input_messages") for key in attributes)
+    assert "openinference.span.kind" not in attributes
+    assert attributes["input.value"] == '{"messages": []}'  # raw JSON input is kept
+
+
+def test_openinference_tool_and_plain_llm_spans() -> None:
+    tool = {
+        "openinference.span.kind": "TOOL",
+        "tool.name": "calculator",
+        "input.value": '{"expression": "1+1"}',
+        "output.value": "2",
+    }
+    assert openinference.translate(tool)
+    assert tool == {
+        sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
+        sc.GEN_AI_TOOL_NAME: "calculator",
+        openinference.TOOL_CALL_ARGUMENTS: '{"expression": "1+1"}',
+        openinference.TOOL_CALL_RESULT: "2",
+    }
+    plain = {"openinference.span.kind": "LLM", "input.value": "2+2?", "output.value": "4"}
+    assert openinference.translate(plain)
+    assert json.loads(plain[sc.GEN_AI_OUTPUT_MESSAGES])[0]["parts"][0]["content"] == "4"
+
+
+def test_native_spans_are_untouched_and_counted_per_convention() -> None:
+    native = {sc.GEN_AI_OPERATION_NAME: "chat", "input.value": "x"}
+    counts: dict[str, int] = {}
+    Translation().apply(native, counts)
+    assert native == {sc.GEN_AI_OPERATION_NAME: "chat", "input.value": "x"}
+    assert counts == {}
+    foreign = {"openinference.span.kind": "AGENT", "agent.name": "a"}
+    Translation().apply(foreign, counts)
+    assert counts == {"openinference": 1}
+    assert foreign[sc.GEN_AI_AGENT_NAME] == "a"

@@ -1,0 +1,105 @@
+"""Writing the store: atomic files, deterministic names, and a ledger whose first writer wins."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from store_samples import span
+
+from spanmill.store import BatchId, SpanStore, StoreWriter, fingerprint, parse_file_name
+from spanmill.store.layout import hour_dir, hour_key
+from spanmill.store.rows import HourlyColumns, SpanParts
+
+
+def _tables(count: int, offset: int = 0) -> dict[int, object]:
+    hourly = HourlyColumns()
+    for i in range(count):
+        # 60 spans a minute apart cross an hour boundary: two files.
+        hourly.append(SpanParts.from_span(span(i)), "t", 0, offset + i, 0, 1)
+    return hourly.tables()  # type: ignore[return-value]
+
+
+def test_batch_files_are_named_for_the_batch_and_written_whole(tmp_path: Path) -> None:
+    writer = StoreWriter(str(tmp_path))
+    batch = BatchId("spanmill.spans.v1", 2, 0, 59, fingerprint(1, b"k", b"v"))
+    written = writer.write_batch(batch, _tables(60))
+    assert len(written) == 2
+    for relative in written:
+        assert parse_file_name(relative) == batch
+        assert relative.startswith(hour_dir(hour_key(span(0).start_time_unix_nano))[:14])
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]  # no temp left
+    # Writing the same batch again replaces its files: still 60 spans, not 120.
+    writer.write_batch(batch, _tables(60))
+    store = SpanStore(str(tmp_path))
+    assert store.count() == 60
+    assert store.duplicates() == 0
+
+
+def test_names_parse_back_and_fingerprints_tell_logs_apart() -> None:
+    batch = BatchId("my.topic-with-p1-dashes", 12, 5, 9, "0123456789abcdef")
+    assert parse_file_name(f"dt=2024-01-01/hour=03/{batch.file_name()}") == batch
+    assert parse_file_name("notes.parquet") is None
+    assert fingerprint(1, b"k", b"v") != fingerprint(2, b"k", b"v")
+    assert fingerprint(1, None, b"v") != fingerprint(1, b"", b"v")
+
+
+def test_ledger_first_claim_wins_even_when_racing(tmp_path: Path) -> None:
+    writer = StoreWriter(str(tmp_path))
+    mark = "00000000000000aa"
+    results = []
+    barrier = threading.Barrier(8)
+
+    def claim(last: int) -> None:
+        racer = StoreWriter(str(tmp_path))
+        barrier.wait()
+        results.append(racer.claim("t", 1, 100, mark, last).last)
+
+    threads = [threading.Thread(target=claim, args=(150 + i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(results)) == 1
+    entry = writer.ledger_entry("t", 1, 100, mark)
+    assert entry is not None and entry.last == results[0]
+    assert writer.claim("t", 1, 100, mark, 999).last == results[0]
+    # Another log's record at the same offset is another batch.
+    assert writer.ledger_entry("t", 1, 100, "00000000000000bb") is None
+
+
+def test_prune_removes_only_old_committed_entries(tmp_path: Path) -> None:
+    writer = StoreWriter(str(tmp_path))
+    for first, last in ((0, 9), (10, 19), (20, 29)):
+        writer.claim("t", 0, first, "00000000000000aa", last)
+    folder = tmp_path / "_ledger" / "t" / "p0"
+    old = time.time() - 7200
+    for path in folder.iterdir():
+        entry = json.loads(path.read_text())
+        entry["created_at"] = old
+        path.write_text(json.dumps(entry))
+    assert writer.prune_ledger("t", 0, committed=20, older_than_s=3600) == 2
+    assert sorted(p.name[:20] for p in folder.iterdir()) == [f"{20:020d}"]
+
+
+def test_object_store_urls_work_through_fsspec() -> None:
+    url = f"memory://store-{uuid.uuid4().hex}"
+    writer = StoreWriter(url)
+    assert not writer.local
+    batch = BatchId("t", 0, 0, 9, "00000000000000aa")
+    writer.write_batch(batch, _tables(10))
+    assert writer.claim("t", 0, 0, "00000000000000aa", 9).last == 9
+    store = SpanStore(url)
+    assert [s.span_id for s in store.spans()] == [span(i).span_id for i in range(10)]
+
+
+def test_dead_letters_the_topic_refuses_are_kept(tmp_path: Path) -> None:
+    writer = StoreWriter(str(tmp_path))
+    base = writer.write_dead_letter("t", 1, 42, b"\x00raw", {"reason": "oversize"})
+    assert (Path(base + ".bin")).read_bytes() == b"\x00raw"
+    assert json.loads(Path(base + ".json").read_text())["reason"] == "oversize"
+    assert not os.listdir(tmp_path / "_dead_letters" / "t" / "p1")[0].startswith(".")
