@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spanmill import semconv as sc
 from spanmill.collector import Collector
+from spanmill.collector.embedded import collector_thread
 from spanmill.config import CollectorSettings, KafkaSettings
 from spanmill.spans import Span
 
@@ -45,28 +45,8 @@ def settings_for(topics: Topics, store: Path | str, **overrides: Any) -> Collect
     return CollectorSettings(**values)
 
 
-@contextmanager
-def running(settings: CollectorSettings) -> Iterator[Collector]:
-    collector = Collector(settings)
-    collector.start()
-    failure: list[BaseException] = []
-
-    def loop() -> None:
-        try:
-            collector.run()
-        except BaseException as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=loop, name="collector-under-test", daemon=True)
-    thread.start()
-    try:
-        yield collector
-    finally:
-        collector.stop()
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "the collector did not stop"
-    if failure:
-        raise failure[0]
+def running(settings: CollectorSettings) -> AbstractContextManager[Collector]:
+    return collector_thread(settings)
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
