@@ -32,6 +32,7 @@ DEFAULT_TRITON_HTTP_PORT = 18000
 DEFAULT_TRITON_GRPC_PORT = 18001
 DEFAULT_TRITON_METRICS_PORT = 18002
 DEFAULT_GATEWAY_PORT = 18080
+DEFAULT_COLLECTOR_PORT = 14318
 
 
 def _config(prefix: str) -> SettingsConfigDict:
@@ -114,9 +115,11 @@ class StackSettings(BaseSettings):
     triton_grpc_port: int = Field(DEFAULT_TRITON_GRPC_PORT, gt=0, lt=65536)
     triton_metrics_port: int = Field(DEFAULT_TRITON_METRICS_PORT, gt=0, lt=65536)
     gateway_port: int = Field(DEFAULT_GATEWAY_PORT, gt=0, lt=65536)
+    collector_port: int = Field(DEFAULT_COLLECTOR_PORT, gt=0, lt=65536)
     state_dir: Path = Field(default_factory=paths.state_dir)
     model_repository: Path = Field(default_factory=lambda: paths.home() / "model-repository")
     routing_file: Path = Field(default_factory=lambda: paths.state_dir() / "routes.json")
+    span_store: str = Field(default_factory=lambda: str(paths.home() / "spans"))
     startup_timeout_s: float = Field(120.0, gt=0)
 
 
@@ -232,7 +235,10 @@ class GatewaySettings(BaseSettings):
 
 
 class RolloutSettings(BaseSettings):
-    """The rollout controller. Env prefix ``SPANMILL_ROLLOUT_``."""
+    """The rollout controller. Env prefix ``SPANMILL_ROLLOUT_``.
+
+    Lists and mappings are JSON: ``SPANMILL_ROLLOUT_STEPS='[5, 25, 50, 100]'``.
+    """
 
     model_config = _config("SPANMILL_ROLLOUT_")
 
@@ -240,6 +246,79 @@ class RolloutSettings(BaseSettings):
     triton: TritonSettings = Field(default_factory=TritonSettings)
     interval_s: float = Field(10.0, gt=0)
     backend: Literal["local", "kubernetes"] = "local"
+    agents: list[str] = Field(
+        default_factory=list,
+        description="Agents to manage; empty: every agent with a registered model spanmill made.",
+    )
+
+    # The policy a challenger's canary follows (see spanmill.rollout.schemas.RolloutPolicy).
+    steps: list[float] = Field(
+        default_factory=lambda: [5.0, 25.0, 50.0, 100.0],
+        description="Percent of traffic the challenger takes at each step; ends at 100.",
+    )
+    bake_s: float = Field(300.0, ge=0, description="Least time spent at each step.")
+    min_requests: int = Field(20, ge=0, description="Challenger requests a step needs.")
+    max_error_rate: float = Field(0.05, ge=0, le=1)
+    max_p95_latency_s: float | None = Field(None, gt=0)
+    max_latency_ratio: float | None = Field(None, gt=0, description="Of the champion's p95.")
+    min_mean_reward: float | None = None
+    max_reward_drop: float | None = Field(None, ge=0, description="Below the champion's mean.")
+    min_rewards: int = Field(10, ge=1)
+    grace_s: float = Field(300.0, ge=0, description="A replaced champion stays loaded this long.")
+    drain_s: float = Field(5.0, ge=0, description="Wait after routing away before unloading.")
+
+    # Where the health of each version is read.
+    signals: Literal["gateway", "spans"] = Field(
+        "gateway", description="gateway: its Prometheus metrics; spans: the span store."
+    )
+    gateway_urls: list[str] = Field(
+        default_factory=lambda: [f"http://{LOOPBACK}:{DEFAULT_GATEWAY_PORT}"],
+        description="Every gateway replica, for its /metrics.",
+    )
+    store_url: str = Field(
+        default_factory=lambda: str(paths.home() / "spans"), description="The span store."
+    )
+    store_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options.")
+    reward_name: str | None = Field(None, description="Reward judged; default: the primary one.")
+
+    # How versions are written into the Triton model repository and checked.
+    flavour: Literal["python", "vllm"] = "python"
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    num_threads: int = Field(0, ge=0, description="torch threads per Python-backend instance.")
+    copy_base: bool = Field(False, description="Copy the base model into each version folder.")
+    gpu: bool = Field(False, description="Python-backend instances on a GPU.")
+    triton_root: str | None = Field(
+        None, description="Where Triton sees the model repository, when not where we write it."
+    )
+    repository_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options for an s3:// model repository."
+    )
+    smoke_timeout_s: float = Field(120.0, gt=0)
+    load_timeout_s: float = Field(600.0, gt=0)
+    retry_after_s: float = Field(60.0, gt=0, description="Wait before retrying a failed deploy.")
+
+    # The local backend.
+    state_file: Path = Field(default_factory=lambda: paths.state_dir() / "rollout-state.json")
+    routing_file: Path = Field(default_factory=lambda: paths.state_dir() / "routes.json")
+    gateway_admin_url: str | None = Field(
+        None, description="Write routes through this gateway's admin API instead of the file."
+    )
+    gateway_api_key: SecretStr | None = None
+
+    # The Kubernetes backend.
+    namespace: str = "default"
+    configmap: str = Field("spanmill-routing", description="Holds the routes and the state.")
+
+    # The controller's own /metrics, /healthz and /readyz.
+    http_host: str = LOOPBACK
+    http_port: int = Field(18090, gt=0, lt=65536)
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, value: list[float]) -> list[float]:
+        from spanmill.rollout.schemas import check_steps
+
+        return check_steps(value)
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -30,6 +30,7 @@ def stack_env(home: Path) -> dict[str, str]:
     env["SPANMILL_STACK_TRITON_GRPC_PORT"] = str(free_port())
     env["SPANMILL_STACK_TRITON_METRICS_PORT"] = str(free_port())
     env["SPANMILL_STACK_GATEWAY_PORT"] = str(free_port())
+    env["SPANMILL_STACK_COLLECTOR_PORT"] = str(free_port())
     return env
 
 
@@ -47,12 +48,12 @@ def test_up_status_down_leaves_nothing_running(tmp_path: Path) -> None:
     try:
         state = json.loads((tmp_path / "state" / "stack.json").read_text())
         pids = {name: s["process"]["pid"] for name, s in state["services"].items()}
-        assert set(pids) == {"kafka", "mlflow", "triton", "gateway"}
+        assert set(pids) == {"kafka", "mlflow", "triton", "gateway", "collector"}
         assert all(psutil.pid_exists(pid) for pid in pids.values())
 
         status = run_cli("status", env=env)
         assert status.returncode == 0, status.stdout + status.stderr
-        assert status.stdout.count("healthy") == 4
+        assert status.stdout.count("healthy") == 5
 
         # A second `up` finds everything running and starts nothing new.
         again = run_cli("up", env=env)
@@ -75,7 +76,7 @@ def test_up_status_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert not port_in_use("127.0.0.1", int(env[f"SPANMILL_STACK_{name}"]))
 
     status = run_cli("status", env=env)
-    assert status.stdout.count("stopped") == 4
+    assert status.stdout.count("stopped") == 5
 
 
 def test_taken_port_is_named_in_the_error(tmp_path: Path) -> None:

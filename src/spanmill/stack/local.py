@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from spanmill.config import StackSettings
 from spanmill.errors import StackError
 from spanmill.stack.services import (
+    CollectorProcess,
     GatewayProcess,
     KafkaBroker,
     MLflowServer,
@@ -23,7 +24,7 @@ from spanmill.stack.services import (
     TritonServer,
 )
 
-SERVICE_NAMES = ("kafka", "mlflow", "triton", "gateway")
+SERVICE_NAMES = ("kafka", "mlflow", "triton", "gateway", "collector")
 
 
 def build_services(settings: StackSettings) -> list[Service]:
@@ -54,6 +55,14 @@ def build_services(settings: StackSettings) -> list[Service]:
             routing_file=settings.routing_file,
             kafka_bootstrap=f"{settings.host}:{settings.kafka_port}",
             triton_url=f"{settings.host}:{settings.triton_http_port}",
+            timeout=settings.startup_timeout_s,
+        ),
+        CollectorProcess(
+            settings.host,
+            settings.collector_port,
+            work,
+            store_url=settings.span_store,
+            kafka_bootstrap=f"{settings.host}:{settings.kafka_port}",
             timeout=settings.startup_timeout_s,
         ),
     ]

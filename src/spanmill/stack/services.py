@@ -337,3 +337,45 @@ class GatewayProcess(Service):
 
     def healthy(self) -> bool:
         return httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200
+
+
+class CollectorProcess(Service):
+    """The spanmill collector: the span topic into the Parquet span store."""
+
+    name = "collector"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        work_dir: Path,
+        *,
+        store_url: str,
+        kafka_bootstrap: str,
+        timeout: float = 60.0,
+    ) -> None:
+        super().__init__(host, work_dir, timeout)
+        self.port = port
+        self.store_url = store_url
+        self.kafka_bootstrap = kafka_bootstrap
+
+    def ports(self) -> dict[str, int]:
+        return {"main": self.port}
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def argv(self) -> Sequence[str]:
+        return [sys.executable, "-m", "spanmill.cli.main", "collector"]
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env["SPANMILL_KAFKA_BOOTSTRAP_SERVERS"] = self.kafka_bootstrap
+        env["SPANMILL_COLLECTOR_STORE_URL"] = self.store_url
+        env["SPANMILL_COLLECTOR_HTTP_HOST"] = self.host
+        env["SPANMILL_COLLECTOR_HTTP_PORT"] = str(self.port)
+        return env
+
+    def healthy(self) -> bool:
+        return httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200
