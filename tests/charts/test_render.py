@@ -1,0 +1,390 @@
+"""The key facts of the rendered chart, checked for every ci/ value set."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helm_render import (
+    CHART,
+    KUBE_VERSION,
+    NAMESPACE,
+    VALUE_SETS,
+    Rendered,
+    env_of,
+    manifest_validator,
+    merged_values,
+)
+
+from spanmill.gateway.configmap import ROUTES_KEY
+from spanmill.gateway.routing import RoutingTable
+
+FULLNAME = "spanmill"
+ROUTES = f"{FULLNAME}-routing"
+# An env var with one of these in its name carries a credential: only secretKeyRef.
+SECRET_WORDS = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|ACCESS_KEY|CREDENTIAL|STORE_URI", re.I)
+# user:password@ inside a URL, anywhere in a rendered value.
+URL_CREDENTIALS = re.compile(r"://[^/@\s:]+:[^/@\s]+@")
+
+
+def test_every_manifest_passes_strict_kubernetes_validation(rendered: Rendered) -> None:
+    validator = manifest_validator()
+    report = validator.Report()
+    for document in rendered.documents:
+        validator.validate_document(document, KUBE_VERSION, report, rendered.name)
+    assert report.errors == []
+    assert sum(report.validated.values()) + sum(report.skipped.values()) == len(rendered.documents)
+    # Only the custom resources named in the validator go unvalidated.
+    assert set(report.skipped) <= {"ServiceMonitor", "Kafka", "KafkaNodePool", "KafkaTopic"}
+
+
+def test_the_validator_rejects_unknown_fields_and_kinds() -> None:
+    validator = manifest_validator()
+    report = validator.Report()
+    bad_field = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "x"},
+        "dataa": {},
+    }
+    unknown_kind = {"apiVersion": "apps/v1", "kind": "Deploymnet", "metadata": {"name": "x"}}
+    for document in (bad_field, unknown_kind):
+        validator.validate_document(document, KUBE_VERSION, report, "case")
+    assert len(report.errors) == 2
+    assert "dataa" in report.errors[0]
+    assert "no Kubernetes" in report.errors[1]
+
+
+def test_no_secret_is_rendered_only_referenced(rendered: Rendered) -> None:
+    assert rendered.kinds("Secret") == []
+    for where, container, _ in rendered.containers():
+        for name, entry in env_of(container).items():
+            if SECRET_WORDS.search(name):
+                assert "value" not in entry, f"{where}: {name} is a literal value"
+                assert "secretKeyRef" in entry["valueFrom"], f"{where}: {name} not from a Secret"
+        for source in container.get("envFrom", []):
+            assert "configMapRef" not in source, f"{where}: env from a ConfigMap"
+    for config_map in rendered.kinds("ConfigMap"):
+        for key in config_map.get("data", {}):
+            assert not SECRET_WORDS.search(key), f"ConfigMap {config_map['metadata']['name']}"
+    assert not URL_CREDENTIALS.search(json.dumps(rendered.documents))
+
+
+def test_credentials_come_from_the_named_secrets(render_set: Any) -> None:
+    sasl = render_set("external-kafka-sasl")
+    env = env_of(sasl.container(f"{FULLNAME}-collector"))
+    ref = env["SPANMILL_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "spanmill-kafka-credentials", "key": "password"}
+    assert env["SPANMILL_KAFKA_SASL_MECHANISM"]["value"] == "SCRAM-SHA-512"
+    # AWS S3 through the pods' own identity: no key variables at all.
+    assert "AWS_ACCESS_KEY_ID" not in env
+    gateway = env_of(sasl.container(f"{FULLNAME}-gateway"))
+    key = gateway["SPANMILL_GATEWAY_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert key["name"] == "spanmill-gateway-api-key"
+    everything = render_set("all-features")
+    mlflow = env_of(everything.container(f"{FULLNAME}-mlflow"))
+    uri = mlflow["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"]
+    assert uri == {"name": "spanmill-mlflow-db", "key": "uri"}
+
+
+def test_every_container_is_non_root_read_only_and_without_capabilities(
+    rendered: Rendered,
+) -> None:
+    containers = list(rendered.containers())
+    assert containers
+    for where, container, pod in containers:
+        pod_security = pod["securityContext"]
+        assert pod_security["runAsNonRoot"] is True, where
+        assert pod_security["runAsUser"] > 0, where
+        assert pod_security["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True, where
+        assert security["allowPrivilegeEscalation"] is False, where
+        assert security["capabilities"] == {"drop": ["ALL"]}, where
+        assert security.get("privileged") is not True, where
+        assert security.get("runAsUser", 1) != 0, where
+        # With a read-only root, whatever a process writes needs a volume.
+        assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}, where
+        assert pod.get("hostNetwork") is not True and pod.get("hostPID") is not True, where
+
+
+def _gpu_resources(container: dict[str, Any]) -> dict[str, Any]:
+    resources = container.get("resources", {})
+    return {
+        f"{section}.{name}": amount
+        for section in ("requests", "limits")
+        for name, amount in resources.get(section, {}).items()
+        if "gpu" in name
+    }
+
+
+def test_gpus_are_requested_by_triton_alone(rendered: Rendered) -> None:
+    values = merged_values(rendered.name)
+    count = values["triton"]["gpu"]["count"]
+    for where, container, _ in rendered.containers():
+        gpus = _gpu_resources(container)
+        if where == f"Deployment/{FULLNAME}-triton/triton" and count:
+            assert gpus == {"requests.nvidia.com/gpu": count, "limits.nvidia.com/gpu": count}
+        else:
+            assert gpus == {}, f"{where} asks for GPUs"
+
+
+def test_triton_on_gpu_nodes_when_it_has_gpus(render_set: Any) -> None:
+    for name in ("gpu-cluster", "all-features"):
+        pod = render_set(name).get("Deployment", f"{FULLNAME}-triton")["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"spanmill.io/pool": "gpu"}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "tolerations"
+        ]
+        assert pod["containers"][0]["image"].endswith("-vllm-python-py3")
+    for component in ("collector", "gateway", "rollout"):
+        deployment = render_set("gpu-cluster").get("Deployment", f"{FULLNAME}-{component}")
+        pod = deployment["spec"]["template"]["spec"]
+        assert "nodeSelector" not in pod and "tolerations" not in pod, component
+
+
+def test_triton_readiness_and_model_repository(render_set: Any) -> None:
+    defaults = render_set("defaults")
+    triton = defaults.container(f"{FULLNAME}-triton")
+    assert triton["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    # A custom S3 endpoint goes between s3:// and the bucket, as tritonserver expects.
+    assert "--model-repository=s3://minio.minio.svc:9000/spanmill/models" in triton["args"]
+    gateway = env_of(defaults.container(f"{FULLNAME}-gateway"))
+    assert gateway["SPANMILL_TRITON_MODEL_REPOSITORY"]["value"] == "s3://spanmill/models"
+    assert gateway["SPANMILL_TRITON_HTTP_URL"]["value"] == f"{FULLNAME}-triton.{NAMESPACE}.svc:8000"
+    # On a shared volume: Triton reads it, the controller writes it.
+    everything = render_set("all-features")
+    triton = everything.get("Deployment", f"{FULLNAME}-triton")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in triton["containers"][0]["volumeMounts"]}
+    assert mounts["models"] == {"name": "models", "mountPath": "/models", "readOnly": True}
+    rollout = everything.get("Deployment", f"{FULLNAME}-rollout")["spec"]["template"]["spec"]
+    rollout_mounts = {m["name"]: m for m in rollout["containers"][0]["volumeMounts"]}
+    assert rollout_mounts["models"]["mountPath"] == "/models"
+    assert not rollout_mounts["models"].get("readOnly")
+    claim = everything.get("PersistentVolumeClaim", f"{FULLNAME}-models")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_gateway_reads_the_routing_configmap(rendered: Rendered) -> None:
+    """Watched through the API (the default), or mounted as a file the gateway re-reads."""
+    watch = merged_values(rendered.name)["gateway"]["routing"]["watch"]
+    pod = rendered.get("Deployment", f"{FULLNAME}-gateway")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = env_of(container)
+    config_map = rendered.get("ConfigMap", ROUTES)
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    if watch:
+        assert env["SPANMILL_GATEWAY_ROUTING_CONFIGMAP"]["value"] == f"{NAMESPACE}/{ROUTES}"
+        assert "SPANMILL_GATEWAY_ROUTING_FILE" not in env
+        assert "routing" not in volumes
+        key = ROUTES_KEY
+    else:
+        assert "SPANMILL_GATEWAY_ROUTING_CONFIGMAP" not in env
+        assert volumes["routing"]["configMap"]["name"] == ROUTES
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "routing")
+        # A subPath mount would never see the controller's updates.
+        assert "subPath" not in mount and mount["readOnly"] is True
+        routing_file = Path(env["SPANMILL_GATEWAY_ROUTING_FILE"]["value"])
+        assert routing_file.parent == Path(mount["mountPath"])
+        key = routing_file.name
+    table = RoutingTable.parse(config_map["data"][key], "routing ConfigMap")
+    values = merged_values(rendered.name)
+    assert table.revision == values["gateway"]["routing"]["initial"]["revision"]
+    # Upgrades must not reset the controller's routes: helm keeps the ConfigMap.
+    assert config_map["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_both_routing_modes_are_rendered(render_set: Any) -> None:
+    modes = {merged_values(name)["gateway"]["routing"]["watch"] for name in VALUE_SETS}
+    assert modes == {True, False}
+
+
+def _rules(role: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: sorted(v) for k, v in rule.items()} for rule in role["rules"]]
+
+
+def test_rbac_is_exactly_what_the_controller_and_gateway_use(rendered: Rendered) -> None:
+    assert rendered.kinds("ClusterRole") == [] and rendered.kinds("ClusterRoleBinding") == []
+    watch = merged_values(rendered.name)["gateway"]["routing"]["watch"]
+    roles = {r["metadata"]["name"]: r for r in rendered.kinds("Role")}
+    expected = {f"{FULLNAME}-rollout"} | ({f"{FULLNAME}-gateway"} if watch else set())
+    assert set(roles) == expected
+    # spanmill.rollout.k8s_backend: read and merge-patch the routing ConfigMap; create
+    # an Event per decision, or read and patch it to count a repeat.
+    assert _rules(roles[f"{FULLNAME}-rollout"]) == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [ROUTES],
+            "verbs": ["get", "patch"],
+        },
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "patch"]},
+    ]
+    if watch:
+        # spanmill.gateway.configmap: read, then list and watch by metadata.name.
+        assert _rules(roles[f"{FULLNAME}-gateway"]) == [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [ROUTES],
+                "verbs": ["get", "list", "watch"],
+            }
+        ]
+    for binding in rendered.kinds("RoleBinding"):
+        name = binding["metadata"]["name"]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": name,
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}
+        ]
+    # Only the pods with a Role get an API token.
+    for where, pod in rendered.pod_specs():
+        component = where.split("/", 1)[1]
+        has_role = component in roles
+        assert pod["automountServiceAccountToken"] is has_role, where
+        if where.startswith("Deployment/"):
+            assert pod["serviceAccountName"] == component, where
+
+
+def test_collectors_never_outnumber_partitions(rendered: Rendered) -> None:
+    values = merged_values(rendered.name)
+    partitions = values["kafka"]["topics"]["partitions"]
+    hpa = rendered.get("HorizontalPodAutoscaler", f"{FULLNAME}-collector")
+    assert hpa["spec"]["maxReplicas"] <= partitions
+    metrics = hpa["spec"]["metrics"]
+    if values["collector"]["autoscaling"]["metric"] == "lag":
+        assert metrics[0]["pods"]["metric"]["name"] == "spanmill_collector_lag"
+    else:
+        assert metrics[0]["resource"]["name"] == "cpu"
+
+
+def test_services_probes_and_policies_point_at_declared_ports(rendered: Rendered) -> None:
+    ports: dict[str, set[str]] = {}
+    labels: dict[str, dict[str, str]] = {}
+    for deployment in rendered.kinds("Deployment"):
+        template = deployment["spec"]["template"]
+        names = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        ports[deployment["metadata"]["name"]] = names
+        labels[deployment["metadata"]["name"]] = template["metadata"]["labels"]
+        for container in template["spec"]["containers"]:
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                if probe in container:
+                    assert container[probe]["httpGet"]["port"] in names
+
+    def selected(selector: dict[str, str]) -> list[str]:
+        return [n for n, lab in labels.items() if selector.items() <= lab.items()]
+
+    for service in rendered.kinds("Service"):
+        (target,) = selected(service["spec"]["selector"])
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in ports[target], service["metadata"]["name"]
+    for policy in rendered.kinds("NetworkPolicy"):
+        (target,) = selected(policy["spec"]["podSelector"]["matchLabels"])
+        for rule in policy["spec"]["ingress"]:
+            for port in rule["ports"]:
+                assert port["port"] in ports[target], policy["metadata"]["name"]
+    services = {s["metadata"]["name"]: s for s in rendered.kinds("Service")}
+    for monitor in rendered.kinds("ServiceMonitor"):
+        service = services[monitor["metadata"]["name"]]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+            service["metadata"]["labels"].items()
+        )
+        service_ports = {p["name"] for p in service["spec"]["ports"]}
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint["port"] in service_ports
+    for pdb in rendered.kinds("PodDisruptionBudget"):
+        assert len(selected(pdb["spec"]["selector"]["matchLabels"])) == 1
+
+
+def test_triton_accepts_only_the_gateway_controller_and_pipeline_runs(render_set: Any) -> None:
+    policy = render_set("defaults").get("NetworkPolicy", f"{FULLNAME}-triton")
+    inference = policy["spec"]["ingress"][0]
+    components = {
+        peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        for peer in inference["from"]
+        if "podSelector" in peer
+    }
+    assert components == {"gateway", "rollout"}
+    namespaces = [p["namespaceSelector"] for p in inference["from"] if "namespaceSelector" in p]
+    assert namespaces == [{"matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}}]
+
+
+def test_strimzi_resources_when_enabled(render_set: Any) -> None:
+    everything = render_set("all-features")
+    kafka = everything.get("Kafka", FULLNAME)
+    assert kafka["metadata"]["annotations"]["strimzi.io/kraft"] == "enabled"
+    topics = {t["spec"]["topicName"]: t for t in everything.kinds("KafkaTopic")}
+    assert set(topics) == {"spanmill.spans.v1", "spanmill.spans.v1.dlq"}
+    assert topics["spanmill.spans.v1"]["spec"]["partitions"] == 6
+    for topic in topics.values():
+        assert topic["metadata"]["labels"]["strimzi.io/cluster"] == FULLNAME
+    env = env_of(everything.container(f"{FULLNAME}-collector"))
+    bootstrap = f"{FULLNAME}-kafka-bootstrap.{NAMESPACE}.svc:9093"
+    assert env["SPANMILL_KAFKA_BOOTSTRAP_SERVERS"]["value"] == bootstrap
+    assert render_set("defaults").kinds("Kafka") == []
+
+
+def test_pipeline_upload_job_runs_the_documented_contract(render_set: Any) -> None:
+    job = render_set("all-features").get("Job", f"{FULLNAME}-pipeline-upload")
+    hooks = job["metadata"]["annotations"]["helm.sh/hook"]
+    assert set(hooks.split(",")) == {"post-install", "post-upgrade"}
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["spanmill"]
+    assert container["args"] == [
+        "pipeline",
+        "upload",
+        "--endpoint",
+        "http://ml-pipeline.kubeflow.svc:8888",
+        "--file",
+        "/pipelines/flywheel.yaml",
+    ]
+    assert container["image"] == "ghcr.io/spanmill/pipeline:0.1.0"
+    assert render_set("defaults").kinds("Job") == []
+
+
+def _metric_names() -> set[str]:
+    from spanmill.collector.metrics import CollectorMetrics
+    from spanmill.gateway.metrics import GatewayMetrics
+
+    names = set()
+    for registry in (CollectorMetrics().registry, GatewayMetrics().registry):
+        for family in registry.collect():
+            for sample in family.samples:
+                names.add(sample.name)
+            # Families without samples yet (labelled ones) still name their series.
+            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+            for suffix in suffixes.get(family.type, ("",)):
+                names.add(family.name + suffix)
+    return names
+
+
+def test_dashboard_queries_only_metrics_the_services_expose(render_set: Any) -> None:
+    config_map = render_set("all-features").get("ConfigMap", f"{FULLNAME}-dashboard")
+    dashboard = json.loads(config_map["data"]["spanmill.json"])
+    assert dashboard == json.loads((CHART / "dashboards" / "spanmill.json").read_text())
+    exposed = _metric_names()
+    queried = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            queried |= set(re.findall(r"\b(spanmill_[a-z_]+)", target["expr"]))
+    assert queried, "the dashboard queries no spanmill metric"
+    assert queried <= exposed, f"not exposed by any service: {sorted(queried - exposed)}"
+    # Every series of the gateway and the collector has a panel, bar per-batch detail.
+    families = {
+        n.removesuffix("_total").removesuffix("_bucket")
+        for n in queried
+        if n.startswith("spanmill_gateway")
+    }
+    assert {"spanmill_gateway_requests", "spanmill_gateway_request_seconds"} <= families
+
+
+@pytest.mark.parametrize("component", ["collector", "gateway", "triton"])
+def test_disruption_budgets_cover_the_serving_path(render_set: Any, component: str) -> None:
+    pdb = render_set("defaults").get("PodDisruptionBudget", f"{FULLNAME}-{component}")
+    assert pdb["spec"]["maxUnavailable"] == 1
