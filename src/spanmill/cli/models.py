@@ -1,8 +1,10 @@
-"""``spanmill models``: base models in the local cache (registered versions come later)."""
+"""``spanmill models``: base models in the local cache, and the agents' registered versions."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -10,8 +12,12 @@ from rich.table import Table
 from spanmill import paths
 from spanmill.cli.console import console, handle_errors
 
+if TYPE_CHECKING:
+    from spanmill.registry import ModelRegistry
+
 app = typer.Typer(
-    help="Base models: pull offline models into the local cache.", no_args_is_help=True
+    help="Base models (pull, catalog) and registered versions (list, show, promote, rollback).",
+    no_args_is_help=True,
 )
 
 
@@ -45,3 +51,140 @@ def catalog_cmd() -> None:
     for name, entry in CATALOG.items():
         table.add_row(name, entry.distribution, entry.hf_id)
     console.print(table)
+
+
+# -- registered versions -------------------------------------------------------------
+
+
+def _registry(tracking_uri: str | None) -> ModelRegistry:
+    from spanmill.config import MLflowSettings, load_settings
+    from spanmill.registry import ModelRegistry
+
+    uri = tracking_uri or load_settings(MLflowSettings).tracking_uri
+    return ModelRegistry(uri)
+
+
+_TRACKING = typer.Option(None, help="MLflow tracking URI (default SPANMILL_MLFLOW_TRACKING_URI).")
+
+
+@app.command("list")
+@handle_errors
+def list_cmd(
+    agent: str = typer.Argument(None, help="An agent: list its versions. None: every agent."),
+    tracking_uri: str = _TRACKING,
+) -> None:
+    """List agents with their champion and challenger, or one agent's versions."""
+    registry = _registry(tracking_uri)
+    if agent is None:
+        table = Table("agent", "champion", "challenger")
+        for name in registry.agents():
+            aliases = registry.aliases(name)
+            table.add_row(name, str(aliases.get("champion", "-")),
+                          str(aliases.get("challenger", "-")))  # fmt: skip
+        console.print(table)
+        return
+    table = Table("version", "aliases", "kind", "rollout", "gate", "dataset", "created")
+    for v in registry.versions(agent):
+        tags = v.tags
+        table.add_row(
+            str(v.version),
+            ", ".join(v.aliases) or "-",
+            tags.get("spanmill.kind", "?"),
+            tags.get("spanmill.rollout.status", "-"),
+            tags.get("spanmill.gate.decision", "-"),
+            (tags.get("spanmill.dataset.digest") or "-")[:12],
+            time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.created_at)),
+        )
+    console.print(table)
+
+
+@app.command()
+@handle_errors
+def show(
+    agent: str = typer.Argument(..., help="The agent."),
+    version: int = typer.Argument(None, help="A version (default: the champion)."),
+    tracking_uri: str = _TRACKING,
+) -> None:
+    """Show a version: aliases, lineage, evaluation, and what the rollout did with it."""
+    from spanmill.registry import CHAMPION, RegistryError
+
+    registry = _registry(tracking_uri)
+    if version is None:
+        version = registry.aliases(agent).get(CHAMPION)
+        if version is None:
+            raise RegistryError(f"{agent!r} has no champion; name a version")
+    v = registry.version(agent, version)
+    console.print(f"[bold]{agent} version {v.version}[/] {', '.join(v.aliases)}")
+    console.print(f"source: {v.source}  run: {v.run_id}")
+    if v.description:
+        console.print(v.description)
+    table = Table("tag", "value")
+    for key in sorted(v.tags):
+        if not key.startswith("spanmill.rollout.event."):
+            table.add_row(key, v.tags[key])
+    console.print(table)
+    for event in v.events():
+        console.print(f"  {event}", highlight=False)
+
+
+@app.command()
+@handle_errors
+def promote(
+    agent: str = typer.Argument(..., help="The agent."),
+    version: int = typer.Argument(..., help="The version to put in service."),
+    canary: bool = typer.Option(
+        False, help="Make it the challenger instead: the controller rolls it out step by step."
+    ),
+    reason: str = typer.Option("promoted by hand", help="Recorded on the version."),
+    tracking_uri: str = _TRACKING,
+) -> None:
+    """Move the champion alias to a version (the controller switches traffic to it)."""
+    from spanmill.registry import CHALLENGER
+
+    registry = _registry(tracking_uri)
+    if canary:
+        registry.version(agent, version)
+        registry.set_alias(agent, CHALLENGER, version)
+        registry.record(agent, version, f"challenger: {reason}")
+        console.print(f"[green]✓[/] {agent} version {version} is the challenger")
+        return
+    previous = registry.promote(agent, version, reason=reason)
+    was = f" (was {previous})" if previous is not None and previous != version else ""
+    console.print(f"[green]✓[/] {agent} version {version} is the champion{was}")
+
+
+@app.command()
+@handle_errors
+def rollback(
+    agent: str = typer.Argument(..., help="The agent."),
+    to: int = typer.Option(None, help="Version to return the champion alias to."),
+    reason: str = typer.Option("rolled back by hand", help="Recorded on the version."),
+    tracking_uri: str = _TRACKING,
+) -> None:
+    """Stop the challenger's canary, or else return the champion to the previous one."""
+    from spanmill.registry import CHAMPION
+
+    registry = _registry(tracking_uri)
+    rolled = registry.rollback(agent, to=to, reason=reason)
+    champion = registry.aliases(agent).get(CHAMPION)
+    console.print(f"[green]✓[/] {agent} version {rolled} rolled back; champion: {champion}")
+
+
+@app.command()
+@handle_errors
+def register(
+    agent: str = typer.Argument(..., help="The agent the model serves."),
+    folder: Path = typer.Argument(..., help="The adapter (or merged model) folder training wrote."),
+    metrics: Path = typer.Option(None, help="The evaluation's metrics.json (gate decision)."),
+    pipeline_run: str = typer.Option(None, help="The pipeline run that made it."),
+    base_model: str = typer.Option(None, help="Base model, when training's manifest is absent."),
+    tracking_uri: str = _TRACKING,
+) -> None:
+    """Register a trained version with its lineage; it becomes the challenger if the gate passed."""
+    registry = _registry(tracking_uri)
+    result = registry.register_trained(
+        agent, folder, metrics, pipeline_run_id=pipeline_run, base_model=base_model
+    )
+    alias = " and is the challenger" if result.challenger else " (gate not passed: no alias)"
+    console.print(f"[green]✓[/] registered {agent} version {result.version.version}{alias}")
+    typer.echo(str(result.version.version))

@@ -26,10 +26,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from spanmill import messages as chat
 from spanmill.config import GatewaySettings
+from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
 from spanmill.gateway.emitter import SpanEmitter
 from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
-from spanmill.gateway.routing import RoutingFile, RoutingTable
+from spanmill.gateway.routing import RoutingTable
 from spanmill.gateway.schema import ChatCompletionRequest, error_body
 from spanmill.gateway.upstream import TritonUpstream, UpstreamError
 from spanmill.serving.protocol import GenerationParams, GenerationResult
@@ -44,7 +45,7 @@ class GatewayState:
     upstream: TritonUpstream
     emitter: SpanEmitter
     metrics: GatewayMetrics
-    routing_file: RoutingFile | None
+    routing_file: RoutingSource | None
     table: RoutingTable = field(default_factory=RoutingTable)
     rng: random.Random = field(default_factory=random.Random)
 
@@ -81,7 +82,7 @@ def create_app(
         upstream=upstream or TritonUpstream(settings.triton.http_url),
         emitter=emitter or SpanEmitter(settings.kafka, metrics, settings.span_queue_size),
         metrics=metrics,
-        routing_file=RoutingFile(settings.routing_file) if settings.routing_file else None,
+        routing_file=routing_source(settings.routing_file, settings.routing_configmap),
         table=table or RoutingTable(),
     )
     state.emitter.metrics = metrics
@@ -91,6 +92,8 @@ def create_app(
         state.emitter.start()
         yield
         state.emitter.close()
+        if isinstance(state.routing_file, ConfigMapRoutes):
+            state.routing_file.close()
         await state.upstream.close()
 
     app = FastAPI(title="spanmill gateway", lifespan=lifespan)

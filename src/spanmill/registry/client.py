@@ -1,0 +1,503 @@
+"""The MLflow model registry as spanmill uses it: versions with lineage, and two aliases.
+
+``champion`` names the version in service, ``challenger`` the version the gate
+let through and the rollout controller is trying. Everything else (which
+versions Triton holds, what share of traffic each gets) follows from those two
+aliases; moving ``champion`` in the MLflow UI is a promotion like any other.
+
+Every call goes through an explicit :class:`mlflow.MlflowClient`, never MLflow's
+global state, so a process can talk to several tracking servers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from spanmill.registry import names
+from spanmill.registry.lineage import Lineage, lineage_from_outputs
+from spanmill.registry.names import RegistryError
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "spanmill-registry"
+# Name of the file a version without weights (base, echo) keeps as its artifact:
+# MLflow needs a source for every version.
+DESCRIPTOR = "spanmill-model.json"
+_HISTORY_KEEP = 20
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RegisteredVersion:
+    """One version of an agent's registered model."""
+
+    agent: str
+    version: int
+    source: str
+    run_id: str | None
+    tags: Mapping[str, str]
+    aliases: tuple[str, ...] = ()
+    created_at: float = 0.0
+    description: str = ""
+
+    @property
+    def lineage(self) -> Lineage:
+        return Lineage.from_tags(self.tags)
+
+    @property
+    def rollout_status(self) -> str | None:
+        return self.tags.get(names.TAG_ROLLOUT_STATUS)
+
+    @property
+    def rolled_back(self) -> bool:
+        return self.rollout_status == names.ROLLED_BACK
+
+    def events(self) -> list[str]:
+        """The rollout decisions recorded on this version, oldest first."""
+        keys = sorted(k for k in self.tags if k.startswith(names.ROLLOUT_EVENT_PREFIX))
+        return [self.tags[k] for k in keys]
+
+
+@dataclass(frozen=True)
+class Registration:
+    version: RegisteredVersion
+    challenger: bool  # the alias moved to it
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What the aliases ask to serve."""
+
+    champion: int | None
+    challenger: int | None
+    versions: dict[int, RegisteredVersion] = field(default_factory=dict)
+
+
+class ModelRegistry:
+    """Register versions, read and move aliases, and record what happened to a version."""
+
+    def __init__(self, tracking_uri: str, *, experiment: str = EXPERIMENT) -> None:
+        from mlflow import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    # -- errors ----------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return fn()
+        except MlflowException as exc:
+            raise RegistryError(
+                f"MLflow at {self.tracking_uri}: {what} failed: {exc.message}"
+            ) from None
+        except OSError as exc:
+            raise RegistryError(
+                f"cannot reach MLflow at {self.tracking_uri} ({what}): {exc}; start it "
+                "(spanmill up) or set SPANMILL_MLFLOW_TRACKING_URI"
+            ) from None
+
+    def _missing(self, exc: Exception) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        return isinstance(exc, MlflowException) and exc.error_code in (
+            "RESOURCE_DOES_NOT_EXIST",
+            "NOT_FOUND",
+        )
+
+    # -- registered models -------------------------------------------------------------
+
+    def agents(self) -> list[str]:
+        """Agents with a registered model that spanmill manages, by name."""
+        found = self._call(
+            "listing registered models",
+            lambda: list(_pages(lambda token: self.client.search_registered_models(
+                filter_string=f"tags.`{names.TAG_AGENT}` LIKE '%'", page_token=token
+            ))),
+        )  # fmt: skip
+        return sorted(m.tags.get(names.TAG_AGENT, m.name) for m in found)
+
+    def ensure_model(self, agent: str) -> None:
+        """Create the agent's registered model when it does not exist yet."""
+        from mlflow.exceptions import MlflowException
+
+        name = names.registered_model(agent)
+        try:
+            self.client.get_registered_model(name)
+            return
+        except MlflowException as exc:
+            if not self._missing(exc):
+                raise RegistryError(f"MLflow at {self.tracking_uri}: {exc.message}") from None
+        except OSError as exc:
+            raise RegistryError(f"cannot reach MLflow at {self.tracking_uri}: {exc}") from None
+        self._call(
+            f"creating registered model {name!r}",
+            lambda: self.client.create_registered_model(
+                name,
+                tags={names.TAG_AGENT: agent},
+                description=f"Versions of the {agent} agent's model, trained by spanmill.",
+            ),
+        )
+
+    # -- registering -------------------------------------------------------------------
+
+    def register(
+        self,
+        agent: str,
+        lineage: Lineage,
+        model_dir: Path | None = None,
+        *,
+        run_id: str | None = None,
+        artifact_path: str = "model",
+        description: str = "",
+    ) -> RegisteredVersion:
+        """Register a new version of the agent's model and return it.
+
+        ``model_dir`` (an adapter or model folder) is logged as the version's
+        artifacts, to the run ``run_id`` when given, else to a new run of the
+        registry's experiment: one run per version keeps each version's artifacts
+        apart (the training run is named in the lineage tags). A version without
+        weights (kind ``base`` or ``echo``) stores a descriptor.
+        """
+        self.ensure_model(agent)
+        if lineage.kind in ("adapter", "model") and model_dir is None:
+            raise RegistryError(f"a version of kind {lineage.kind!r} needs its folder")
+        run_id = run_id or self._new_run(agent, lineage)
+        with _staged(model_dir, lineage) as folder:
+            self._call(
+                f"logging {folder} to run {run_id}",
+                lambda: self.client.log_artifacts(run_id, str(folder), artifact_path),
+            )
+        run = self._call(f"reading run {run_id}", lambda: self.client.get_run(run_id))
+        source = f"{run.info.artifact_uri.rstrip('/')}/{artifact_path}"
+        created = self._call(
+            f"creating a version of {agent!r}",
+            lambda: self.client.create_model_version(
+                names.registered_model(agent),
+                source=source,
+                run_id=run_id,
+                tags=lineage.tags(),
+                description=description or _describe(lineage),
+            ),
+        )
+        version = int(created.version)
+        log.info("registered %s version %d (%s) from %s", agent, version, lineage.kind, source)
+        return self.version(agent, version)
+
+    def register_trained(
+        self,
+        agent: str,
+        model_dir: Path,
+        metrics_path: Path | None = None,
+        *,
+        pipeline_run_id: str | None = None,
+        base_model: str | None = None,
+    ) -> Registration:
+        """Register what training wrote; make it the challenger when the gate passed."""
+        lineage = lineage_from_outputs(
+            model_dir, metrics_path, pipeline_run_id=pipeline_run_id, base_model=base_model
+        )
+        registered = self.register(agent, lineage, model_dir)
+        if not lineage.gate_passed:
+            reason = "; ".join(lineage.gate_reasons) or "no evaluation"
+            log.info("%s version %d stays unaliased: gate %s", agent, registered.version, reason)
+            return Registration(registered, challenger=False)
+        self.set_alias(agent, names.CHALLENGER, registered.version)
+        self.record(agent, registered.version, "challenger: the gate passed")
+        return Registration(self.version(agent, registered.version), challenger=True)
+
+    def _new_run(self, agent: str, lineage: Lineage) -> str:
+        def create() -> str:
+            found = self.client.get_experiment_by_name(self.experiment)
+            experiment_id = (
+                found.experiment_id if found else self.client.create_experiment(self.experiment)
+            )
+            run = self.client.create_run(
+                experiment_id,
+                run_name=f"{agent}-{lineage.kind}",
+                tags={names.TAG_AGENT: agent, names.TAG_KIND: lineage.kind},
+            )
+            self.client.set_terminated(run.info.run_id)
+            return str(run.info.run_id)
+
+        return self._call("creating a registration run", create)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def aliases(self, agent: str) -> dict[str, int]:
+        model = self._call(
+            f"reading registered model {agent!r}",
+            lambda: self.client.get_registered_model(names.registered_model(agent)),
+        )
+        return {alias: int(version) for alias, version in (model.aliases or {}).items()}
+
+    def version(self, agent: str, version: int) -> RegisteredVersion:
+        # search_model_versions leaves aliases empty; get_model_version fills them.
+        mv = self._call(
+            f"reading {agent} version {version}",
+            lambda: self.client.get_model_version(names.registered_model(agent), str(version)),
+        )
+        return _version(agent, mv)
+
+    def versions(self, agent: str) -> list[RegisteredVersion]:
+        """Every version of the agent's model, newest first, with their aliases."""
+        name = names.registered_model(agent)
+        found = self._call(
+            f"listing versions of {agent!r}",
+            lambda: list(_pages(lambda token: self.client.search_model_versions(
+                filter_string=f"name = '{name}'", page_token=token
+            ))),
+        )  # fmt: skip
+        aliases = self.aliases(agent)
+        by_version: dict[int, list[str]] = {}
+        for alias, v in aliases.items():
+            by_version.setdefault(v, []).append(alias)
+        versions = [
+            _version(agent, mv, tuple(sorted(by_version.get(int(mv.version), [])))) for mv in found
+        ]
+        return sorted(versions, key=lambda v: v.version, reverse=True)
+
+    def desired(self, agent: str) -> Desired:
+        """The champion and challenger the aliases name.
+
+        A challenger that was rolled back is not desired again (its alias is
+        removed once more, in case removing it failed the first time): to try it
+        again, delete its ``spanmill.rollout.status`` tag and set the alias.
+        """
+        aliases = self.aliases(agent)
+        champion = aliases.get(names.CHAMPION)
+        challenger = aliases.get(names.CHALLENGER)
+        versions: dict[int, RegisteredVersion] = {}
+        for number in {v for v in (champion, challenger) if v is not None}:
+            versions[number] = self.version(agent, number)
+        if challenger is not None and (challenger == champion or versions[challenger].rolled_back):
+            if versions[challenger].rolled_back and challenger != champion:
+                log.warning(
+                    "%s version %d was rolled back; removing the challenger alias again",
+                    agent,
+                    challenger,
+                )
+                self.delete_alias(agent, names.CHALLENGER)
+            challenger = None
+        return Desired(champion, challenger, versions)
+
+    def download(self, agent: str, version: int, destination: Path) -> Path:
+        """The version's artifacts, downloaded into ``destination``; returns the folder."""
+        from mlflow.artifacts import download_artifacts
+
+        registered = self.version(agent, version)
+        destination.mkdir(parents=True, exist_ok=True)
+        path = self._call(
+            f"downloading {agent} version {version} from {registered.source}",
+            lambda: download_artifacts(
+                artifact_uri=registered.source,
+                dst_path=str(destination),
+                tracking_uri=self.tracking_uri,
+            ),
+        )
+        return Path(path)
+
+    # -- aliases and tags ------------------------------------------------------------------
+
+    def set_alias(self, agent: str, alias: str, version: int) -> None:
+        self._call(
+            f"setting alias {alias!r} of {agent!r} to {version}",
+            lambda: self.client.set_registered_model_alias(
+                names.registered_model(agent), alias, str(version)
+            ),
+        )
+
+    def delete_alias(self, agent: str, alias: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.delete_registered_model_alias(names.registered_model(agent), alias)
+        except MlflowException as exc:
+            if not self._missing(exc):
+                raise RegistryError(f"MLflow at {self.tracking_uri}: {exc.message}") from None
+
+    def set_tags(self, agent: str, version: int, tags: Mapping[str, str]) -> None:
+        name = names.registered_model(agent)
+
+        def write() -> None:
+            for key, value in tags.items():
+                self.client.set_model_version_tag(name, str(version), key, value)
+
+        self._call(f"tagging {agent} version {version}", write)
+
+    def record(
+        self,
+        agent: str,
+        version: int,
+        message: str,
+        *,
+        status: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Append a rollout event to the version's tag history (and set its status)."""
+        current = self.version(agent, version)
+        numbers = [
+            int(k[len(names.ROLLOUT_EVENT_PREFIX) :])
+            for k in current.tags
+            if k.startswith(names.ROLLOUT_EVENT_PREFIX)
+            and k[len(names.ROLLOUT_EVENT_PREFIX) :].isdigit()
+        ]
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        tags = {
+            f"{names.ROLLOUT_EVENT_PREFIX}{max(numbers, default=0) + 1:03d}": f"{stamp} {message}"
+        }
+        if status is not None:
+            tags[names.TAG_ROLLOUT_STATUS] = status
+        if reason is not None:
+            tags[names.TAG_ROLLOUT_REASON] = reason[:5000]
+        self.set_tags(agent, version, tags)
+
+    # -- people's actions ------------------------------------------------------------------
+
+    def champion_history(self, agent: str) -> list[int]:
+        model = self._call(
+            f"reading registered model {agent!r}",
+            lambda: self.client.get_registered_model(names.registered_model(agent)),
+        )
+        raw = (model.tags or {}).get(names.TAG_PREVIOUS_CHAMPIONS, "[]")
+        try:
+            return [int(v) for v in json.loads(raw)]
+        except (ValueError, TypeError):
+            return []
+
+    def _push_history(self, agent: str, version: int) -> None:
+        history = [*self.champion_history(agent), version][-_HISTORY_KEEP:]
+        self._call(
+            "recording the champion history",
+            lambda: self.client.set_registered_model_tag(
+                names.registered_model(agent), names.TAG_PREVIOUS_CHAMPIONS, json.dumps(history)
+            ),
+        )
+
+    def promote(
+        self, agent: str, version: int, *, reason: str = "promoted", record: bool = True
+    ) -> int | None:
+        """Make ``version`` the champion; returns the champion it replaces.
+
+        The replaced champion is remembered, so that :meth:`rollback` can return to it.
+        ``record=False`` leaves the version's event history to the caller.
+        """
+        self.version(agent, version)  # fails with a clear message when it does not exist
+        aliases = self.aliases(agent)
+        previous = aliases.get(names.CHAMPION)
+        if previous == version:
+            return previous
+        if previous is not None:
+            self._push_history(agent, previous)
+        self.set_alias(agent, names.CHAMPION, version)
+        if aliases.get(names.CHALLENGER) == version:
+            self.delete_alias(agent, names.CHALLENGER)
+        if record:
+            self.record(agent, version, f"champion: {reason}", status="promoted")
+        return previous
+
+    def rollback(
+        self, agent: str, *, to: int | None = None, reason: str = "rolled back by hand"
+    ) -> int:
+        """Stop the challenger, or else return the champion alias to an earlier version.
+
+        Returns the version that was rolled back. A challenger in its canary is
+        stopped first; with none, the champion goes back to ``to`` or to the
+        champion it replaced.
+        """
+        aliases = self.aliases(agent)
+        challenger = aliases.get(names.CHALLENGER)
+        champion = aliases.get(names.CHAMPION)
+        if challenger is not None and challenger != champion and to is None:
+            self.record(
+                agent, challenger, f"rolled back: {reason}", status=names.ROLLED_BACK, reason=reason
+            )
+            self.delete_alias(agent, names.CHALLENGER)
+            return challenger
+        if champion is None:
+            raise RegistryError(f"{agent!r} has no champion to roll back")
+        history = [v for v in self.champion_history(agent) if v != champion]
+        target = to if to is not None else (history[-1] if history else None)
+        if target is None:
+            raise RegistryError(
+                f"{agent!r} has no earlier champion on record; name the version to return "
+                "to with --to"
+            )
+        self.version(agent, target)
+        self.set_alias(agent, names.CHAMPION, target)
+        remaining = [v for v in self.champion_history(agent) if v != target]
+        self._call(
+            "recording the champion history",
+            lambda: self.client.set_registered_model_tag(
+                names.registered_model(agent), names.TAG_PREVIOUS_CHAMPIONS, json.dumps(remaining)
+            ),
+        )
+        self.record(
+            agent,
+            champion,
+            f"rolled back to {target}: {reason}",
+            status=names.ROLLED_BACK,
+            reason=reason,
+        )
+        self.record(agent, target, f"champion again: {agent} version {champion} was rolled back")
+        return champion
+
+
+def _version(agent: str, mv: Any, aliases: tuple[str, ...] | None = None) -> RegisteredVersion:
+    return RegisteredVersion(
+        agent=agent,
+        version=int(mv.version),
+        source=str(mv.source),
+        run_id=mv.run_id or None,
+        tags=dict(mv.tags or {}),
+        aliases=tuple(sorted(mv.aliases or ())) if aliases is None else aliases,
+        created_at=(mv.creation_timestamp or 0) / 1000,
+        description=mv.description or "",
+    )
+
+
+def _pages(fetch: Callable[[str | None], Any]) -> Iterator[Any]:
+    token: str | None = None
+    while True:
+        page = fetch(token)
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
+def _describe(lineage: Lineage) -> str:
+    if lineage.kind == "adapter":
+        return f"LoRA adapter on {lineage.base_model}"
+    if lineage.kind == "model":
+        return "full model"
+    if lineage.kind == "base":
+        return f"base model {lineage.base_model}, served as it is"
+    return "echo: answers with the last user message"
+
+
+@contextmanager
+def _staged(model_dir: Path | None, lineage: Lineage) -> Iterator[Path]:
+    """The folder to log: the model folder, or a descriptor for a version without weights."""
+    if model_dir is not None:
+        if not Path(model_dir).is_dir():
+            raise RegistryError(f"{model_dir} is not a folder")
+        yield Path(model_dir)
+        return
+    with tempfile.TemporaryDirectory(prefix="spanmill-register-") as tmp:
+        folder = Path(tmp)
+        (folder / DESCRIPTOR).write_text(
+            json.dumps({"kind": lineage.kind, "base_model": lineage.base_model}, indent=2)
+        )
+        yield folder

@@ -1,0 +1,228 @@
+"""The rollout's decisions as pure functions over plain data: no MLflow, Triton or clock.
+
+The reconciler gathers facts (aliases, what Triton holds, how each version is
+doing), asks these functions what to do, and carries it out.
+"""
+
+from __future__ import annotations
+
+from spanmill.gateway.routing import Backend, Route, RoutingTable
+from spanmill.rollout.schemas import (
+    VALID_TRANSITIONS,
+    AgentState,
+    Health,
+    Move,
+    Phase,
+    RolloutPolicy,
+    Verdict,
+)
+
+
+class TransitionError(ValueError):
+    """A state change the state machine does not allow: a bug, not a user error."""
+
+
+def transition(state: AgentState, phase: Phase, now: float, **changes: object) -> AgentState:
+    """A copy of ``state`` in ``phase`` with ``changes``, checked against the state machine."""
+    if phase not in VALID_TRANSITIONS[state.phase]:
+        raise TransitionError(f"{state.agent}: {state.phase} cannot become {phase}")
+    data = state.model_dump()
+    data.update(changes)
+    data.update(phase=phase, updated_at=now)
+    return AgentState.model_validate(data)
+
+
+# -- traffic -------------------------------------------------------------------------
+
+
+def challenger_weight(state: AgentState, policy: RolloutPolicy) -> float:
+    """Percent of traffic the challenger takes in this state."""
+    if state.phase != Phase.CANARY:
+        return 0.0
+    return policy.steps[min(state.step, len(policy.steps) - 1)]
+
+
+def route_for(state: AgentState, policy: RolloutPolicy, triton_model: str) -> Route | None:
+    """The gateway route this state calls for; None while there is no champion."""
+    if state.champion is None:
+        return None
+    share = challenger_weight(state, policy)
+    backends = [Backend(version=str(state.champion), weight=100.0 - share, role="champion")]
+    if share > 0 and state.challenger is not None:
+        backends.append(Backend(version=str(state.challenger), weight=share, role="challenger"))
+    return Route(triton_model=triton_model, backends=backends)
+
+
+def with_route(table: RoutingTable, name: str, route: Route | None) -> RoutingTable:
+    """``table`` with ``name`` routed by ``route``; a new revision only when something changed.
+
+    A route of None leaves whatever the table holds for ``name`` alone: before the
+    first champion, a route written by hand keeps serving.
+    """
+    if route is None or table.routes.get(name) == route:
+        return table
+    routes = dict(table.routes)
+    routes[name] = route
+    return RoutingTable(revision=table.revision + 1, routes=routes)
+
+
+# -- judging the canary --------------------------------------------------------------
+
+
+def judge(policy: RolloutPolicy, challenger: Health, champion: Health | None) -> Verdict:
+    """Is the challenger healthy enough, judged on this step's traffic?
+
+    Errors are judged from the first request: once more errors have happened than
+    a full sample of ``min_requests`` may hold, no later success can make up for
+    them, so the rollback does not wait for the sample to fill. Latency and reward
+    are judged on a full sample only.
+    """
+    reasons: list[str] = []
+    sample = max(challenger.requests, policy.min_requests)
+    if challenger.errors > policy.max_error_rate * sample:
+        reasons.append(
+            f"error rate {challenger.errors}/{challenger.requests} is above "
+            f"{policy.max_error_rate:.1%}"
+        )
+    enough = challenger.requests >= policy.min_requests and challenger.requests > 0
+    if enough and challenger.p95_latency_s is not None:
+        if (
+            policy.max_p95_latency_s is not None
+            and challenger.p95_latency_s > policy.max_p95_latency_s
+        ):
+            reasons.append(
+                f"latency p95 {challenger.p95_latency_s * 1000:.0f} ms is above "
+                f"{policy.max_p95_latency_s * 1000:.0f} ms"
+            )
+        reference = champion.p95_latency_s if champion is not None else None
+        if (
+            policy.max_latency_ratio is not None
+            and reference
+            and champion is not None
+            and champion.requests >= policy.min_requests
+            and challenger.p95_latency_s > policy.max_latency_ratio * reference
+        ):
+            reasons.append(
+                f"latency p95 {challenger.p95_latency_s * 1000:.0f} ms is more than "
+                f"{policy.max_latency_ratio:g}x the champion's {reference * 1000:.0f} ms"
+            )
+    rewarded = challenger.mean_reward is not None and challenger.rewards >= policy.min_rewards
+    if rewarded and challenger.mean_reward is not None:
+        if policy.min_mean_reward is not None and challenger.mean_reward < policy.min_mean_reward:
+            reasons.append(
+                f"mean reward {challenger.mean_reward:.3f} is below {policy.min_mean_reward:.3f}"
+            )
+        if (
+            policy.max_reward_drop is not None
+            and champion is not None
+            and champion.mean_reward is not None
+            and champion.rewards >= policy.min_rewards
+            and challenger.mean_reward < champion.mean_reward - policy.max_reward_drop
+        ):
+            reasons.append(
+                f"mean reward {challenger.mean_reward:.3f} is more than "
+                f"{policy.max_reward_drop:.3f} below the champion's {champion.mean_reward:.3f}"
+            )
+    if reasons:
+        return Verdict(kind="unhealthy", reasons=tuple(reasons))
+    missing = []
+    if not enough:
+        missing.append(f"{challenger.requests}/{policy.min_requests} requests")
+    wants_reward = policy.min_mean_reward is not None or policy.max_reward_drop is not None
+    if wants_reward and not rewarded:
+        missing.append(f"{challenger.rewards}/{policy.min_rewards} rewards")
+    if missing:
+        return Verdict(kind="insufficient", reasons=(f"waiting for {', '.join(missing)}",))
+    return Verdict(kind="healthy", reasons=(challenger.describe(),))
+
+
+def next_move(state: AgentState, policy: RolloutPolicy, verdict: Verdict, now: float) -> Move:
+    """Hold, advance to the next step, promote after the last one, or roll back."""
+    if verdict.kind == "unhealthy":
+        return Move(kind="rollback", reason="; ".join(verdict.reasons))
+    started = state.step_started_at if state.step_started_at is not None else now
+    left = policy.bake_s - (now - started)
+    share = challenger_weight(state, policy)
+    if left > 0:
+        return Move(kind="hold", reason=f"baking at {share:g}%, {left:.0f}s left")
+    if verdict.kind == "insufficient":
+        return Move(kind="hold", reason=f"{verdict.reasons[0]} at {share:g}%")
+    detail = "; ".join(verdict.reasons)
+    if state.step + 1 < len(policy.steps):
+        return Move(kind="advance", reason=f"healthy at {share:g}% ({detail})")
+    return Move(kind="promote", reason=f"healthy at {share:g}% ({detail})")
+
+
+# -- state changes -------------------------------------------------------------------
+
+
+def begin_deploy(state: AgentState, version: int, now: float) -> AgentState:
+    return transition(state, Phase.DEPLOYING, now, challenger=version, step=0,
+                      step_started_at=None, baseline=None)  # fmt: skip
+
+
+def start_canary(state: AgentState, now: float, baseline: dict[str, object] | None) -> AgentState:
+    return transition(state, Phase.CANARY, now, step=0, step_started_at=now, baseline=baseline)
+
+
+def advance(state: AgentState, now: float, baseline: dict[str, object] | None) -> AgentState:
+    return transition(state, Phase.CANARY, now, step=state.step + 1, step_started_at=now,
+                      baseline=baseline)  # fmt: skip
+
+
+def _retire(retiring: dict[int, float], version: int | None, at: float) -> dict[int, float]:
+    out = dict(retiring)
+    if version is not None:
+        out[version] = min(at, out.get(version, at))
+    return out
+
+
+def serve(state: AgentState, version: int, now: float, policy: RolloutPolicy) -> AgentState:
+    """``version`` becomes the champion; the one it replaces is unloaded after the grace."""
+    previous = state.champion
+    retiring = _retire(
+        state.retiring, previous if previous != version else None, now + policy.grace_s
+    )
+    retiring.pop(version, None)
+    retry_at = {v: t for v, t in state.retry_at.items() if v != version}
+    if state.phase == Phase.STABLE or state.challenger == version:
+        return transition(state, Phase.STABLE, now, champion=version, challenger=None, step=0,
+                          step_started_at=None, baseline=None, retiring=retiring,
+                          retry_at=retry_at)  # fmt: skip
+    # A champion replaced by hand during a canary: the canary goes on against it.
+    return transition(state, state.phase, now, champion=version, retiring=retiring,
+                      retry_at=retry_at)  # fmt: skip
+
+
+def promote(state: AgentState, now: float, policy: RolloutPolicy) -> AgentState:
+    if state.challenger is None:
+        raise TransitionError(f"{state.agent}: nothing to promote")
+    return serve(state, state.challenger, now, policy)
+
+
+def roll_back(
+    state: AgentState, now: float, policy: RolloutPolicy, *, had_traffic: bool
+) -> AgentState:
+    """The champion takes all traffic back; the challenger goes once traffic has drained."""
+    at = now + policy.drain_s if had_traffic else now
+    retiring = _retire(state.retiring, state.challenger, at)
+    return transition(state, Phase.STABLE, now, challenger=None, step=0, step_started_at=None,
+                      baseline=None, retiring=retiring)  # fmt: skip
+
+
+def due(state: AgentState, now: float) -> list[int]:
+    """Versions whose time to go has come, never the champion or the challenger."""
+    keep = {state.champion, state.challenger}
+    return sorted(v for v, at in state.retiring.items() if at <= now and v not in keep)
+
+
+def retired(state: AgentState, version: int, now: float) -> AgentState:
+    retiring = {v: t for v, t in state.retiring.items() if v != version}
+    return transition(state, state.phase, now, retiring=retiring)
+
+
+def deploy_failed(state: AgentState, version: int, now: float, retry_after_s: float) -> AgentState:
+    """Remember a failed deployment so it is not retried on every tick."""
+    retry_at = dict(state.retry_at)
+    retry_at[version] = now + retry_after_s
+    return transition(state, state.phase, now, retry_at=retry_at)

@@ -1,0 +1,157 @@
+"""The controller's backend on Kubernetes: one ConfigMap holds the routing table (key
+``routes.json``, watched by every gateway replica) and the rollout state (annotation
+``spanmill.io/rollout-state``); each decision becomes a Kubernetes Event on it.
+
+Routes and state change in one merge patch, so a gateway never sees a table the
+stored state does not explain, and a restarted controller finds both together.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from spanmill.gateway.configmap import ROUTES_KEY, kube_api_client, write_configmap_routes
+from spanmill.gateway.routing import RoutingTable
+from spanmill.rollout.backend import BackendError
+from spanmill.rollout.schemas import ControllerState, Decision
+
+STATE_ANNOTATION = "spanmill.io/rollout-state"
+COMPONENT = "spanmill-rollout"
+_REASONS = {
+    "serve": "Serving", "deploy": "Deployed", "canary": "CanaryStarted",
+    "advance": "StepAdvanced", "hold": "Holding", "promote": "Promoted",
+    "rollback": "RolledBack", "retire": "Retired", "error": "Failed",
+}  # fmt: skip
+_WARNINGS = frozenset({"rollback", "error"})
+
+
+def event_name(configmap: str, decision: Decision) -> str:
+    """A name a reader can predict: the ConfigMap, agent, version, action and share."""
+    share = "" if decision.weight is None else f".{int(decision.weight)}"
+    version = "" if decision.version is None else f".v{decision.version}"
+    raw = f"{configmap}.{decision.agent}{version}.{decision.action}{share}"
+    return re.sub(r"[^a-z0-9.-]", "-", raw.lower())[:253].strip(".-")
+
+
+class KubernetesBackend:
+    def __init__(self, namespace: str, configmap: str, *, api_client: Any = None) -> None:
+        from kubernetes import client
+
+        self.namespace = namespace
+        self.configmap = configmap
+        self.core = client.CoreV1Api(api_client or kube_api_client())
+
+    def describe(self) -> str:
+        return f"ConfigMap {self.namespace}/{self.configmap}"
+
+    def _fail(self, what: str, exc: Exception) -> BackendError:
+        status = getattr(exc, "status", None)
+        hint = (
+            "; the controller's service account needs get/create/patch on configmaps and "
+            "create/patch on events in this namespace"
+            if status == 403
+            else ""
+        )
+        reason = getattr(exc, "reason", None) or exc
+        return BackendError(f"{what} {self.describe()} failed: {reason}{hint}")
+
+    def load(self) -> tuple[ControllerState, RoutingTable]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            configmap = self.core.read_namespaced_config_map(self.configmap, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return ControllerState(), RoutingTable()
+            raise self._fail("reading", exc) from None
+        except Exception as exc:  # connection refused, timeouts
+            raise self._fail("reading", exc) from None
+        annotations = configmap.metadata.annotations or {}
+        raw_state = annotations.get(STATE_ANNOTATION)
+        try:
+            state = (
+                ControllerState.model_validate_json(raw_state) if raw_state else ControllerState()
+            )
+        except ValidationError as exc:
+            raise BackendError(
+                f"annotation {STATE_ANNOTATION} of {self.describe()} is unreadable "
+                f"({exc.errors()[0]['msg']}); fix it, or remove it to start over from the MLflow "
+                "aliases"
+            ) from None
+        text = (configmap.data or {}).get(ROUTES_KEY)
+        table = (
+            RoutingTable.parse(text, f"{self.describe()} key {ROUTES_KEY}")
+            if text
+            else RoutingTable()
+        )
+        return state, table
+
+    def save(self, state: ControllerState, table: RoutingTable | None) -> None:
+        annotations = {STATE_ANNOTATION: state.model_dump_json()}
+        try:
+            if table is None:
+                self._patch_state(annotations)
+            else:
+                write_configmap_routes(self.core, self.namespace, self.configmap, table,
+                                       annotations=annotations)  # fmt: skip
+        except Exception as exc:
+            raise self._fail("writing", exc) from None
+
+    def _patch_state(self, annotations: dict[str, str]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.patch_namespaced_config_map(
+                self.configmap, self.namespace, {"metadata": {"annotations": annotations}}
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            write_configmap_routes(self.core, self.namespace, self.configmap, RoutingTable(),
+                                   annotations=annotations)  # fmt: skip
+
+    def event(self, decision: Decision) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        name = event_name(self.configmap, decision)
+        now = dt.datetime.fromtimestamp(decision.at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": self.namespace,
+                         "labels": {"spanmill.io/agent": _label(decision.agent)}},
+            "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap",
+                               "name": self.configmap, "namespace": self.namespace},
+            "reason": _REASONS[decision.action],
+            "message": decision.message()[:1024],
+            "type": "Warning" if decision.action in _WARNINGS else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }  # fmt: skip
+        try:
+            self.core.create_namespaced_event(self.namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise self._fail(f"recording event {name} on", exc) from None
+            # The same decision again (a version retired twice): count it on the same event.
+            current = self.core.read_namespaced_event(name, self.namespace)
+            self.core.patch_namespaced_event(
+                name,
+                self.namespace,
+                {"count": (current.count or 1) + 1, "lastTimestamp": now,
+                 "message": body["message"]},
+            )  # fmt: skip
+        except Exception as exc:
+            raise self._fail(f"recording event {name} on", exc) from None
+
+
+def _label(value: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", value)[:63]
+    return cleaned.strip("-_.") or "agent"

@@ -1,0 +1,386 @@
+"""The rollout controller's loop: make Triton and the gateway serve what the aliases say.
+
+Each tick, for each agent: read the desired state (the ``champion`` and
+``challenger`` aliases), the persisted rollout state, what Triton holds and how
+each version is doing; decide with :mod:`spanmill.rollout.decide`; act; persist.
+The same loop runs on one machine and on Kubernetes: only the backend (where
+state and routes live, where events go) differs.
+
+Crash safety comes from ordering. MLflow changes first (an alias moved, a
+version tagged), then the state, then the routes, which follow from the state;
+every tick rewrites routes that disagree with the state and re-derives what an
+interrupted step left half done.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from spanmill.errors import SpanmillError
+from spanmill.gateway.routing import RoutingTable
+from spanmill.registry import names
+from spanmill.registry.client import Desired, ModelRegistry
+from spanmill.rollout import decide
+from spanmill.rollout.backend import RolloutBackend
+from spanmill.rollout.deployer import Deployer, DeployError
+from spanmill.rollout.metrics import RolloutMetrics
+from spanmill.rollout.schemas import (
+    Action,
+    AgentState,
+    ControllerState,
+    Decision,
+    Health,
+    Phase,
+    RolloutPolicy,
+)
+from spanmill.rollout.signals import Signals
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        deployer: Deployer,
+        signals: Signals,
+        backend: RolloutBackend,
+        policy: RolloutPolicy | None = None,
+        *,
+        agents: Sequence[str] = (),
+        metrics: RolloutMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        retry_after_s: float = 60.0,
+    ) -> None:
+        self.registry = registry
+        self.deployer = deployer
+        self.signals = signals
+        self.backend = backend
+        self.policy = policy or RolloutPolicy()
+        self.agents = [names.check_agent(a) for a in agents]
+        self.metrics = metrics or RolloutMetrics()
+        self.clock = clock
+        self.retry_after_s = retry_after_s
+        self.history: collections.deque[Decision] = collections.deque(maxlen=500)
+        self._state = ControllerState()
+        self._table = RoutingTable()
+        self._tick_decisions: list[Decision] = []
+        self.last_tick_at: float | None = None
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, interval_s: float) -> None:
+        """Tick every ``interval_s`` until ``stop`` is set; a failed tick is logged and retried."""
+        log.info("rollout controller: %s, every %.1fs", self.backend.describe(), interval_s)
+        while not stop.is_set():
+            try:
+                self.tick()
+            except SpanmillError as exc:
+                log.error("reconcile failed: %s", exc)
+            except Exception:
+                log.exception("reconcile failed unexpectedly")
+            stop.wait(interval_s)
+
+    def tick(self) -> list[Decision]:
+        """One pass over every agent; returns the decisions taken (holds included)."""
+        self._tick_decisions = []
+        self._state, self._table = self.backend.load()
+        agents = self.agents or sorted(set(self.registry.agents()) | set(self._state.agents))
+        for agent in agents:
+            try:
+                self._reconcile(agent)
+            except SpanmillError as exc:
+                self.metrics.errors.labels(agent).inc()
+                self._decide(agent, "error", None, str(exc))
+        self.last_tick_at = self.clock()
+        self.metrics.last_reconcile.set(self.last_tick_at)
+        return list(self._tick_decisions)
+
+    def state(self, agent: str) -> AgentState | None:
+        return self._state.agents.get(agent)
+
+    # -- one agent -----------------------------------------------------------------------
+
+    def _reconcile(self, agent: str) -> None:
+        st = self._state.agents.get(agent) or AgentState(agent=agent)
+        try:
+            desired = self.registry.desired(agent)
+
+            # The challenger in flight is no longer the one the aliases name.
+            if st.phase != Phase.STABLE and st.challenger != desired.challenger:
+                if desired.champion is not None and desired.champion == st.challenger:
+                    st = self._promoted_by_alias(agent, st)
+                else:
+                    st = self._stop(agent, st, desired)
+
+            # The champion.
+            if desired.champion is not None and desired.champion != st.champion:
+                st = self._serve(agent, st, desired.champion)
+            elif st.champion is not None and not self.deployer.ready(agent, st.champion):
+                st = self._restore(agent, st, st.champion)
+
+            # The challenger.
+            challenger = desired.challenger
+            if challenger is not None and challenger != st.champion:
+                if st.phase in (Phase.STABLE, Phase.DEPLOYING):
+                    st = self._stage(agent, st, challenger)
+                elif st.phase == Phase.CANARY:
+                    st = self._canary(agent, st)
+
+            st = self._retire(agent, st)
+        finally:
+            # What was done before a failure (MLflow or Triton unreachable mid-pass) is
+            # kept, so the next pass does not do it twice.
+            self._commit(agent, st)
+
+    def _commit(self, agent: str, st: AgentState) -> None:
+        """Persist the agent's state and the route it calls for (only when either changed)."""
+        before = self._state.agents.get(agent)
+        table = decide.with_route(
+            self._table,
+            names.route(agent),
+            decide.route_for(st, self.policy, names.triton_model(agent)),
+        )
+        routes_changed = table is not self._table
+        if before == st and not routes_changed:
+            return
+        self._state.agents[agent] = st
+        self.backend.save(self._state, table if routes_changed else None)
+        self._table = table
+        self.metrics.challenger_weight.labels(agent).set(decide.challenger_weight(st, self.policy))
+        self.metrics.champion.labels(agent).set(st.champion or 0)
+        self.metrics.challenger.labels(agent).set(st.challenger or 0)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _serve(self, agent: str, st: AgentState, version: int) -> AgentState:
+        """The champion alias names another version: put it in service, all traffic.
+
+        A version already loaded (the challenger, or a champion in its grace period)
+        is only checked again, which takes one request.
+        """
+        now = self.clock()
+        if now < st.retry_at.get(version, 0.0):
+            return st
+        try:
+            self._deployed(agent, version)
+        except DeployError as exc:
+            keeping = f"version {st.champion} keeps serving" if st.champion else "nothing serves"
+            self._decide(agent, "error", version,
+                         f"the champion alias names it but it cannot be served ({exc}); "
+                         f"{keeping}; retrying in {self.retry_after_s:.0f}s")  # fmt: skip
+            return decide.deploy_failed(st, version, now, self.retry_after_s)
+        previous = st.champion
+        st = decide.serve(st, version, now, self.policy)
+        replaced = (
+            f"; version {previous} stays loaded for {self.policy.grace_s:.0f}s" if previous else ""
+        )
+        self._decide(agent, "serve", version, f"the champion alias names it{replaced}",
+                     weight=None, status="promoted")  # fmt: skip
+        return st
+
+    def _restore(self, agent: str, st: AgentState, version: int) -> AgentState:
+        """Triton lost the champion (a restart): load it again."""
+        now = self.clock()
+        if now < st.retry_at.get(version, 0.0):
+            return st
+        try:
+            self._deployed(agent, version)
+        except DeployError as exc:
+            reason = f"the champion is not loaded in Triton and cannot be loaded again ({exc})"
+            self._decide(agent, "error", version, reason)
+            return decide.deploy_failed(st, version, now, self.retry_after_s)
+        log.info("%s version %d loaded again into Triton", agent, version)
+        return st
+
+    def _stage(self, agent: str, st: AgentState, version: int) -> AgentState:
+        """Deploy a new challenger; start its canary (or serve it, when there is no champion)."""
+        now = self.clock()
+        if st.phase == Phase.STABLE:
+            st = decide.begin_deploy(st, version, now)
+            # Persisted before the (possibly long) deployment: a restart finishes it.
+            self._commit(agent, st)
+        try:
+            seconds = self._deployed(agent, version)
+        except DeployError as exc:
+            return self._reject(agent, st, str(exc), had_traffic=False)
+        self._decide(
+            agent, "deploy", version, f"written, loaded and answering after {seconds:.1f}s"
+        )
+        now = self.clock()
+        if st.champion is None:
+            self.registry.promote(agent, version, reason="first version", record=False)
+            st = decide.promote(st, now, self.policy)
+            self._decide(agent, "promote", version,
+                         "the first version of this agent: there is no champion to compare with",
+                         status="promoted")  # fmt: skip
+            return st
+        st = decide.start_canary(st, now, self.signals.snapshot(names.route(agent)))
+        self._decide(agent, "canary", version, f"against champion version {st.champion}",
+                     weight=decide.challenger_weight(st, self.policy), status="canary")  # fmt: skip
+        return st
+
+    def _canary(self, agent: str, st: AgentState) -> AgentState:
+        assert st.challenger is not None
+        version = st.challenger
+        if not self.deployer.ready(agent, version):
+            try:
+                self._deployed(agent, version)
+            except DeployError as exc:
+                return self._reject(agent, st, f"it is no longer loaded: {exc}", had_traffic=True)
+        route = names.route(agent)
+        since = st.step_started_at if st.step_started_at is not None else self.clock()
+        health = self.signals.health(route, version, since, st.baseline)
+        compare = (
+            self.policy.max_latency_ratio is not None or self.policy.max_reward_drop is not None
+        )
+        champion_health: Health | None = None
+        if compare and st.champion is not None:
+            champion_health = self.signals.health(route, st.champion, since, st.baseline)
+        verdict = decide.judge(self.policy, health, champion_health)
+        now = self.clock()
+        move = decide.next_move(st, self.policy, verdict, now)
+        if move.kind == "hold":
+            self._decide(agent, "hold", version, move.reason, health=health, quiet=True)
+            return st
+        if move.kind == "rollback":
+            return self._reject(agent, st, move.reason, had_traffic=True, health=health)
+        if move.kind == "advance":
+            st = decide.advance(st, now, self.signals.snapshot(route))
+            weight = decide.challenger_weight(st, self.policy)
+            self._decide(agent, "advance", version, move.reason, weight=weight, health=health)
+            return st
+        self.registry.promote(agent, version, reason=move.reason, record=False)
+        st = decide.promote(st, now, self.policy)
+        self._decide(agent, "promote", version, move.reason, weight=100.0, health=health,
+                     status="promoted")  # fmt: skip
+        return st
+
+    def _promoted_by_alias(self, agent: str, st: AgentState) -> AgentState:
+        """The champion alias moved onto the challenger (by a person, or by a promotion that
+        was interrupted before its state was saved)."""
+        version = st.challenger
+        challenger_alias = self.registry.aliases(agent).get(names.CHALLENGER)
+        if challenger_alias == version:
+            self.registry.delete_alias(agent, names.CHALLENGER)
+        st = decide.promote(st, self.clock(), self.policy)
+        self._decide(agent, "promote", version, "the champion alias was moved onto it",
+                     weight=100.0, status="promoted")  # fmt: skip
+        return st
+
+    def _stop(self, agent: str, st: AgentState, desired: Desired) -> AgentState:
+        """The challenger alias was removed or moved: end this canary."""
+        version = st.challenger
+        assert version is not None
+        try:
+            registered = self.registry.version(agent, version)
+            rolled_back = registered.rolled_back
+            why = registered.tags.get(names.TAG_ROLLOUT_REASON, "") if rolled_back else ""
+        except SpanmillError:
+            rolled_back, why = False, "the version is gone from the registry"
+        if desired.challenger is not None:
+            reason = f"superseded by version {desired.challenger}"
+        elif rolled_back:
+            reason = f"rolled back from the registry: {why or 'no reason given'}"
+        else:
+            reason = why or "the challenger alias was removed"
+        st = decide.roll_back(st, self.clock(), self.policy, had_traffic=st.phase == Phase.CANARY)
+        self._decide(agent, "rollback", version, reason, weight=0.0)
+        return st
+
+    def _reject(
+        self,
+        agent: str,
+        st: AgentState,
+        reason: str,
+        *,
+        had_traffic: bool,
+        health: Health | None = None,
+    ) -> AgentState:
+        """Take the challenger out: tag why, drop its alias, route all traffic to the champion."""
+        version = st.challenger
+        assert version is not None
+        # Tagged before the alias goes: a version tagged rolled back is never staged
+        # again, even if removing its alias fails.
+        self.registry.record(agent, version, f"{agent} v{version}: rollback: {reason}",
+                             status=names.ROLLED_BACK, reason=reason)  # fmt: skip
+        if self.registry.aliases(agent).get(names.CHALLENGER) == version:
+            self.registry.delete_alias(agent, names.CHALLENGER)
+        st = decide.roll_back(st, self.clock(), self.policy, had_traffic=had_traffic)
+        self._decide(agent, "rollback", version, reason, weight=0.0, health=health,
+                     record=False)  # fmt: skip
+        return st
+
+    def _retire(self, agent: str, st: AgentState) -> AgentState:
+        now = self.clock()
+        if st.champion is not None:
+            # Versions nobody asked for (left by an interrupted step, or copied in by
+            # hand) go too, after the same grace as a replaced champion.
+            model = names.triton_model(agent)
+            wanted = {st.champion, st.challenger, *st.retiring}
+            strays = [v for v in self.deployer.repository.versions(model) if v not in wanted]
+            if strays:
+                retiring = dict(st.retiring)
+                retiring.update({v: now + self.policy.grace_s for v in strays})
+                st = decide.transition(st, st.phase, now, retiring=retiring)
+        for version in decide.due(st, now):
+            self.deployer.retire(agent, version)
+            st = decide.retired(st, version, now)
+            try:
+                rolled_back = self.registry.version(agent, version).rolled_back
+            except SpanmillError:
+                rolled_back = True  # gone from the registry: nothing to tag
+            self._decide(agent, "retire", version, "unloaded from Triton and removed from the "
+                         "model repository", status=None if rolled_back else "retired")  # fmt: skip
+        return st
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _deployed(self, agent: str, version: int) -> float:
+        seconds = self.deployer.deploy(agent, version)
+        self.metrics.deploy_seconds.labels(agent).set(seconds)
+        return seconds
+
+    def _decide(
+        self,
+        agent: str,
+        action: Action,
+        version: int | None,
+        reason: str,
+        *,
+        weight: float | None = None,
+        health: Health | None = None,
+        status: str | None = None,
+        quiet: bool = False,
+        record: bool = True,
+    ) -> Decision:
+        decision = Decision(agent=agent, action=action, version=version, reason=reason,
+                            at=self.clock(), weight=weight, health=health)  # fmt: skip
+        self._tick_decisions.append(decision)
+        self.metrics.decisions.labels(agent, action).inc()
+        if quiet:
+            log.debug("%s", decision.message())
+            return decision
+        self.history.append(decision)
+        level = logging.WARNING if action in ("rollback", "error") else logging.INFO
+        log.log(level, "%s", decision.message())
+        try:
+            self.backend.event(decision)
+        except SpanmillError as exc:
+            log.warning("decision not recorded as an event: %s", exc)
+        if record and version is not None and action != "error":
+            try:
+                self.registry.record(
+                    agent,
+                    version,
+                    decision.message(),
+                    status=status,
+                    reason=reason if status == names.ROLLED_BACK else None,
+                )
+            except SpanmillError as exc:
+                log.warning("decision not recorded on the MLflow version: %s", exc)
+        return decision

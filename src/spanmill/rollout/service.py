@@ -1,0 +1,163 @@
+"""The rollout controller as a service: settings in, the reconcile loop, /metrics and health.
+
+``/healthz`` answers while the process runs; ``/readyz`` once a reconcile pass
+has completed recently (within three intervals), so an orchestrator notices a
+controller that can no longer reach MLflow, Triton or its backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from spanmill.config import RolloutSettings
+from spanmill.registry.client import ModelRegistry
+from spanmill.rollout.backend import RolloutBackend
+from spanmill.rollout.deployer import Deployer
+from spanmill.rollout.materialize import ModelRepository, ServingOptions
+from spanmill.rollout.metrics import RolloutMetrics
+from spanmill.rollout.reconciler import Reconciler
+from spanmill.rollout.schemas import RolloutPolicy
+from spanmill.rollout.signals import GatewayMetricsSignals, Signals, SpanStoreSignals
+from spanmill.rollout.triton import TritonControl
+
+log = logging.getLogger(__name__)
+
+
+def policy_of(settings: RolloutSettings) -> RolloutPolicy:
+    return RolloutPolicy(
+        steps=settings.steps,
+        bake_s=settings.bake_s,
+        min_requests=settings.min_requests,
+        max_error_rate=settings.max_error_rate,
+        max_p95_latency_s=settings.max_p95_latency_s,
+        max_latency_ratio=settings.max_latency_ratio,
+        min_mean_reward=settings.min_mean_reward,
+        max_reward_drop=settings.max_reward_drop,
+        min_rewards=settings.min_rewards,
+        grace_s=settings.grace_s,
+        drain_s=settings.drain_s,
+    )
+
+
+def backend_of(settings: RolloutSettings) -> RolloutBackend:
+    if settings.backend == "kubernetes":
+        from spanmill.rollout.k8s_backend import KubernetesBackend
+
+        return KubernetesBackend(settings.namespace, settings.configmap)
+    from spanmill.rollout.local_backend import LocalBackend
+
+    key = settings.gateway_api_key.get_secret_value() if settings.gateway_api_key else None
+    if settings.gateway_admin_url:
+        return LocalBackend(settings.state_file, gateway_url=settings.gateway_admin_url,
+                            api_key=key)  # fmt: skip
+    return LocalBackend(settings.state_file, routing_file=settings.routing_file)
+
+
+def signals_of(settings: RolloutSettings) -> Signals:
+    if settings.signals == "spans":
+        return SpanStoreSignals(
+            settings.store_url,
+            storage_options=settings.store_options,
+            reward_name=settings.reward_name,
+        )
+    return GatewayMetricsSignals(settings.gateway_urls)
+
+
+def build_reconciler(
+    settings: RolloutSettings,
+    *,
+    backend: RolloutBackend | None = None,
+    signals: Signals | None = None,
+    metrics: RolloutMetrics | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Reconciler:
+    """Every part of the controller from its settings; ``backend`` and ``signals`` may be given."""
+    registry = ModelRegistry(settings.mlflow.tracking_uri)
+    options = ServingOptions(
+        flavour=settings.flavour,
+        dtype=settings.dtype,
+        num_threads=settings.num_threads,
+        copy_base=settings.copy_base,
+        gpu=settings.gpu,
+        triton_root=settings.triton_root,
+    )
+    deployer = Deployer(
+        registry,
+        TritonControl(settings.triton.http_url, load_timeout_s=settings.load_timeout_s),
+        ModelRepository(settings.triton.model_repository, settings.repository_options),
+        options,
+        smoke_timeout_s=settings.smoke_timeout_s,
+    )
+    return Reconciler(
+        registry,
+        deployer,
+        signals or signals_of(settings),
+        backend or backend_of(settings),
+        policy_of(settings),
+        agents=settings.agents,
+        metrics=metrics,
+        clock=clock,
+        retry_after_s=settings.retry_after_s,
+    )
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds would drown the decisions in the log."""
+
+
+def serve_http(
+    metrics: RolloutMetrics, host: str, port: int, ready: Callable[[], bool]
+) -> WSGIServer:
+    """Serve /metrics, /healthz and /readyz from a daemon thread; returns the server."""
+
+    def app(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            start("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
+            return [generate_latest(metrics.registry)]
+        if path == "/healthz":
+            start("200 OK", [("Content-Type", "application/json")])
+            return [b'{"status": "ok"}']
+        if path == "/readyz":
+            ok = ready()
+            start(
+                "200 OK" if ok else "503 Service Unavailable",
+                [("Content-Type", "application/json")],
+            )
+            return [b'{"status": "ready"}' if ok else b'{"status": "no recent reconcile"}']
+        start("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found"]
+
+    server = make_server(host, port, app, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="rollout-http", daemon=True).start()
+    return server
+
+
+def run(settings: RolloutSettings, stop: threading.Event | None = None) -> None:
+    """Run the controller until SIGTERM/SIGINT (or ``stop``)."""
+    stop = stop or threading.Event()
+    metrics = RolloutMetrics()
+    reconciler = build_reconciler(settings, metrics=metrics)
+
+    def ready() -> bool:
+        last = reconciler.last_tick_at
+        return last is not None and time.time() - last < 3 * settings.interval_s + 30
+
+    server = serve_http(metrics, settings.http_host, settings.http_port, ready)
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    try:
+        reconciler.run(stop, settings.interval_s)
+    finally:
+        server.shutdown()
+        log.info("rollout controller stopped")

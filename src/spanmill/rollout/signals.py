@@ -1,0 +1,208 @@
+"""How each version is doing: requests, errors, latency p95 and mean reward since a moment.
+
+Two sources, one interface:
+
+* :class:`GatewayMetricsSignals` scrapes the gateways' Prometheus endpoints. The
+  counters are cumulative, so a step keeps a snapshot from its start (the
+  rollout state persists it) and judges the difference. Immediate, but
+  rewards are not there; name every gateway replica.
+* :class:`SpanStoreSignals` reads the span store: the LLM spans the gateway
+  emitted, and the rewards that came back for them (linked by response id, or
+  by episode). Sees every replica and the rewards, but only once the collector
+  has written them (seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import httpx
+
+from spanmill.errors import SpanmillError
+from spanmill.rollout.schemas import Health
+
+REQUESTS_METRIC = "spanmill_gateway_requests"
+LATENCY_METRIC = "spanmill_gateway_request_seconds"
+
+
+class SignalError(SpanmillError):
+    """The signal source could not be read."""
+
+
+class Signals(Protocol):
+    def snapshot(self, route: str) -> dict[str, Any] | None:
+        """Whatever :meth:`health` needs later to count only what happened after now."""
+
+    def health(
+        self, route: str, version: int, since: float, baseline: Mapping[str, Any] | None
+    ) -> Health:
+        """The version's health on ``route`` since ``since`` (epoch seconds)."""
+
+
+# -- gateway metrics -----------------------------------------------------------------
+
+
+class GatewayMetricsSignals:
+    def __init__(self, urls: Sequence[str], *, timeout_s: float = 5.0) -> None:
+        if not urls:
+            raise SignalError("name at least one gateway (SPANMILL_ROLLOUT_GATEWAY_URLS)")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.timeout_s = timeout_s
+
+    def _scrape(self, route: str) -> dict[str, Any]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        requests: dict[str, dict[str, float]] = {}
+        buckets: dict[str, dict[str, float]] = {}
+        for url in self.urls:
+            try:
+                response = httpx.get(f"{url}/metrics", timeout=self.timeout_s)
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                raise SignalError(
+                    f"cannot read the gateway's metrics at {url}/metrics: {exc}"
+                ) from None
+            for family in text_string_to_metric_families(response.text):
+                for sample in family.samples:
+                    labels = sample.labels
+                    if labels.get("model") != route:
+                        continue
+                    version = labels.get("version", "")
+                    if sample.name == f"{REQUESTS_METRIC}_total":
+                        by_status = requests.setdefault(version, {})
+                        status = labels.get("status", "")
+                        by_status[status] = by_status.get(status, 0.0) + sample.value
+                    elif sample.name == f"{LATENCY_METRIC}_bucket":
+                        by_le = buckets.setdefault(version, {})
+                        le = labels.get("le", "+Inf")
+                        by_le[le] = by_le.get(le, 0.0) + sample.value
+        return {"requests": requests, "buckets": buckets}
+
+    def snapshot(self, route: str) -> dict[str, Any] | None:
+        return self._scrape(route)
+
+    def health(
+        self, route: str, version: int, since: float, baseline: Mapping[str, Any] | None
+    ) -> Health:
+        now = self._scrape(route)
+        before = baseline or {"requests": {}, "buckets": {}}
+        key = str(version)
+        statuses = _delta(now["requests"].get(key, {}), before.get("requests", {}).get(key, {}))
+        requests = sum(statuses.values())
+        # A client's bad request is not the model's fault; a server error is.
+        errors = sum(
+            n for status, n in statuses.items() if not status.startswith("4") and status != "200"
+        )
+        latency = _delta(now["buckets"].get(key, {}), before.get("buckets", {}).get(key, {}))
+        return Health(
+            requests=int(requests),
+            errors=int(errors),
+            p95_latency_s=histogram_quantile(0.95, latency),
+        )
+
+
+def _delta(now: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
+    """Counter increase per label; a counter that went down was reset (gateway restart)."""
+    out = {}
+    for label, value in now.items():
+        previous = before.get(label, 0.0)
+        out[label] = value - previous if value >= previous else value
+    return out
+
+
+def histogram_quantile(q: float, buckets: Mapping[str, float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative ``le`` buckets (linear within a bucket)."""
+    bounds = sorted(
+        ((math.inf if le == "+Inf" else float(le)), count) for le, count in buckets.items()
+    )
+    if not bounds or bounds[-1][1] <= 0:
+        return None
+    total = bounds[-1][1]
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for upper, count in bounds:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower  # beyond the last finite bucket: its bound is the best guess
+            inside = count - below
+            return lower + (upper - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = upper, count
+    return lower
+
+
+# -- span store ----------------------------------------------------------------------
+
+
+class SpanStoreSignals:
+    def __init__(
+        self,
+        store_url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        reward_name: str | None = None,
+    ) -> None:
+        from spanmill.store.reader import SpanStore
+
+        self.store = SpanStore(store_url, storage_options)
+        self.reward_name = reward_name
+
+    def snapshot(self, route: str) -> dict[str, Any] | None:
+        return None
+
+    def health(
+        self, route: str, version: int, since: float, baseline: Mapping[str, Any] | None
+    ) -> Health:
+        from spanmill import semconv as sc
+        from spanmill.store.reader import StoreError
+
+        # Names were checked (agent names are Triton model names); versions are ints.
+        operations = ", ".join(f"'{op}'" for op in sorted(sc.LLM_OPERATIONS))
+        reward_filter = (
+            f"r.name = '{self.reward_name.replace(chr(39), chr(39) * 2)}'"
+            if self.reward_name
+            else 'r."primary"'
+        )
+        sql = f"""
+            WITH calls AS (
+                SELECT episode_id, response_id, model_version, status_code,
+                       date_diff('microsecond', start_time, end_time) / 1e6 AS seconds
+                FROM spans
+                WHERE request_model = '{route}' AND operation_name IN ({operations})
+                  AND model_version IS NOT NULL
+            ),
+            mine AS (SELECT * FROM calls WHERE model_version = '{version}'),
+            single AS (
+                SELECT episode_id FROM calls GROUP BY episode_id
+                HAVING min(model_version) = '{version}' AND max(model_version) = '{version}'
+            ),
+            rewards AS (
+                SELECT episode_id, unnest(rewards) AS r FROM spans WHERE rewards IS NOT NULL
+            ),
+            mine_rewards AS (
+                SELECT r.value AS value FROM rewards
+                WHERE {reward_filter} AND (
+                    (r.response_id IS NOT NULL AND r.response_id IN (
+                        SELECT response_id FROM mine WHERE response_id IS NOT NULL))
+                    OR (r.response_id IS NULL AND episode_id IN (SELECT episode_id FROM single))
+                )
+            )
+            SELECT
+                (SELECT count(*) FROM mine) AS requests,
+                (SELECT count(*) FROM mine WHERE status_code = 'error') AS errors,
+                (SELECT quantile_cont(seconds, 0.95) FROM mine WHERE status_code <> 'error') AS p95,
+                (SELECT avg(value) FROM mine_rewards) AS mean_reward,
+                (SELECT count(*) FROM mine_rewards) AS rewards
+        """
+        try:
+            row = self.store.query(sql, start=int(since * 1e9)).to_pylist()[0]
+        except StoreError as exc:
+            raise SignalError(str(exc)) from None
+        return Health(
+            requests=int(row["requests"] or 0),
+            errors=int(row["errors"] or 0),
+            p95_latency_s=row["p95"],
+            mean_reward=row["mean_reward"],
+            rewards=int(row["rewards"] or 0),
+        )

@@ -1,0 +1,160 @@
+"""Triton's repository API as the controller uses it: what is loaded, load, check it answers.
+
+Triton loads every version present in a model's folder (the configs spanmill
+writes use ``version_policy: all``), so "load version 3" means "write version 3
+into the folder, then load the model", and "unload version 2" means "remove it
+from the folder, then load the model again". Triton swaps versions in without
+dropping requests to the ones that stay.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from spanmill.errors import SpanmillError
+from spanmill.serving import protocol
+
+
+class TritonError(SpanmillError):
+    """Triton refused or failed a repository or inference request."""
+
+
+class TritonControl:
+    def __init__(self, url: str, *, load_timeout_s: float = 600.0) -> None:
+        import tritonclient.http as triton_http
+
+        self.url = url
+        self._client = triton_http.InferenceServerClient(
+            url, connection_timeout=30.0, network_timeout=load_timeout_s
+        )
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return fn(*args, **kwargs)
+        except InferenceServerException as exc:
+            raise TritonError(f"Triton at {self.url}: {what}: {exc.message() or exc}") from None
+        except Exception as exc:  # connection refused, reset, timeout
+            raise TritonError(
+                f"cannot reach Triton at {self.url} ({what}): {type(exc).__name__}: {exc}; "
+                "check that it runs and SPANMILL_TRITON_HTTP_URL points at it"
+            ) from None
+
+    def versions(self, model: str) -> dict[int, str]:
+        """Version -> state (READY, LOADING, UNAVAILABLE, ...) of one model, from the index."""
+        index = self._call("reading the repository index", self._client.get_model_repository_index)
+        found: dict[int, str] = {}
+        for entry in index:
+            if entry.get("name") == model and str(entry.get("version", "")).isdigit():
+                found[int(entry["version"])] = str(entry.get("state", ""))
+        return found
+
+    def reasons(self, model: str) -> dict[int, str]:
+        index = self._call("reading the repository index", self._client.get_model_repository_index)
+        return {
+            int(e["version"]): str(e.get("reason", ""))
+            for e in index
+            if e.get("name") == model and str(e.get("version", "")).isdigit()
+        }
+
+    def load(self, model: str) -> None:
+        """Load (or reload) a model with the versions its folder holds now."""
+        self._call(f"loading {model}", self._client.load_model, model)
+
+    def unload(self, model: str) -> None:
+        self._call(f"unloading {model}", self._client.unload_model, model)
+
+    def ready(self, model: str, version: int) -> bool:
+        try:
+            return bool(self._client.is_model_ready(model, str(version)))
+        except Exception:
+            return False
+
+    def smoke(self, model: str, version: int, *, flavour: str = "python", lora: str | None = None,
+              timeout_s: float = 120.0) -> str:  # fmt: skip
+        """Send one short request to exactly this version; return the answer's text.
+
+        Raises TritonError when the version does not answer, answers with an error,
+        or says it is another version.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self.ready(model, version):
+            if time.monotonic() > deadline:
+                raise TritonError(
+                    f"{model} version {version} did not become ready in {timeout_s:.0f}s"
+                )
+            time.sleep(0.2)
+        if flavour == "vllm":
+            return self._smoke_vllm(model, version, lora)
+        messages = [{"role": "user", "content": "Say OK."}]
+        tensors = protocol.encode_request(messages, protocol.GenerationParams(max_tokens=2))
+        result = self._call(
+            f"smoke check of {model} version {version}",
+            self._client.infer,
+            model,
+            _inputs(tensors, protocol.INPUTS),
+            model_version=str(version),
+        )
+        outputs = {name: result.as_numpy(name) for name in protocol.OUTPUTS}
+        missing = [name for name, value in outputs.items() if value is None]
+        if missing:
+            raise TritonError(f"{model} version {version} answered without {', '.join(missing)}")
+        decoded = protocol.decode_result(outputs)
+        if decoded.model_version and decoded.model_version != str(version):
+            raise TritonError(
+                f"{model} version {version} answered as version {decoded.model_version}: the "
+                "version folder holds another version's files"
+            )
+        return decoded.choices[0].text if decoded.choices else ""
+
+    def _smoke_vllm(self, model: str, version: int, lora: str | None) -> str:
+        sampling: dict[str, Any] = {"max_tokens": 2, "temperature": 0}
+        if lora:
+            sampling["lora_name"] = lora
+        tensors = {
+            "text_input": np.array([b"Say OK."], dtype=object),
+            "stream": np.array([False], dtype=bool),
+            "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=object),
+            "exclude_input_in_output": np.array([True], dtype=bool),
+        }
+        kinds = {"text_input": "BYTES", "stream": "BOOL", "sampling_parameters": "BYTES",
+                 "exclude_input_in_output": "BOOL"}  # fmt: skip
+        import tritonclient.http as triton_http
+
+        inputs = []
+        for name, array in tensors.items():
+            tensor = triton_http.InferInput(name, list(array.shape), kinds[name])
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        result = self._call(
+            f"smoke check of {model} version {version}",
+            self._client.infer,
+            model,
+            inputs,
+            model_version=str(version),
+        )
+        text = result.as_numpy("text_output")
+        if text is None:
+            raise TritonError(f"{model} version {version} answered without text_output")
+        first = text.reshape(-1)[0]
+        return first.decode() if isinstance(first, bytes) else str(first)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _inputs(tensors: dict[str, np.ndarray], spec: dict[str, tuple[str, list[int]]]) -> list[Any]:
+    import tritonclient.http as triton_http
+
+    inputs = []
+    for name, array in tensors.items():
+        dtype, _ = spec[name]
+        tensor = triton_http.InferInput(name, list(array.shape), protocol.CLIENT_DTYPES[dtype])
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs

@@ -1,0 +1,154 @@
+"""Registration with lineage, aliases, promotion and rollback, against a real MLflow server."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from spanmill.registry import CHALLENGER, CHAMPION, Lineage, ModelRegistry, RegistryError, names
+from spanmill.registry.lineage import lineage_from_outputs
+
+pytestmark = pytest.mark.services
+
+
+def agent_name() -> str:
+    return f"calc-{uuid.uuid4().hex[:8]}"
+
+
+def trained_folder(tmp_path: Path, *, promote: bool | None = True) -> tuple[Path, Path | None]:
+    """A folder shaped like what training and evaluation write (weights are placeholders)."""
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    (dataset / "card.json").write_text(json.dumps({
+        "span_window": {"first_span": "2025-06-01T00:00:00+00:00",
+                        "last_span": "2025-06-02T00:00:00+00:00"},
+    }))  # fmt: skip
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "x"}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    (adapter / "spanmill-train.json").write_text(json.dumps({
+        "base_model": "smollm2-135m", "dataset": str(dataset), "dataset_digest": "d" * 64,
+        "method": "sft", "run_id": "train-run-1",
+        "settings": {"lora_r": 16, "learning_rate": 0.0003},
+    }))  # fmt: skip
+    if promote is None:
+        return adapter, None
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({
+        "decision": {"promote": promote, "verdict": "promote" if promote else "reject",
+                     "reasons": ["success_rate better by 0.200"] if promote
+                     else ["success_rate 0.1 is below the champion's 0.2"]},
+        "metrics": {"tasks.challenger.success_rate": 0.6, "tasks.champion.success_rate": 0.4,
+                    "gate.promote": float(promote)},
+        "run_id": "eval-run-1",
+    }))  # fmt: skip
+    return adapter, metrics
+
+
+def test_lineage_is_read_from_training_and_evaluation_outputs(tmp_path: Path) -> None:
+    adapter, metrics = trained_folder(tmp_path)
+    lineage = lineage_from_outputs(adapter, metrics, pipeline_run_id="pipe-7")
+    assert lineage.kind == "adapter" and lineage.base_model == "smollm2-135m"
+    assert lineage.span_window == "2025-06-01T00:00:00+00:00/2025-06-02T00:00:00+00:00"
+    assert lineage.gate_passed and lineage.eval_metrics["tasks.challenger.success_rate"] == 0.6
+    tags = lineage.tags()
+    assert tags[names.TAG_DATASET_DIGEST] == "d" * 64
+    assert tags[names.TAG_TRAIN_RUN] == "train-run-1"
+    assert tags[names.TAG_PIPELINE_RUN] == "pipe-7"
+    assert tags[names.TAG_GATE] == "promote"
+    assert json.loads(tags[names.TAG_TRAIN_SETTINGS])["lora_r"] == 16
+    assert Lineage.from_tags(tags) == lineage
+    with pytest.raises(RegistryError, match="neither a LoRA adapter"):
+        lineage_from_outputs(tmp_path / "dataset")
+    with pytest.raises(RegistryError, match="no gate decision"):
+        (tmp_path / "bad.json").write_text("{}")
+        lineage_from_outputs(adapter, tmp_path / "bad.json")
+
+
+def test_a_version_that_passed_the_gate_becomes_the_challenger(
+    mlflow_server, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    agent = agent_name()
+    adapter, metrics = trained_folder(tmp_path)
+    first = registry.register_trained(agent, adapter, metrics, pipeline_run_id="pipe-1")
+    assert first.challenger and first.version.aliases == (CHALLENGER,)
+    version = registry.version(agent, first.version.version)
+    assert version.lineage.dataset_digest == "d" * 64
+    assert version.lineage.gate_reasons == ("success_rate better by 0.200",)
+    assert version.events()[-1].endswith("challenger: the gate passed")
+    assert agent in registry.agents()
+
+    downloaded = registry.download(agent, version.version, tmp_path / "download")
+    assert (downloaded / "adapter_config.json").is_file()
+    assert (downloaded / "adapter_model.safetensors").read_bytes() == b"\0" * 64
+
+    rejected_dir = tmp_path / "second"
+    rejected_dir.mkdir()
+    adapter2, metrics2 = trained_folder(rejected_dir, promote=False)
+    second = registry.register_trained(agent, adapter2, metrics2)
+    assert not second.challenger and second.version.aliases == ()
+    assert second.version.lineage.gate_promote is False
+    unevaluated_dir = tmp_path / "third"
+    unevaluated_dir.mkdir()
+    adapter3, _ = trained_folder(unevaluated_dir, promote=None)
+    assert not registry.register_trained(agent, adapter3).challenger
+    # The challenger alias stayed on the version that passed.
+    assert registry.aliases(agent) == {CHALLENGER: first.version.version}
+    listed = registry.versions(agent)
+    assert [v.version for v in listed] == [3, 2, 1] and listed[-1].aliases == (CHALLENGER,)
+
+
+def test_promote_and_roll_back_by_hand(mlflow_server) -> None:  # type: ignore[no-untyped-def]
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    agent = agent_name()
+    v1, v2, v3 = (registry.register(agent, Lineage(kind="echo")).version for _ in range(3))
+    assert registry.promote(agent, v1) is None
+    assert registry.promote(agent, v2) == v1
+    assert registry.champion_history(agent) == [v1]
+    # A challenger in its canary is what a rollback stops first.
+    registry.set_alias(agent, CHALLENGER, v3)
+    assert registry.rollback(agent, reason="answers in French") == v3
+    assert CHALLENGER not in registry.aliases(agent)
+    stopped = registry.version(agent, v3)
+    assert stopped.rolled_back and stopped.tags[names.TAG_ROLLOUT_REASON] == "answers in French"
+    # With no challenger, the champion returns to the one it replaced.
+    assert registry.rollback(agent) == v2
+    assert registry.aliases(agent) == {CHAMPION: v1}
+    assert registry.version(agent, v2).rolled_back
+    with pytest.raises(RegistryError, match="no earlier champion"):
+        registry.rollback(agent)
+
+
+def test_a_rolled_back_challenger_is_not_desired_again(mlflow_server) -> None:  # type: ignore[no-untyped-def]
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    agent = agent_name()
+    v1, v2 = (registry.register(agent, Lineage(kind="echo")).version for _ in range(2))
+    registry.promote(agent, v1)
+    registry.set_alias(agent, CHALLENGER, v2)
+    assert registry.desired(agent).challenger == v2
+    registry.record(agent, v2, "rolled back: too slow", status=names.ROLLED_BACK)
+    desired = registry.desired(agent)
+    assert (desired.champion, desired.challenger) == (v1, None)
+    assert CHALLENGER not in registry.aliases(agent)  # removed again
+
+
+def test_errors_name_what_to_do(mlflow_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    with pytest.raises(RegistryError, match="agent name"):
+        registry.register("bad name!", Lineage(kind="echo"))
+    with pytest.raises(RegistryError, match="needs its folder"):
+        registry.register(agent_name(), Lineage(kind="adapter", base_model="b"))
+    with pytest.raises(RegistryError, match="needs its base model"):
+        Lineage(kind="base")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    from spanmill.stack.ports import free_port
+
+    down = ModelRegistry(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(RegistryError, match=r"MLflow at http://127\.0\.0\.1"):
+        down.aliases("calc")

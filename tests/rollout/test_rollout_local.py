@@ -1,0 +1,241 @@
+"""The rollout controller on one machine, against real MLflow, tritonserver and the gateway.
+
+Versions are echo models where the model does not matter (fast), small real
+models where the fault must be real, and SmolLM2 with a LoRA adapter once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from rollout_helpers import Traffic, controller, new_agent, rollout_settings, version_counts
+
+from spanmill.gateway.routing import RoutingFile, RoutingTable
+from spanmill.registry import CHALLENGER, CHAMPION, Lineage, ModelRegistry, names
+from spanmill.rollout.schemas import Phase
+from spanmill.rollout.triton import TritonControl
+
+pytestmark = pytest.mark.services
+
+
+def weights(routes: Path, agent: str) -> dict[str, float]:
+    table = RoutingFile(routes).current()
+    route = table.routes.get(agent)
+    return {b.version: b.weight for b in route.backends} if route else {}
+
+
+def serve_champion(registry: ModelRegistry, agent: str, ctl, routes: Path) -> int:  # type: ignore[no-untyped-def]
+    version = registry.register(agent, Lineage(kind="echo")).version
+    registry.promote(agent, version)
+    ctl.until(lambda: weights(routes, agent) == {str(version): 100.0}, timeout=60)
+    return version
+
+
+def test_challenger_gets_a_growing_share_then_is_promoted(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, tmp_path: Path
+) -> None:
+    url, routes = gateway
+    agent = new_agent()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url])  # fmt: skip
+    ctl = controller(settings)
+    v1 = serve_champion(registry, agent, ctl, routes)
+    traffic = Traffic(url, agent).start()
+    try:
+        v2 = registry.register(agent, Lineage(kind="echo")).version
+        registry.set_alias(agent, CHALLENGER, v2)
+        seen: list[float] = []
+        per_step: dict[float, dict[tuple[str, str], float]] = {}
+
+        def watch() -> None:
+            share = weights(routes, agent).get(str(v2), 0.0)
+            if not seen or seen[-1] != share:
+                seen.append(share)
+            per_step[share] = version_counts(url, agent)
+
+        ctl.until(lambda: registry.aliases(agent).get(CHAMPION) == v2, each=watch, timeout=90)
+        time.sleep(0.5)
+    finally:
+        outcomes = traffic.stop()
+
+    # The routing table stepped the challenger up, and the gateway's counts followed.
+    assert seen == [20.0, 50.0, 100.0]
+    served = [per_step[share].get((str(v2), "200"), 0) for share in (20.0, 50.0, 100.0)]
+    assert 0 < served[0] < served[1] < served[2]
+    late = [o for o in outcomes if o.at > outcomes[-1].at - 0.4]
+    assert late and all(o.version == str(v2) for o in late)
+    assert not traffic.failures()
+    assert [a for a, v in ctl.actions() if v == v2] == [
+        "deploy",
+        "canary",
+        "advance",
+        "advance",
+        "promote",
+    ]
+
+    # The aliases moved; the version carries its history.
+    assert registry.aliases(agent) == {CHAMPION: v2}
+    promoted = registry.version(agent, v2)
+    assert promoted.rollout_status == "promoted"
+    assert [e.split(": ", 1)[0].split(" ", 1)[1] for e in promoted.events()] == [
+        f"{agent} v{v2}"] * 5  # fmt: skip
+    assert any("promote" in e for e in promoted.events())
+
+    # The old champion stays loaded for the grace period, then goes.
+    control = TritonControl(triton.http_url)
+    assert control.versions(agent).get(v1) == "READY"
+    ctl.until(lambda: control.versions(agent).get(v1) != "READY", timeout=30)
+    assert not (triton.model_repository / agent / str(v1)).exists()
+    assert registry.version(agent, v1).rollout_status == "retired"
+    assert ("retire", v1) in ctl.actions()
+    # Every decision was also written to the local event log.
+    logged = [
+        json.loads(line)
+        for line in Path(f"{settings.state_file}.events.jsonl").read_text().splitlines()
+    ]
+    assert [d["action"] for d in logged if d["version"] == v2][-1] == "promote"
+
+
+def test_a_challenger_that_answers_with_errors_is_rolled_back(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, no_system_model: Path, tmp_path: Path
+) -> None:
+    url, routes = gateway
+    agent = new_agent()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url], steps=[20, 100], bake_s=5)  # fmt: skip
+    ctl = controller(settings)
+    v1 = serve_champion(registry, agent, ctl, routes)
+    traffic = Traffic(url, agent).start()
+    try:
+        bad = registry.register(agent, Lineage(kind="model"), no_system_model).version
+        registry.set_alias(agent, CHALLENGER, bad)
+        ctl.until(lambda: ("rollback", bad) in ctl.actions(), timeout=120)
+        routed_back_at = time.time()
+        control = TritonControl(triton.http_url)
+        ctl.until(lambda: control.versions(agent).get(bad) != "READY", timeout=30)
+        time.sleep(0.5)
+    finally:
+        outcomes = traffic.stop()
+
+    # It passed its smoke check (no system prompt there) and reached traffic ...
+    assert ("deploy", bad) in ctl.actions() and ("canary", bad) in ctl.actions()
+    rollback = next(d for d in ctl.decisions if d.action == "rollback")
+    assert "error rate" in rollback.reason
+    # ... where only its share failed: the champion answered every request it got.
+    counts = version_counts(url, agent)
+    assert {s for (v, s) in counts if v == str(v1)} == {"200"}
+    failures = [o for o in outcomes if o.status != 200]
+    assert failures and len(failures) <= counts.get((str(bad), "502"), 0)
+    assert len(failures) <= 0.2 * len(outcomes) + 5
+    assert all(o.status == 200 for o in outcomes if o.at > routed_back_at + 0.2)
+
+    stopped = registry.version(agent, bad)
+    assert stopped.rolled_back and "error rate" in stopped.tags[names.TAG_ROLLOUT_REASON]
+    assert registry.aliases(agent) == {CHAMPION: v1}
+    assert weights(routes, agent) == {str(v1): 100.0}
+    assert not (triton.model_repository / agent / str(bad)).exists()
+    # A rolled-back version is not tried again.
+    ctl.tick()
+    assert ctl.reconciler.state(agent).phase == Phase.STABLE  # type: ignore[union-attr]
+
+
+def test_a_challenger_that_fails_to_load_never_gets_traffic(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, unloadable_model: Path, tmp_path: Path
+) -> None:
+    url, routes = gateway
+    agent = new_agent()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url])  # fmt: skip
+    ctl = controller(settings)
+    v1 = serve_champion(registry, agent, ctl, routes)
+    traffic = Traffic(url, agent).start()
+    tables: set[str] = set()
+    try:
+        broken = registry.register(agent, Lineage(kind="model"), unloadable_model).version
+        registry.set_alias(agent, CHALLENGER, broken)
+        ctl.until(lambda: ("rollback", broken) in ctl.actions(), timeout=120,
+                  each=lambda: tables.add(json.dumps(weights(routes, agent))))  # fmt: skip
+        time.sleep(0.3)
+    finally:
+        outcomes = traffic.stop()
+    assert tables == {json.dumps({str(v1): 100.0})}
+    assert outcomes and not traffic.failures()
+    rollback = next(d for d in ctl.decisions if d.action == "rollback")
+    assert rollback.reason.startswith(f"loading {agent} version {broken} failed")
+    assert registry.version(agent, broken).rolled_back
+    assert not (triton.model_repository / agent / str(broken)).exists()
+    # Triton keeps serving the champion, and later loads of the model still work.
+    assert TritonControl(triton.http_url).versions(agent).get(v1) == "READY"
+
+
+def test_restarting_the_controller_resumes_the_rollout(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, tmp_path: Path
+) -> None:
+    url, routes = gateway
+    agent = new_agent()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url], bake_s=3.0)  # fmt: skip
+    first = controller(settings)
+    v1 = serve_champion(registry, agent, first, routes)
+    traffic = Traffic(url, agent).start()
+    try:
+        v2 = registry.register(agent, Lineage(kind="echo")).version
+        registry.set_alias(agent, CHALLENGER, v2)
+        first.until(lambda: weights(routes, agent).get(str(v2)) == 50.0, timeout=60)
+        before = first.reconciler.state(agent)
+        assert before is not None and before.step == 1
+        table_before = RoutingFile(routes).current()
+        time.sleep(1.2)
+        del first  # the controller process ends mid-bake
+
+        # The routes write of the last step was lost (say, the crash came between
+        # saving the state and writing the routes): the next controller repairs it.
+        stale = table_before.model_copy(deep=True)
+        stale.routes[agent].backends[0].weight, stale.routes[agent].backends[1].weight = 80, 20
+        RoutingFile(routes).write(RoutingTable(revision=table_before.revision, routes=stale.routes))
+        restarted_at = time.time()
+
+        second = controller(settings)
+        made = second.tick()
+        after = second.reconciler.state(agent)
+        assert after is not None
+        assert (after.phase, after.step, after.step_started_at) == (
+            Phase.CANARY, 1, before.step_started_at)  # fmt: skip
+        assert after.baseline == before.baseline
+        assert not [d for d in made if d.action in ("deploy", "canary")]
+        assert weights(routes, agent) == {str(v1): 50.0, str(v2): 50.0}
+        assert RoutingFile(routes).current().revision == table_before.revision + 1
+
+        second.until(lambda: weights(routes, agent).get(str(v2)) == 100.0, timeout=60)
+        advanced = next(d for d in second.decisions if d.action == "advance")
+        # The bake clock kept running across the restart.
+        assert advanced.at - before.step_started_at >= 3.0  # type: ignore[operator]
+        assert advanced.at < restarted_at + 3.0
+        second.until(lambda: registry.aliases(agent).get(CHAMPION) == v2, timeout=60)
+    finally:
+        traffic.stop()
+    assert not traffic.failures()
+
+
+def test_a_triton_version_not_made_from_mlflow_is_never_taken_for_one(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, tmp_path: Path
+) -> None:
+    from spanmill.serving.repository import write_echo_version
+
+    url, routes = gateway
+    agent = new_agent()
+    # Version 1 written by hand, as a quick demo might, before anything was registered.
+    write_echo_version(triton.model_repository, agent, 1)
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url])  # fmt: skip
+    ctl = controller(settings)
+    v1 = registry.register(agent, Lineage(kind="echo")).version
+    registry.promote(agent, v1)
+    ctl.tick()
+    error = next(d for d in ctl.decisions if d.action == "error")
+    assert "was not written from MLflow version 1" in error.reason
+    assert "remove that folder" in error.reason
+    assert agent not in RoutingFile(routes).current().routes

@@ -1,0 +1,79 @@
+"""The controller as a service: settings in, the loop running, /metrics and health out."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from rollout_helpers import new_agent, rollout_settings
+from typer.testing import CliRunner
+
+from spanmill.cli.main import app
+from spanmill.registry import Lineage
+from spanmill.rollout.service import run
+from spanmill.stack.ports import free_port
+
+pytestmark = pytest.mark.services
+
+
+def test_the_service_reconciles_and_reports(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, routes = gateway
+    agent = new_agent()
+    port = free_port()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url], interval_s=0.2, http_port=port)  # fmt: skip
+    registry.promote(agent, registry.register(agent, Lineage(kind="echo")).version)
+    stop = threading.Event()
+    thread = threading.Thread(target=run, args=(settings, stop), daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ready = httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+                metrics = httpx.get(f"{base}/metrics", timeout=2).text
+            except httpx.HTTPError:
+                ready, metrics = False, ""
+            serving = f'spanmill_rollout_champion_version{{agent="{agent}"}} 1.0' in metrics
+            if ready and serving:
+                break
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.2)
+        assert httpx.get(f"{base}/healthz", timeout=2).json() == {"status": "ok"}
+        assert f'spanmill_rollout_decisions_total{{action="serve",agent="{agent}"}} 1.0' in metrics
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+    # `spanmill rollout --once` runs one pass from SPANMILL_* settings and says what it did.
+    env = {
+        "SPANMILL_MLFLOW_TRACKING_URI": mlflow_server.tracking_uri,
+        "SPANMILL_TRITON_HTTP_URL": triton.http_url,
+        "SPANMILL_TRITON_MODEL_REPOSITORY": str(triton.model_repository),
+        "SPANMILL_ROLLOUT_AGENTS": f'["{agent}"]',
+        "SPANMILL_ROLLOUT_STATE_FILE": str(settings.state_file),
+        "SPANMILL_ROLLOUT_ROUTING_FILE": str(routes),
+        "SPANMILL_ROLLOUT_GATEWAY_URLS": f'["{url}"]',
+        "COLUMNS": "200",
+    }
+    v2 = registry.register(agent, Lineage(kind="echo")).version
+    registry.set_alias(agent, "challenger", v2)
+    result = CliRunner().invoke(app, ["rollout", "--once"], env=env)
+    assert result.exit_code == 0, result.output
+    assert f"{agent} v{v2}: deploy" in result.output and f"{agent} v{v2}: canary" in result.output
+
+    # `spanmill rollout status` reads the same state.
+    result = CliRunner().invoke(app, ["rollout", "status"], env=env)
+    assert result.exit_code == 0, result.output
+    assert agent in result.output and "canary" in result.output and "5%" in result.output
+    result = CliRunner().invoke(
+        app, ["rollout", "--once"], env={**env, "SPANMILL_ROLLOUT_STEPS": "[50]"}
+    )
+    assert result.exit_code == 1 and "SPANMILL_ROLLOUT_STEPS" in result.output

@@ -1,0 +1,139 @@
+"""Version health from the gateway's Prometheus metrics and from the span store."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+from prometheus_client import generate_latest
+
+from spanmill import semconv as sc
+from spanmill.gateway.metrics import GatewayMetrics
+from spanmill.rollout.signals import (
+    GatewayMetricsSignals,
+    SignalError,
+    SpanStoreSignals,
+    histogram_quantile,
+)
+from spanmill.spans import Span
+from spanmill.store import BatchId, StoreWriter
+from spanmill.store.rows import HourlyColumns, SpanParts
+
+
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    buckets = {"0.1": 50.0, "0.5": 90.0, "1.0": 100.0, "+Inf": 100.0}
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1)
+    assert histogram_quantile(0.95, buckets) == pytest.approx(0.75)
+    assert histogram_quantile(0.95, {"+Inf": 0.0}) is None
+    assert histogram_quantile(0.99, {"0.1": 1.0, "+Inf": 10.0}) == pytest.approx(0.1)
+
+
+def test_gateway_metrics_count_only_what_happened_since_the_snapshot(serve_app) -> None:  # type: ignore[no-untyped-def]
+    metrics = GatewayMetrics()
+    app = FastAPI()
+
+    @app.get("/metrics")
+    async def scrape() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry).decode())
+
+    @app.get("/healthz")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    def served(version: str, status: str, n: int, seconds: float = 0.02) -> None:
+        for _ in range(n):
+            metrics.requests.labels("calc", version, status).inc()
+            if status == "200":
+                metrics.latency.labels("calc", version).observe(seconds)
+
+    served("1", "200", 40)
+    served("2", "200", 5)
+    with serve_app(app) as url:
+        signals = GatewayMetricsSignals([url, url])  # two replicas: their counts add up
+        baseline = signals.snapshot("calc")
+        served("2", "200", 10, seconds=0.3)
+        served("2", "502", 2)
+        served("2", "400", 3)  # a client's bad request: not the model's error
+        metrics.requests.labels("other", "2", "502").inc()  # another route
+        health = signals.health("calc", 2, since=0.0, baseline=baseline)
+        assert (health.requests, health.errors) == (2 * 15, 2 * 2)
+        assert health.p95_latency_s is not None and 0.25 < health.p95_latency_s <= 0.5
+        # Without a baseline, everything since the gateway started counts.
+        assert signals.health("calc", 1, since=0.0, baseline=None).requests == 80
+        # A gateway restart resets its counters: the new counts are taken as they are.
+        reset = {"requests": {"2": {"200": 10_000.0}}, "buckets": {}}
+        assert signals.health("calc", 2, since=0.0, baseline=reset).requests == 2 * 20
+    with pytest.raises(SignalError, match="cannot read the gateway's metrics"):
+        GatewayMetricsSignals([url]).health("calc", 2, since=0.0, baseline=None)
+
+
+def _call(i: int, version: str, *, start: int, error: bool = False, seconds: float = 0.1) -> Span:
+    return Span(
+        trace_id=f"{i + 1:032x}",
+        span_id=f"{i + 1:016x}",
+        name="chat calc",
+        kind="client",
+        start_time_unix_nano=start,
+        end_time_unix_nano=start + int(seconds * 1e9),
+        status_code="error" if error else "unset",
+        attributes={
+            sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
+            sc.GEN_AI_REQUEST_MODEL: "calc",
+            sc.GEN_AI_AGENT_NAME: "calc",
+            sc.SPANMILL_MODEL_VERSION: version,
+            sc.GEN_AI_RESPONSE_ID: f"resp-{i}",
+        },
+        resource_attributes={sc.SERVICE_NAME: "spanmill-gateway"},
+    )
+
+
+def _reward(i: int, trace: int, value: float, *, start: int, linked: bool) -> Span:
+    attributes: dict[str, object] = {
+        sc.GEN_AI_EVALUATION_NAME: "correct",
+        sc.GEN_AI_EVALUATION_SCORE_VALUE: value,
+        sc.SPANMILL_REWARD_PRIMARY: True,
+    }
+    if linked:
+        attributes[sc.GEN_AI_RESPONSE_ID] = f"resp-{trace}"
+    return Span(
+        trace_id=f"{trace + 1:032x}",
+        span_id=f"{1000 + i:016x}",
+        name="reward",
+        start_time_unix_nano=start,
+        end_time_unix_nano=start,
+        attributes=attributes,
+        resource_attributes={sc.SERVICE_NAME: "calc-agent"},
+    )
+
+
+def test_span_store_health_joins_rewards_to_the_version_that_answered(tmp_path: Path) -> None:
+    now = time.time_ns()
+    old = now - 3600 * 10**9
+    spans = [_call(0, "2", start=old, error=True)]  # before the window
+    spans += [_call(i, "1", start=now + i) for i in range(1, 11)]
+    spans += [_call(i, "2", start=now + i, error=i <= 12, seconds=0.1 * (i - 10))
+              for i in range(11, 21)]  # fmt: skip
+    # Linked rewards for version 2's calls 13..16, an episode reward for call 17, and
+    # version 1's rewards, which must not count for version 2.
+    spans += [_reward(i, i, 0.5, start=now + 100, linked=True) for i in range(13, 17)]
+    spans += [_reward(17, 17, 1.0, start=now + 100, linked=False)]
+    spans += [_reward(i, i, 0.0, start=now + 100, linked=True) for i in range(1, 5)]
+    hourly = HourlyColumns()
+    for offset, span in enumerate(spans):
+        hourly.append(SpanParts.from_span(span), "spans", 0, offset, 0, 1)
+    StoreWriter(str(tmp_path)).write_batch(
+        BatchId("spans", 0, 0, len(spans) - 1, "00000000000000ab"), hourly.tables()
+    )
+    signals = SpanStoreSignals(str(tmp_path))
+    since = (now - 10**9) / 1e9
+    health = signals.health("calc", 2, since=since, baseline=None)
+    assert (health.requests, health.errors) == (10, 2)
+    assert health.rewards == 5 and health.mean_reward == pytest.approx((4 * 0.5 + 1.0) / 5)
+    assert health.p95_latency_s is not None and 0.9 < health.p95_latency_s <= 1.0
+    champion = signals.health("calc", 1, since=since, baseline=None)
+    assert (champion.requests, champion.errors, champion.rewards) == (10, 0, 4)
+    assert champion.mean_reward == 0.0
+    assert signals.health("other", 2, since=since, baseline=None).requests == 0
