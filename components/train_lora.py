@@ -1,0 +1,38 @@
+"""Component: a LoRA adapter trained on the dataset (the GPU step on a cluster)."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Metrics, Model, Output
+
+from components import IMAGE
+
+
+@dsl.component(base_image=IMAGE)
+def train_lora(
+    dataset: Input[Dataset],
+    model: Output[Model],
+    metrics: Output[Metrics],
+    base_model: str,
+    lora_r: int = 16,
+    lora_alpha: int = 32,
+    learning_rate: float = 3e-4,
+    max_steps: int = 90,
+    batch_size: int = 8,
+    max_length: int = 1024,
+    seed: int = 0,
+    num_threads: int = 0,
+    tracking_uri: str = "",
+) -> None:
+    from pathlib import Path
+
+    from spanmill.pipeline.steps import train_step
+
+    result = train_step(
+        Path(dataset.path), Path(model.path), base_model=base_model, lora_r=lora_r,
+        lora_alpha=lora_alpha, learning_rate=learning_rate, max_steps=max_steps,
+        batch_size=batch_size, max_length=max_length, seed=seed, num_threads=num_threads,
+        tracking_uri=tracking_uri,
+    )  # fmt: skip
+    for name, value in result.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            metrics.log_metric(name, float(value))
+    model.metadata.update({"base_model": base_model, "mlflow_run_id": result.get("run_id") or ""})

@@ -1,0 +1,1 @@
+"""Pipeline definitions; compiled YAML lives beside them and is committed."""

@@ -1,0 +1,1 @@
+"""The flywheel pipeline: compiling it, running it locally, sending it to Kubeflow."""

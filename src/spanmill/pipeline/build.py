@@ -1,0 +1,45 @@
+"""Compiling the flywheel, and running it with kfp's local runner (no cluster needed)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# The compiled package users upload; committed, and checked fresh by a test.
+DEFAULT_PACKAGE = Path(__file__).resolve().parents[3] / "pipelines" / "flywheel.yaml"
+
+
+def compile_pipeline(out: Path) -> Path:
+    from kfp import compiler
+
+    from pipelines.flywheel import flywheel
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(flywheel, str(out))
+    return out
+
+
+def run_local(pipeline_root: Path, **params: Any) -> None:
+    """Run the flywheel in subprocesses of this environment, against the ``SPANMILL_*`` services.
+
+    Cluster settings (GPU, node selector, secrets) have no effect here; kfp warns
+    about them once per task.
+    """
+    import kfp.local
+
+    from pipelines.flywheel import flywheel
+
+    # Each task first runs `python3 -m pip install kfp` with the first python3 on
+    # PATH: make that this environment's, where kfp is already installed.
+    bin_dir = str(Path(sys.executable).parent)
+    if not os.environ.get("PATH", "").startswith(bin_dir):
+        os.environ["PATH"] = os.pathsep.join((bin_dir, os.environ.get("PATH", "")))
+    pipeline_root.mkdir(parents=True, exist_ok=True)
+    kfp.local.init(
+        runner=kfp.local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(pipeline_root),
+        raise_on_error=True,
+    )
+    flywheel(**params)

@@ -1,0 +1,106 @@
+"""Talking to a Kubeflow Pipelines endpoint: upload a new version, schedule runs.
+
+Each upload adds a pipeline version (named from the package's content hash and
+the time) under one pipeline, so the Kubeflow UI keeps the history and a person
+picks which version a run uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from spanmill.errors import SpanmillError
+
+TOKEN_ENV = "SPANMILL_KFP_TOKEN"
+
+
+class KubeflowError(SpanmillError):
+    """The Kubeflow Pipelines endpoint refused or could not be reached."""
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    pipeline_id: str
+    version_id: str
+    version_name: str
+    new_pipeline: bool
+
+
+def client(endpoint: str, token: str | None = None) -> Any:
+    """A kfp.Client for ``endpoint``; the bearer token defaults to SPANMILL_KFP_TOKEN."""
+    import kfp
+
+    try:
+        return kfp.Client(host=endpoint, existing_token=token or os.environ.get(TOKEN_ENV))
+    except Exception as exc:
+        raise KubeflowError(f"cannot reach Kubeflow Pipelines at {endpoint}: {exc}") from None
+
+
+def _version_name(package: Path, name: str) -> str:
+    digest = hashlib.sha256(package.read_bytes()).hexdigest()[:10]
+    return f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{digest}"
+
+
+def upload(
+    endpoint: str, package: Path, name: str = "flywheel", token: str | None = None
+) -> Uploaded:
+    """Upload ``package`` as a new version of pipeline ``name`` (created on first upload)."""
+    if not package.is_file():
+        raise KubeflowError(f"no compiled pipeline at {package}; run `spanmill pipeline compile`")
+    kfp_client = client(endpoint, token)
+    version_name = _version_name(package, name)
+    try:
+        pipeline_id = kfp_client.get_pipeline_id(name)
+        if pipeline_id is None:
+            pipeline = kfp_client.upload_pipeline(str(package), pipeline_name=name)
+            pipeline_id = pipeline.pipeline_id
+            new = True
+        else:
+            new = False
+        version = kfp_client.upload_pipeline_version(
+            str(package), pipeline_version_name=version_name, pipeline_id=pipeline_id
+        )
+    except KubeflowError:
+        raise
+    except Exception as exc:
+        raise KubeflowError(f"uploading {package} to {endpoint} failed: {exc}") from None
+    return Uploaded(pipeline_id, version.pipeline_version_id, version_name, new)
+
+
+def schedule(
+    endpoint: str,
+    *,
+    pipeline_id: str,
+    version_id: str | None,
+    cron: str,
+    job_name: str = "flywheel-nightly",
+    experiment: str = "spanmill",
+    params: dict[str, Any] | None = None,
+    token: str | None = None,
+) -> str:
+    """Create a recurring run (6-field cron, e.g. '0 0 2 * * *') and return its id."""
+    if len(cron.split()) != 6:
+        raise KubeflowError(
+            f"cron {cron!r} must have 6 fields (seconds first), e.g. '0 0 2 * * *' for 02:00"
+        )
+    kfp_client = client(endpoint, token)
+    try:
+        experiment_id = kfp_client.create_experiment(experiment).experiment_id
+        run = kfp_client.create_recurring_run(
+            experiment_id=experiment_id,
+            job_name=job_name,
+            cron_expression=cron,
+            pipeline_id=pipeline_id,
+            version_id=version_id,
+            params=params or {},
+            max_concurrency=1,
+            no_catchup=True,
+        )
+    except Exception as exc:
+        raise KubeflowError(f"scheduling on {endpoint} failed: {exc}") from None
+    return str(run.recurring_run_id)

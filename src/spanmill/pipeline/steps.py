@@ -1,0 +1,184 @@
+"""The flywheel's steps as plain functions over paths and simple values.
+
+The Kubeflow components in ``components/`` are thin shells around these; the
+demo and the tests call them directly. Connections (MLflow, Triton, the span
+store) come from the ``SPANMILL_*`` environment unless a value is given, so the
+same step runs on one machine and in a cluster pod whose secrets set them.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from spanmill.config import CollectorSettings, MLflowSettings, TritonSettings, load_settings
+
+
+def build_dataset_step(
+    out_dir: Path,
+    *,
+    store_url: str = "",
+    agent: str = "",
+    since: str = "",
+    until: str = "",
+    mode: str = "sft",
+    min_reward: float | None = None,
+    drop_examples: bool = False,
+    max_tokens: int = 0,
+    eval_fraction: float = 0.1,
+    credit: str = "episode",
+) -> dict[str, Any]:
+    """Build the dataset into ``out_dir``; returns its card."""
+    from spanmill.dataset.output import build_dataset
+    from spanmill.dataset.spec import DatasetSpec
+
+    spec = DatasetSpec(
+        mode=mode,
+        since=since or None,
+        until=until or None,
+        agent=agent or None,
+        min_reward=min_reward,
+        drop_examples=drop_examples,
+        max_tokens=max_tokens or None,
+        eval_fraction=eval_fraction,
+        credit=credit,
+    )
+    store = store_url or load_settings(CollectorSettings).store_url
+    return build_dataset(store, out_dir, spec)
+
+
+def train_step(
+    dataset_dir: Path,
+    out_dir: Path,
+    *,
+    base_model: str,
+    lora_r: int = 16,
+    lora_alpha: int = 32,
+    learning_rate: float = 3e-4,
+    max_steps: int = 90,
+    batch_size: int = 8,
+    max_length: int = 1024,
+    seed: int = 0,
+    num_threads: int = 0,
+    experiment: str = "spanmill",
+    tracking_uri: str = "",
+) -> dict[str, Any]:
+    """Train a LoRA adapter into ``out_dir``; returns the training metrics."""
+    from spanmill.train import TrainSettings, train
+
+    settings = TrainSettings(
+        base_model=base_model,
+        lora_r=lora_r,
+        lora_alpha=lora_alpha,
+        learning_rate=learning_rate,
+        max_steps=max_steps,
+        batch_size=batch_size,
+        max_length=max_length,
+        seed=seed,
+        num_threads=num_threads,
+        experiment=experiment,
+        mlflow=_mlflow(tracking_uri),
+    )
+    result = train(dataset_dir, out_dir, settings)
+    return {**result.metrics, "global_step": result.global_step, "run_id": result.run_id}
+
+
+def evaluate_step(
+    dataset_dir: Path,
+    model_dir: Path,
+    out_dir: Path,
+    *,
+    agent: str,
+    base_model: str,
+    margin: float = 0.05,
+    instances: int = 100,
+    num_threads: int = 0,
+    experiment: str = "spanmill",
+    tracking_uri: str = "",
+) -> dict[str, Any]:
+    """Judge the challenger against the agent's champion (or the base model).
+
+    The champion is whatever the ``champion`` alias points at in MLflow: its
+    adapter is downloaded for the comparison; a base-model champion compares with
+    the base model itself. Returns the evaluation's metrics.json content.
+    """
+    from spanmill.evaluate import EvalSettings, evaluate
+    from spanmill.evaluate.settings import GatePolicy
+    from spanmill.registry import CHAMPION, ModelRegistry
+
+    mlflow = _mlflow(tracking_uri)
+    registry = ModelRegistry(mlflow.tracking_uri)
+    champion: str | None = None
+    workdir = Path(tempfile.mkdtemp(prefix="spanmill-champion-"))
+    version = registry.aliases(agent).get(CHAMPION) if agent in registry.agents() else None
+    if version is not None and registry.version(agent, version).lineage.kind != "base":
+        champion = str(registry.download(agent, version, workdir))
+    settings = EvalSettings(
+        task=agent,
+        base_model=base_model,
+        champion=champion,
+        instances=instances,
+        num_threads=num_threads,
+        experiment=experiment,
+        gate=GatePolicy(margin=margin),
+        mlflow=mlflow,
+    )
+    evaluate(dataset_dir, model_dir, out_dir, settings)
+    report: dict[str, Any] = json.loads((out_dir / "metrics.json").read_text())
+    return report
+
+
+def register_step(
+    model_dir: Path,
+    evaluation_dir: Path,
+    *,
+    agent: str,
+    base_model: str,
+    pipeline_run_id: str = "",
+    tracking_uri: str = "",
+) -> int:
+    """Register the trained adapter; it becomes ``challenger`` when the gate passed."""
+    from spanmill.registry import ModelRegistry
+
+    registry = ModelRegistry(_mlflow(tracking_uri).tracking_uri)
+    registration = registry.register_trained(
+        agent,
+        model_dir,
+        evaluation_dir / "metrics.json",
+        pipeline_run_id=pipeline_run_id or None,
+        base_model=base_model,
+    )
+    return registration.version.version
+
+
+def deploy_step(
+    *,
+    agent: str,
+    version: int,
+    triton_url: str = "",
+    model_repository: str = "",
+    flavour: str = "python",
+    tracking_uri: str = "",
+) -> float:
+    """Stage ``version`` in Triton and smoke-check it; traffic is the controller's call."""
+    from spanmill.registry import ModelRegistry
+    from spanmill.rollout.deployer import Deployer
+    from spanmill.rollout.materialize import ModelRepository, ServingOptions
+    from spanmill.rollout.triton import TritonControl
+
+    triton = load_settings(TritonSettings)
+    deployer = Deployer(
+        ModelRegistry(_mlflow(tracking_uri).tracking_uri),
+        TritonControl(triton_url or triton.http_url),
+        ModelRepository(model_repository or triton.model_repository),
+        ServingOptions(flavour=flavour),  # type: ignore[arg-type]
+    )
+    return deployer.deploy(agent, version)
+
+
+def _mlflow(tracking_uri: str) -> MLflowSettings:
+    if tracking_uri:
+        return MLflowSettings(tracking_uri=tracking_uri)
+    return load_settings(MLflowSettings)

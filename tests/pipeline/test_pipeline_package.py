@@ -1,0 +1,79 @@
+"""The compiled flywheel: fresh, loadable, carrying the cluster settings; upload and schedule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from kfp import components
+from kfp_fake import kfp_app
+
+from spanmill.pipeline.build import DEFAULT_PACKAGE, compile_pipeline
+from spanmill.pipeline.kubeflow import KubeflowError, schedule, upload
+
+
+def test_committed_yaml_is_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPANMILL_PIPELINE_IMAGE", raising=False)
+    fresh = compile_pipeline(tmp_path / "flywheel.yaml").read_text()
+    assert DEFAULT_PACKAGE.read_text() == fresh, (
+        "pipelines/flywheel.yaml is stale: run `spanmill pipeline compile` and commit it"
+    )
+
+
+def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
+    loaded = components.load_component_from_file(str(DEFAULT_PACKAGE))
+    assert loaded.name == "flywheel"
+    assert {"agent", "since", "base_model", "lora_r", "margin", "max_steps"} <= set(
+        loaded.component_spec.inputs or {}
+    )
+    spec, platform = yaml.safe_load_all(DEFAULT_PACKAGE.read_text())
+    executors = spec["deploymentSpec"]["executors"]
+    accelerator = executors["exec-train-lora"]["container"]["resources"]["accelerator"]
+    assert accelerator["resourceCount"] == "1"
+    gpu_users = [
+        n for n, e in executors.items() if "accelerator" in e["container"].get("resources", {})
+    ]
+    assert gpu_users == ["exec-train-lora"]
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert k8s["exec-train-lora"]["nodeSelector"]["labels"] == {"spanmill.io/pool": "gpu"}
+    assert k8s["exec-train-lora"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    for name in ("exec-build-dataset", "exec-train-lora", "exec-evaluate", "exec-register-model",
+                 "exec-deploy-model"):  # fmt: skip
+        secrets = {s["secretName"] for s in k8s[name]["secretAsEnv"]}
+        assert secrets == {"spanmill-mlflow", "spanmill-s3"}, name
+        envs = {m["envVar"] for s in k8s[name]["secretAsEnv"] for m in s["keyToEnv"]}
+        assert "SPANMILL_MLFLOW_TRACKING_URI" in envs
+    # Only a passing challenger is registered and staged.
+    dag = spec["root"]["dag"]["tasks"]
+    assert "condition-1" in dag or any("condition" in t for t in dag)
+    assert "promote" in json.dumps(dag)
+
+
+def test_upload_creates_then_versions_and_schedule(  # type: ignore[no-untyped-def]
+    serve_app, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPANMILL_KFP_TOKEN", "test-token-value")
+    app = kfp_app()
+    with serve_app(app, health_path="/apis/v2beta1/healthz") as url:
+        first = upload(url, DEFAULT_PACKAGE)
+        second = upload(url, DEFAULT_PACKAGE)
+        assert first.new_pipeline and not second.new_pipeline
+        assert first.pipeline_id == second.pipeline_id
+        assert first.version_name.startswith("flywheel-") and first.version_id != second.version_id
+        stored = app.state.pipelines[first.pipeline_id]
+        assert [yaml.safe_load_all(v).__next__()["pipelineInfo"]["name"]
+                for v in stored["versions"]] == ["flywheel"] * 3  # fmt: skip
+        run_id = schedule(url, pipeline_id=first.pipeline_id, version_id=second.version_id,
+                          cron="0 0 2 * * *", params={"max_steps": 30})  # fmt: skip
+        recurring = app.state.recurring[0]
+        assert recurring["recurring_run_id"] == run_id
+        assert recurring["trigger"]["cron_schedule"]["cron"] == "0 0 2 * * *"
+        assert recurring["pipeline_version_reference"]["pipeline_version_id"] == second.version_id
+        assert recurring["runtime_config"]["parameters"] == {"max_steps": 30}
+        assert "Bearer test-token-value" in app.state.auth
+        with pytest.raises(KubeflowError, match="6 fields"):
+            schedule(url, pipeline_id="p", version_id=None, cron="0 2 * * *")
+    with pytest.raises(KubeflowError, match="no compiled pipeline"):
+        upload(url, tmp_path / "missing.yaml")
