@@ -19,6 +19,7 @@ def train_lora(
     batch_size: int = 8,
     max_length: int = 1024,
     seed: int = 0,
+    precision: str = "auto",
     num_threads: int = 0,
     tracking_uri: str = "",
 ) -> None:
@@ -29,7 +30,8 @@ def train_lora(
     result = train_step(
         Path(dataset.path), Path(model.path), base_model=base_model, lora_r=lora_r,
         lora_alpha=lora_alpha, learning_rate=learning_rate, max_steps=max_steps,
-        batch_size=batch_size, max_length=max_length, seed=seed, num_threads=num_threads,
+        batch_size=batch_size, max_length=max_length, seed=seed, precision=precision,
+        num_threads=num_threads,
         tracking_uri=tracking_uri,
     )  # fmt: skip
     for name, value in result.items():

@@ -62,6 +62,7 @@ def flywheel(
     max_steps: int = 90,
     batch_size: int = 8,
     max_length: int = 1024,
+    precision: str = "auto",
     eval_instances: int = 100,
     margin: float = 0.05,
     num_threads: int = 0,
@@ -82,8 +83,8 @@ def flywheel(
     trained = train_lora(
         dataset=data.outputs["dataset"], base_model=base_model, lora_r=lora_r,
         lora_alpha=lora_alpha, learning_rate=learning_rate, max_steps=max_steps,
-        batch_size=batch_size, max_length=max_length, num_threads=num_threads,
-        tracking_uri=tracking_uri,
+        batch_size=batch_size, max_length=max_length, precision=precision,
+        num_threads=num_threads, tracking_uri=tracking_uri,
     )  # fmt: skip
     trained.set_accelerator_type(gpu_type).set_accelerator_limit(1)
     trained.set_cpu_limit("8").set_memory_limit("32G")

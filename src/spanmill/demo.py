@@ -1,30 +1,53 @@
-"""The one-machine demo: the embedded stack, a champion in service, agent traffic.
+"""The one-machine demo: the loop turns once, every part real.
 
-Each step is a function so that the flywheel steps (dataset, training,
-evaluation, registration, rollout) can join the same walk-through.
+Production pattern (see the README): the agent in production uses an expensive
+few-shot prompt (worked examples as real chat turns). Its successful episodes,
+recorded as spans through the gateway, Kafka and the collector, are re-targeted
+to the short zero-shot prompt and distilled into a LoRA adapter: context
+distillation. The short prompt then serves, cheaper and better.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from spanmill.config import KafkaSettings, StackSettings
-from spanmill.gateway.routing import RoutingFile, RoutingTable
-from spanmill.models import pull_model
-from spanmill.serving.repository import versions, write_python_version
+from spanmill.config import (
+    KafkaSettings,
+    MLflowSettings,
+    RolloutSettings,
+    StackSettings,
+    TritonSettings,
+)
 from spanmill.stack.local import LocalStack
 from spanmill.stack.services import RunningService
 
 AGENT = "calculator"
+BASE = "smollm2-135m"
 
 
 @dataclass(frozen=True)
-class Deployed:
-    model: str
-    version: int
-    base_model: Path
+class DemoPlan:
+    """Sizes that keep the whole demo within about 20 minutes on two cores."""
+
+    eval_episodes: int = 40
+    traffic_episodes: int = 300
+    max_steps: int = 80
+    eval_instances: int = 60
+    margin: float = 0.05
+
+
+def stack_urls(settings: StackSettings) -> dict[str, str]:
+    host = settings.host
+    return {
+        "kafka": f"{host}:{settings.kafka_port}",
+        "mlflow": f"http://{host}:{settings.mlflow_port}",
+        "triton": f"{host}:{settings.triton_http_port}",
+        "gateway": f"http://{host}:{settings.gateway_port}",
+    }
 
 
 def start_stack(
@@ -33,44 +56,119 @@ def start_stack(
     return LocalStack(settings).up(on_started=on_started)
 
 
-def serve_base_as_champion(settings: StackSettings, base: str = "smollm2-135m") -> Deployed:
-    """Serve the base model as version 1 of the agent's Triton model, all traffic to it.
-
-    Idempotent: a version 1 already in the repository is loaded as it is.
-    """
-    import tritonclient.http as triton_http
-
-    base_dir = pull_model(base)
-    repository = settings.model_repository
-    if 1 not in versions(repository, AGENT):
-        write_python_version(repository, AGENT, 1, base_dir)
-    client = triton_http.InferenceServerClient(
-        f"{settings.host}:{settings.triton_http_port}", network_timeout=600
+def rollout_settings(settings: StackSettings) -> RolloutSettings:
+    """A quick canary for the demo: half the traffic, then all of it."""
+    urls = stack_urls(settings)
+    return RolloutSettings(
+        mlflow=MLflowSettings(tracking_uri=urls["mlflow"]),
+        triton=TritonSettings(
+            http_url=urls["triton"], model_repository=str(settings.model_repository)
+        ),
+        agents=[AGENT],
+        steps=[50.0, 100.0],
+        bake_s=5.0,
+        min_requests=6,
+        max_error_rate=0.2,
+        grace_s=0.0,
+        drain_s=1.0,
+        gateway_urls=[urls["gateway"]],
+        routing_file=settings.routing_file,
+        state_file=settings.state_dir / "rollout-state.json",
     )
-    client.load_model(AGENT)
-    routes = RoutingFile(settings.routing_file)
-    current = routes.current()
-    table = RoutingTable.model_validate(
-        {
-            "revision": current.revision + 1,
-            "routes": {
-                **{k: v.model_dump() for k, v in current.routes.items()},
-                AGENT: {"triton_model": AGENT, "backends": [{"version": "1", "weight": 1}]},
-            },
-        }
+
+
+def serve_base_as_champion(settings: StackSettings) -> int:
+    """Register the base model as the agent's first version and make it the champion."""
+    from spanmill.models import pull_model
+    from spanmill.registry import CHAMPION, Lineage, ModelRegistry
+
+    registry = ModelRegistry(stack_urls(settings)["mlflow"])
+    if AGENT in registry.agents():
+        champion = registry.aliases(AGENT).get(CHAMPION)
+        if champion is not None:
+            return champion
+    base = str(pull_model(BASE))
+    version = registry.register(AGENT, Lineage(kind="base", base_model=base)).version
+    registry.promote(AGENT, version, reason="the base model serves first")
+    return version
+
+
+def reconcile_until(
+    settings: StackSettings,
+    done: Callable[[Any], bool],
+    *,
+    traffic: Callable[[], None] | None = None,
+    timeout_s: float = 600.0,
+) -> Any:
+    """Run the rollout controller until ``done(state)``; ``traffic`` runs between ticks."""
+    from spanmill.rollout.service import build_reconciler
+
+    reconciler = build_reconciler(rollout_settings(settings))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reconciler.tick()
+        state = reconciler.state(AGENT)
+        if state is not None and done(state):
+            return state
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the rollout of {AGENT} did not settle: {state}")
+        if traffic is not None:
+            traffic()
+        else:
+            time.sleep(1.0)
+
+
+def run_agent(
+    settings: StackSettings,
+    n: int,
+    *,
+    split: str,
+    prompt_style: str,
+    progress: Callable[[int, int, Any], None] | None = None,
+) -> Any:
+    from spanmill.tasks.runner import run_agent as run
+
+    return run(
+        AGENT, n, f"{stack_urls(settings)['gateway']}/v1", AGENT,
+        split=split, prompt_style=prompt_style, progress=progress,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def wait_for_spans(settings: StackSettings, at_least: int, timeout_s: float = 120.0) -> int:
+    """Until the collector has written ``at_least`` spans to the store."""
+    from spanmill.store import SpanStore
+
+    deadline = time.monotonic() + timeout_s
+    count = 0
+    while time.monotonic() < deadline:
+        count = SpanStore(settings.span_store).count()
+        if count >= at_least:
+            return count
+        time.sleep(1.0)
+    return count
+
+
+def run_flywheel(settings: StackSettings, plan: DemoPlan, root: Path) -> None:
+    """The flywheel pipeline with kfp's local runner, against this stack."""
+    from spanmill.pipeline.build import run_local
+
+    urls = stack_urls(settings)
+    run_local(
+        root,
+        agent=AGENT,
+        store_url=settings.span_store,
+        dataset_mode="sft",
+        min_reward=1.0,
+        drop_examples=True,
+        base_model=BASE,
+        max_steps=plan.max_steps,
+        eval_instances=plan.eval_instances,
+        margin=plan.margin,
+        triton_url=urls["triton"],
+        model_repository=str(settings.model_repository),
+        tracking_uri=urls["mlflow"],
     )
-    routes.write(table)
-    return Deployed(AGENT, 1, base_dir)
 
 
-def spans_on_topic(kafka: KafkaSettings) -> int:
-    """How many messages the span topic holds (the end offsets, summed)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(**kafka.client_options())
-    try:
-        partitions = consumer.partitions_for_topic(kafka.spans_topic) or set()
-        ends = consumer.end_offsets([TopicPartition(kafka.spans_topic, p) for p in partitions])
-        return int(sum(ends.values()))
-    finally:
-        consumer.close()
+def kafka_settings(settings: StackSettings) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=stack_urls(settings)["kafka"])

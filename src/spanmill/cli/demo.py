@@ -1,6 +1,10 @@
-"""``spanmill demo``: the whole system on this machine, narrated."""
+"""``spanmill demo``: the loop turns once on this machine, narrated."""
 
 from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
 
 import typer
 from rich.progress import (
@@ -16,68 +20,131 @@ from rich.table import Table
 from spanmill.cli.console import console, handle_errors
 
 
+def _episodes(bar: Progress, label: str, n: int) -> Any:
+    job: TaskID = bar.add_task(label, total=n, success=0.0)
+    wins = 0
+
+    def tick(done: int, total: int, result: Any) -> None:
+        nonlocal wins
+        verdict = getattr(result, "verdict", None)
+        wins += bool(verdict is not None and verdict.primary.value >= 1)
+        bar.update(job, completed=done, success=wins / done)
+
+    return tick
+
+
+def _bar() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("success {task.fields[success]:.0%}"), TimeElapsedColumn(), console=console,
+    )  # fmt: skip
+
+
 @handle_errors
 def demo(
-    n: int = typer.Option(30, "--n", min=1, help="Held-out calculator problems per prompt."),
+    episodes: int = typer.Option(300, help="Production episodes (few-shot prompt, train tasks)."),
+    eval_n: int = typer.Option(40, "--eval-n", help="Held-out problems measured before/after."),
+    max_steps: int = typer.Option(80, help="LoRA training steps."),
     down: bool = typer.Option(False, help="Stop the stack at the end."),
 ) -> None:
-    """Start the stack, serve SmolLM2 as the calculator agent's champion, run agent traffic."""
+    """Stack up, SmolLM2 in service, agent traffic, the flywheel, a rollout, before/after."""
     from spanmill import demo as steps
     from spanmill import sdk
-    from spanmill.config import KafkaSettings, StackSettings, load_settings
+    from spanmill.config import StackSettings, load_settings
+    from spanmill.registry import CHAMPION, ModelRegistry
+    from spanmill.rollout.schemas import Phase
     from spanmill.stack.local import LocalStack
-    from spanmill.tasks.runner import RunReport, run_agent
 
+    started = time.monotonic()
     settings = load_settings(StackSettings)
+    plan = steps.DemoPlan(eval_episodes=eval_n, traffic_episodes=episodes, max_steps=max_steps)
+    urls = steps.stack_urls(settings)
+
     console.rule("1. the embedded stack")
-    with console.status("starting tansu, MLflow, tritonserver and the gateway…"):
+    with console.status("starting tansu, MLflow, tritonserver, the gateway and the collector…"):
         steps.start_stack(
-            settings, on_started=lambda s: console.print(f"  [green]✓[/] {s.name:<8} {s.url}")
+            settings, on_started=lambda s: console.print(f"  [green]✓[/] {s.name:<9} {s.url}")
         )
-    console.print("  (services already running are reused)")
 
-    console.rule("2. the champion in service")
-    with console.status("pulling SmolLM2-135M-Instruct and loading it into Triton…"):
-        deployed = steps.serve_base_as_champion(settings)
-    console.print(
-        f"  [green]✓[/] Triton model {deployed.model} v{deployed.version} ← {deployed.base_model}"
-    )
+    console.rule("2. SmolLM2-135M-Instruct as the calculator agent's champion")
+    with console.status("registering the base model in MLflow; the controller serves it…"):
+        v1 = steps.serve_base_as_champion(settings)
+        steps.reconcile_until(
+            settings, lambda st: st.champion == v1 and st.phase == Phase.STABLE, timeout_s=300
+        )
+    console.print(f"  [green]✓[/] {steps.AGENT} v{v1} is champion and serves all traffic")
 
-    console.rule("3. production traffic: the calculator agent through the gateway")
-    kafka = KafkaSettings(bootstrap_servers=f"{settings.host}:{settings.kafka_port}")
-    sdk.configure("spanmill-demo-agent", kafka=kafka, agent_name=steps.AGENT)
-    gateway = f"http://{settings.host}:{settings.gateway_port}/v1"
-    reports: list[RunReport] = []
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("success {task.fields[success]:.0%}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console) as bar:
-        for style in ("zero_shot", "few_shot"):
-            job = bar.add_task(f"{style} prompt", total=n, success=0.0)
-            wins = 0
+    sdk.configure("calculator-agent", kafka=steps.kafka_settings(settings), agent_name=steps.AGENT)
+    console.rule("3. before: the short zero-shot prompt on held-out problems")
+    with _bar() as bar:
+        tick = _episodes(bar, "zero-shot, base", plan.eval_episodes)
+        before = steps.run_agent(
+            settings, plan.eval_episodes, split="heldout", prompt_style="zero_shot", progress=tick
+        )
 
-            def tick(done: int, total: int, result: object, job: TaskID = job) -> None:
-                nonlocal wins
-                verdict = getattr(result, "verdict", None)
-                wins += bool(verdict is not None and verdict.primary.value >= 1)
-                bar.update(job, completed=done, success=wins / done)
+    console.rule("4. production traffic: the few-shot prompt, spans through Kafka")
+    with _bar() as bar:
+        tick = _episodes(bar, "few-shot, production", plan.traffic_episodes)
+        steps.run_agent(
+            settings, plan.traffic_episodes, split="train", prompt_style="few_shot", progress=tick
+        )
+    sdk.force_flush()
+    stored = steps.wait_for_spans(settings, plan.traffic_episodes * 4)
+    console.print(f"  [green]✓[/] {stored} spans in the store at {settings.span_store}")
 
-            reports.append(
-                run_agent(steps.AGENT, n, gateway, steps.AGENT, prompt_style=style, progress=tick)
-            )
+    console.rule("5. the flywheel pipeline (kfp local runner)")
+    root = Path(settings.state_dir) / "pipeline-root"
+    with console.status("build_dataset → train_lora → evaluate → register → deploy…"):
+        steps.run_flywheel(settings, plan, root)
+    registry = ModelRegistry(urls["mlflow"])
+    desired = registry.desired(steps.AGENT)
+    if desired.challenger is None:
+        console.print("[yellow]the gate kept the champion: no challenger this turn[/]")
+        raise typer.Exit(1)
+    console.print(f"  [green]✓[/] v{desired.challenger} registered as challenger and staged")
+
+    console.rule("6. rollout: canary, then promotion by the controller")
+    with _bar() as bar:
+        canary = _episodes(bar, "canary traffic", 400)
+        done = {"n": 0}
+
+        def traffic() -> None:
+            report = steps.run_agent(settings, 4, split="heldout", prompt_style="zero_shot")
+            for _ in report.episodes:
+                done["n"] += 1
+                canary(done["n"], 400, _)
+
+        final = steps.reconcile_until(
+            settings,
+            lambda st: st.phase == Phase.STABLE and st.challenger is None,
+            traffic=traffic,
+        )
+    new_champion = registry.aliases(steps.AGENT).get(CHAMPION)
+    outcome = "promoted" if new_champion == desired.challenger else "rolled back"
+    console.print(f"  [green]✓[/] v{desired.challenger} {outcome}: {final.last_reason}")
+
+    console.rule("7. after: the same held-out problems")
+    with _bar() as bar:
+        tick = _episodes(bar, f"zero-shot, v{new_champion}", plan.eval_episodes)
+        after = steps.run_agent(
+            settings, plan.eval_episodes, split="heldout", prompt_style="zero_shot", progress=tick
+        )
     sdk.force_flush()
     sdk.shutdown()
 
-    table = Table("prompt", "success", "valid tool calls", "mean reward", "tokens/answer")
-    for report in reports:
+    table = Table("held-out, zero-shot prompt", "success", "valid tool calls", "mean reward",
+                  "tokens/answer")  # fmt: skip
+    for label, report in ((f"before (v{v1}, base)", before),
+                          (f"after (v{new_champion})", after)):  # fmt: skip
         table.add_row(
-            report.prompt_style, f"{report.success_rate:.0%}", f"{report.valid_call_rate:.0%}",
+            label, f"{report.success_rate:.0%}", f"{report.valid_call_rate:.0%}",
             f"{report.mean_reward:.2f}", f"{report.mean_completion_tokens:.1f}",
         )  # fmt: skip
     console.print(table)
-    console.print(
-        f"  spans on Kafka topic {kafka.spans_topic}: {steps.spans_on_topic(kafka)} messages"
-    )
-    console.print(f"  MLflow: http://{settings.host}:{settings.mlflow_port}   gateway: {gateway}")
+    console.print(f"  MLflow:     {urls['mlflow']}/#/models/{steps.AGENT}")
+    console.print(f"  span store: {settings.span_store}   (spanmill spans stats)")
+    console.print(f"  pipeline:   {root}")
+    console.print(f"  took {(time.monotonic() - started) / 60:.1f} minutes")
     if down:
         LocalStack(settings).down()
         console.print("stack stopped")
