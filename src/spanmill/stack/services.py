@@ -293,10 +293,48 @@ class TritonServer(Service):
         return response.status_code == 200
 
 
-class GatewayProcess(Service):
+class SpanmillProcess(Service):
+    """One of spanmill's own services, run as ``spanmill <command>`` with env settings."""
+
+    command: ClassVar[tuple[str, ...]]
+    health_path: ClassVar[str]
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        work_dir: Path,
+        *,
+        settings_env: dict[str, str],
+        timeout: float = 60.0,
+    ) -> None:
+        super().__init__(host, work_dir, timeout)
+        self.port = port
+        self.settings_env = settings_env
+
+    def ports(self) -> dict[str, int]:
+        return {"main": self.port}
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def argv(self) -> Sequence[str]:
+        return [sys.executable, "-m", "spanmill.cli.main", *self.command]
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), **self.settings_env}
+
+    def healthy(self) -> bool:
+        return httpx.get(f"{self.url}{self.health_path}", timeout=2.0).status_code == 200
+
+
+class GatewayProcess(SpanmillProcess):
     """The spanmill gateway, routing by a table file the rollout controller rewrites."""
 
     name = "gateway"
+    command = ("gateway",)
+    health_path = "/healthz"
 
     def __init__(
         self,
@@ -309,40 +347,27 @@ class GatewayProcess(Service):
         triton_url: str,
         timeout: float = 60.0,
     ) -> None:
-        super().__init__(host, work_dir, timeout)
-        self.port = port
-        self.routing_file = routing_file
-        self.kafka_bootstrap = kafka_bootstrap
-        self.triton_url = triton_url
-
-    def ports(self) -> dict[str, int]:
-        return {"main": self.port}
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def argv(self) -> Sequence[str]:
-        return [
-            sys.executable, "-m", "spanmill.cli.main", "gateway",
-            "--host", self.host, "--port", str(self.port),
-            "--routing-file", str(self.routing_file),
-        ]  # fmt: skip
-
-    def env(self) -> dict[str, str]:
-        env = super().env()
-        env["SPANMILL_KAFKA_BOOTSTRAP_SERVERS"] = self.kafka_bootstrap
-        env["SPANMILL_TRITON_HTTP_URL"] = self.triton_url
-        return env
-
-    def healthy(self) -> bool:
-        return httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200
+        super().__init__(
+            host,
+            port,
+            work_dir,
+            settings_env={
+                "SPANMILL_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+                "SPANMILL_TRITON_HTTP_URL": triton_url,
+                "SPANMILL_GATEWAY_HOST": host,
+                "SPANMILL_GATEWAY_PORT": str(port),
+                "SPANMILL_GATEWAY_ROUTING_FILE": str(routing_file),
+            },
+            timeout=timeout,
+        )
 
 
-class CollectorProcess(Service):
+class CollectorProcess(SpanmillProcess):
     """The spanmill collector: the span topic into the Parquet span store."""
 
     name = "collector"
+    command = ("collector",)
+    health_path = "/readyz"
 
     def __init__(
         self,
@@ -354,28 +379,15 @@ class CollectorProcess(Service):
         kafka_bootstrap: str,
         timeout: float = 60.0,
     ) -> None:
-        super().__init__(host, work_dir, timeout)
-        self.port = port
-        self.store_url = store_url
-        self.kafka_bootstrap = kafka_bootstrap
-
-    def ports(self) -> dict[str, int]:
-        return {"main": self.port}
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def argv(self) -> Sequence[str]:
-        return [sys.executable, "-m", "spanmill.cli.main", "collector"]
-
-    def env(self) -> dict[str, str]:
-        env = super().env()
-        env["SPANMILL_KAFKA_BOOTSTRAP_SERVERS"] = self.kafka_bootstrap
-        env["SPANMILL_COLLECTOR_STORE_URL"] = self.store_url
-        env["SPANMILL_COLLECTOR_HTTP_HOST"] = self.host
-        env["SPANMILL_COLLECTOR_HTTP_PORT"] = str(self.port)
-        return env
-
-    def healthy(self) -> bool:
-        return httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200
+        super().__init__(
+            host,
+            port,
+            work_dir,
+            settings_env={
+                "SPANMILL_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+                "SPANMILL_COLLECTOR_STORE_URL": store_url,
+                "SPANMILL_COLLECTOR_HTTP_HOST": host,
+                "SPANMILL_COLLECTOR_HTTP_PORT": str(port),
+            },
+            timeout=timeout,
+        )
