@@ -30,7 +30,8 @@ from spanmill.store.layout import hour_key
 from spanmill.tasks import get_task
 from spanmill.train.reference import reference_transcript
 
-pytestmark = [pytest.mark.services, pytest.mark.slow]
+# Training and evaluating the real model: minutes on two cores, more when they are busy.
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def recorded_episodes(n: int) -> list[Span]:

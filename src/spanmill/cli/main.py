@@ -9,7 +9,20 @@ from __future__ import annotations
 import typer
 
 from spanmill import __version__
-from spanmill.cli import agent, collector, dataset, demo, gateway, models, spans, stack
+from spanmill.cli import (
+    agent,
+    collector,
+    dataset,
+    demo,
+    evaluate,
+    gateway,
+    models,
+    pipeline,
+    rollout,
+    spans,
+    stack,
+    train,
+)
 
 app = typer.Typer(
     name="spanmill",
@@ -29,6 +42,10 @@ app.add_typer(agent.app, name="agent")
 app.add_typer(dataset.app, name="dataset")
 app.command()(collector.collector)
 app.add_typer(spans.app, name="spans")
+app.add_typer(rollout.app, name="rollout")
+app.add_typer(pipeline.app, name="pipeline")
+app.command()(train.train)
+app.command()(evaluate.evaluate)
 
 
 @app.command()

@@ -159,6 +159,64 @@ class Generator:
             model_version=self.version,
         )
 
+    def generate_batch(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[GenerationResult]:
+        """One choice for each conversation, generated together in one left-padded batch.
+
+        Offline work (evaluation) uses it: one forward pass per token for the whole
+        batch costs little more than for one conversation on a CPU.
+        """
+        if not conversations:
+            return []
+        if params.n != 1:
+            raise ValueError("batch generation gives one choice per conversation; use n=1")
+        torch = self._torch
+        prompts = [
+            self.tokenizer(self.render(messages, tools), add_special_tokens=False)["input_ids"]
+            for messages in conversations
+        ]
+        # Left padding keeps every prompt's last token at the same position, where
+        # generation continues; the attention mask hides the padding.
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids) :] = 1
+        options: dict[str, Any] = {
+            "max_new_tokens": min(params.max_tokens, self.max_tokens_limit),
+            "return_dict_in_generate": True,
+            "output_scores": True,
+            "pad_token_id": self.pad_id,
+            "eos_token_id": self.eos_ids,
+        }
+        if params.temperature > 0:
+            options.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
+        else:
+            options.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if params.stop:
+            options.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        with self._lock, torch.inference_mode():
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **options)
+            scores = self.model.compute_transition_scores(
+                out.sequences, out.scores, normalize_logits=True
+            )
+        new_tokens = out.sequences[:, width:]
+        return [
+            GenerationResult(
+                choices=[self._choice(new_tokens[row].tolist(), scores[row].tolist(), params)],
+                prompt_token_ids=list(prompts[row]),
+                model_version=self.version,
+            )
+            for row in range(len(prompts))
+        ]
+
     def _choice(self, tokens: list[int], logprobs: list[float], params: GenerationParams) -> Choice:
         finish: Literal["stop", "length"] = "length"
         end = len(tokens)

@@ -1,0 +1,71 @@
+"""The promotion gate: a pure decision over two summaries and their difference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spanmill.evaluate.scoring import Summary
+from spanmill.evaluate.settings import GatePolicy
+from spanmill.evaluate.stats import Interval
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """Whether to promote, and every reason that decided it."""
+
+    promote: bool
+    reasons: tuple[str, ...]
+    metric: str
+    difference: float
+
+    @property
+    def verdict(self) -> str:
+        return "promote" if self.promote else "reject"
+
+
+def decide(
+    challenger: Summary, champion: Summary, difference: Interval, policy: GatePolicy
+) -> GateDecision:
+    """Promote only a challenger better by at least the margin and not worse on format.
+
+    A tie is never promoted, whatever the margin: replacing a model in service
+    has a cost, and an equal model does not pay for it.
+    """
+    metric = policy.metric
+    delta = challenger.metric(metric) - champion.metric(metric)
+    reasons: list[str] = []
+    if challenger.n == 0 or champion.n == 0:
+        reasons.append("nothing was evaluated")
+    elif delta <= 0:
+        reasons.append(
+            f"{metric} {challenger.metric(metric):.3f} is "
+            f"{'equal to' if delta == 0 else 'below'} the champion's {champion.metric(metric):.3f}"
+        )
+    elif delta < policy.margin:
+        reasons.append(
+            f"{metric} is better by {delta:.3f}, less than the margin {policy.margin:.3f}"
+        )
+    floor = champion.format_validity - policy.format_tolerance
+    if challenger.format_validity < floor:
+        reasons.append(
+            f"format validity {challenger.format_validity:.3f} is below the champion's "
+            f"{champion.format_validity:.3f}"
+            + (
+                f" less the tolerance {policy.format_tolerance:.3f}"
+                if policy.format_tolerance
+                else ""
+            )
+        )
+    if policy.require_significant and not difference.low > 0:
+        reasons.append(
+            f"the {difference.confidence:.0%} interval of the difference "
+            f"[{difference.low:.3f}, {difference.high:.3f}] does not exclude 0"
+        )
+    if reasons:
+        return GateDecision(False, tuple(reasons), metric, delta)
+    return GateDecision(
+        True,
+        (f"{metric} better by {delta:.3f} (margin {policy.margin:.3f}), format validity kept",),
+        metric,
+        delta,
+    )

@@ -1,0 +1,214 @@
+"""Read a dataset folder (:mod:`spanmill.dataset.layout`) and check it before any compute.
+
+Everything a trainer would trip over later, an hour into a GPU job, is refused
+here with the file, the row and what to do: a missing folder or file, an empty
+split, missing columns, a message list that is not a chat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from spanmill.dataset.layout import CARD_FILE, EVAL_FILE, MODES, REQUIRED_COLUMNS, TRAIN_FILE, Mode
+from spanmill.train.errors import DatasetError, EmptyDatasetError, MissingColumnsError
+
+# The message columns each mode's trainer reads, and the columns passed on to it.
+MESSAGE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "sft": ("prompt", "completion"),
+    "preference": ("prompt", "chosen", "rejected"),
+    "rl": ("prompt", "completion"),
+}
+TRAINER_COLUMNS: dict[str, tuple[str, ...]] = {
+    "sft": ("prompt", "completion", "weight"),
+    "preference": ("prompt", "chosen", "rejected"),
+    "rl": ("prompt", "completion", "reward"),
+}
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split's rows, as a pyarrow table with the trainer's columns."""
+
+    name: str
+    table: pa.Table
+    task_ids: frozenset[str] = field(default_factory=frozenset)
+    agents: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def rows(self) -> int:
+        return int(self.table.num_rows)
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """A checked dataset folder: its mode, splits, card and content digest."""
+
+    folder: Path
+    mode: Mode
+    train: Split
+    eval: Split | None
+    card: dict[str, Any]
+    digest: str
+    weighted: bool
+
+    @property
+    def name(self) -> str:
+        return str(self.card.get("name") or self.folder.name)
+
+
+def load_training_data(folder: Path) -> TrainingData:
+    """Read and check ``folder``; raises a DatasetError naming what is wrong."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DatasetError(
+            f"dataset folder {folder} does not exist; build one with the dataset builder "
+            f"or pass the folder that holds {TRAIN_FILE}"
+        )
+    train_path = folder / TRAIN_FILE
+    if not train_path.is_file():
+        raise DatasetError(f"dataset folder {folder} has no {TRAIN_FILE}; is it a dataset folder?")
+    card = _read_card(folder / CARD_FILE)
+    train_table = _read_table(train_path)
+    mode = _mode(card, train_table, train_path)
+    train = _checked_split("train", train_table, train_path, mode)
+    eval_split = None
+    eval_path = folder / EVAL_FILE
+    if eval_path.is_file():
+        eval_table = _read_table(eval_path)
+        if eval_table.num_rows:
+            eval_split = _checked_split("eval", eval_table, eval_path, mode)
+    weighted = False
+    if mode == "sft":
+        weights = train.table.column("weight").to_pylist()
+        weighted = len(set(weights)) > 1
+    return TrainingData(
+        folder=folder,
+        mode=mode,
+        train=train,
+        eval=eval_split,
+        card=card,
+        digest=_digest(folder, card),
+        weighted=weighted,
+    )
+
+
+def _read_card(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"dataset card {path} is not readable JSON: {exc}") from None
+    if not isinstance(card, dict):
+        raise DatasetError(f"dataset card {path} must hold a JSON object")
+    return card
+
+
+def _read_table(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DatasetError(f"{path} is not a readable Parquet file: {exc}") from None
+
+
+def _mode(card: dict[str, Any], table: pa.Table, path: Path) -> Mode:
+    declared = card.get("mode")
+    if declared is not None:
+        if declared not in MODES:
+            raise DatasetError(
+                f"dataset card of {path.parent} declares mode {declared!r}; "
+                f"known modes: {', '.join(MODES)}"
+            )
+        return declared
+    present = set(table.column_names)
+    for mode in MODES:
+        if set(REQUIRED_COLUMNS[mode]) <= present:
+            return mode
+    # Without a card, name what the closest mode lacks: that is what the user must fix.
+    closest = min(MODES, key=lambda m: len(set(REQUIRED_COLUMNS[m]) - present))
+    raise _missing(path, closest, present)
+
+
+def _missing(path: Path, mode: str, present: set[str]) -> MissingColumnsError:
+    missing = [c for c in REQUIRED_COLUMNS[mode] if c not in present]
+    return MissingColumnsError(
+        f"{path} lacks column{'s' if len(missing) > 1 else ''} {', '.join(missing)} that a "
+        f"{mode} dataset needs (it has: {', '.join(sorted(present)) or 'no columns'}); "
+        "rebuild the dataset with the current builder"
+    )
+
+
+def _checked_split(name: str, table: pa.Table, path: Path, mode: Mode) -> Split:
+    present = set(table.column_names)
+    if not set(REQUIRED_COLUMNS[mode]) <= present:
+        raise _missing(path, mode, present)
+    if table.num_rows == 0:
+        raise EmptyDatasetError(
+            f"{path} has no rows: the dataset's filters kept no samples; widen the span "
+            "window or loosen the reward filter, then build it again"
+        )
+    for column in MESSAGE_COLUMNS[mode]:
+        for row, messages in enumerate(table.column(column).to_pylist()):
+            problem = _chat_problem(messages, final_assistant=column != "prompt")
+            if problem:
+                raise DatasetError(f"{path}, row {row}, column {column}: {problem}")
+    if mode == "sft":
+        weights = table.column("weight").to_pylist()
+        for row, weight in enumerate(weights):
+            if weight is None or not math.isfinite(weight) or weight < 0:
+                raise DatasetError(
+                    f"{path}, row {row}: weight must be a finite number >= 0, got {weight!r}"
+                )
+        if not any(weights):
+            raise EmptyDatasetError(
+                f"{path}: every sample has weight 0, so nothing would be learnt"
+            )
+    return Split(
+        name,
+        table.select(list(TRAINER_COLUMNS[mode])),
+        task_ids=_distinct(table, "task_id"),
+        agents=_distinct(table, "agent"),
+    )
+
+
+def _distinct(table: pa.Table, column: str) -> frozenset[str]:
+    if column not in table.column_names:
+        return frozenset()
+    return frozenset(str(v) for v in table.column(column).unique().to_pylist() if v)
+
+
+def _chat_problem(messages: Any, *, final_assistant: bool) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return "expected a non-empty list of messages"
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"message {index} is not an object"
+        if message.get("role") not in _ROLES:
+            return f"message {index} has role {message.get('role')!r}"
+        if not isinstance(message.get("content"), str):
+            return f"message {index} has no string content"
+    if final_assistant and messages[-1]["role"] != "assistant":
+        return "the completion must end with an assistant message"
+    return None
+
+
+def _digest(folder: Path, card: dict[str, Any]) -> str:
+    declared = card.get("content_hash")
+    if isinstance(declared, str) and declared:
+        return declared
+    digest = hashlib.sha256()
+    for name in (TRAIN_FILE, EVAL_FILE):
+        path = folder / name
+        if path.is_file():
+            digest.update(name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()

@@ -1,0 +1,121 @@
+"""Every setting of a training run, with the defaults that work for SmolLM2 on a CPU.
+
+Env prefix ``SPANMILL_TRAIN_`` (``SPANMILL_TRAIN_LORA_R=32``); the MLflow
+connection comes from ``SPANMILL_MLFLOW_*`` as for every service. The defaults
+are the recipe measured on the calculator agent (see ENVIRONMENT.md): LoRA r=16,
+alpha=32 on every attention and MLP projection, lr 3e-4, batch 8.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from spanmill.config import MLflowSettings
+
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Method = Literal["auto", "sft", "dpo"]
+
+# The projections of Llama-style blocks (SmolLM2, Qwen2, Llama, Mistral).
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class TrainSettings(BaseSettings):
+    """How to fine-tune a base model with LoRA on a spanmill dataset."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPANMILL_TRAIN_", extra="forbid", validate_default=True
+    )
+
+    base_model: str = Field(
+        "smollm2-135m",
+        description="A local folder, a catalog name (pulled if missing) or a Hugging Face id.",
+    )
+    method: Method = Field(
+        "auto", description="sft or dpo; auto picks from the dataset's mode (preference: dpo)."
+    )
+
+    lora_r: int = Field(16, gt=0, le=1024)
+    lora_alpha: int = Field(32, gt=0)
+    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LLAMA_PROJECTIONS),
+        description='Module names to adapt, or ["all-linear"].',
+    )
+
+    learning_rate: float = Field(3e-4, gt=0.0, le=1.0)
+    epochs: float = Field(1.0, gt=0.0, description="Ignored when max_steps is set.")
+    max_steps: int | None = Field(None, gt=0, description="Optimizer steps; overrides epochs.")
+    batch_size: int = Field(8, gt=0, description="Samples per device per step.")
+    gradient_accumulation_steps: int = Field(1, gt=0)
+    warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
+    weight_decay: float = Field(0.0, ge=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    max_length: int = Field(1024, gt=0, description="Tokens per sample, or per packed sequence.")
+    packing: bool = Field(
+        False,
+        description="Pack short samples into max_length sequences; not with varying weights.",
+    )
+    sample_weights: bool = Field(
+        True, description="Weigh each sample's loss by the dataset's weight column when it varies."
+    )
+    dpo_beta: float = Field(0.1, gt=0.0, description="DPO's KL strength.")
+    seed: int = 0
+    precision: Precision = Field(
+        "auto", description="auto: bf16 on a GPU that supports it, else fp32."
+    )
+    gradient_checkpointing: bool = False
+    num_threads: int = Field(0, ge=0, description="CPU threads for torch; 0 keeps its default.")
+
+    logging_steps: int = Field(1, gt=0)
+    save_steps: int = Field(50, gt=0, description="Checkpoint every this many steps.")
+    save_total_limit: int = Field(2, gt=0)
+    resume: bool = Field(True, description="Continue from the output folder's last checkpoint.")
+    keep_checkpoints: bool = Field(False, description="Keep checkpoints after a finished run.")
+    merge: bool = Field(False, description="Also save the base model with the adapter merged in.")
+    eval_loss: bool = Field(True, description="Compute the loss on the eval split at the end.")
+
+    track: bool = Field(True, description="Log the run to MLflow.")
+    experiment: str = Field("spanmill", min_length=1)
+    run_name: str | None = None
+    mlflow: MLflowSettings = Field(default_factory=MLflowSettings)
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, value: list[str]) -> list[str]:
+        cleaned = [name.strip() for name in value if name.strip()]
+        if not cleaned:
+            raise ValueError("name at least one module to adapt, e.g. q_proj, or all-linear")
+        return cleaned
+
+    def training_fingerprint(self) -> str:
+        """A hash of what decides the trained weights, to refuse resuming under other settings."""
+        decisive = self.model_dump(
+            exclude={
+                "resume",
+                "keep_checkpoints",
+                "merge",
+                "eval_loss",
+                "track",
+                "experiment",
+                "run_name",
+                "mlflow",
+                "num_threads",
+                "logging_steps",
+                "save_steps",
+                "save_total_limit",
+            }
+        )
+        return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
+
+    def as_params(self) -> dict[str, str]:
+        """The settings as MLflow params (the connection excluded)."""
+        return {
+            key: json.dumps(value) if isinstance(value, list | dict) else str(value)
+            for key, value in self.model_dump(exclude={"mlflow"}).items()
+        }

@@ -1,0 +1,236 @@
+"""MLflow for a training run: the run itself, per-step metrics, the dataset input, pictures.
+
+Only the main process of a distributed run talks to MLflow; the others get no
+tracker. The tracker uses an explicit :class:`~mlflow.MlflowClient` and run id,
+never mlflow's global active run, so a library caller's own runs are untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from spanmill.train.data import TrainingData
+from spanmill.train.errors import TrainError
+
+logger = logging.getLogger(__name__)
+
+# Trainer log keys that are run summaries, not step metrics.
+_SUMMARY_KEYS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second"})
+
+
+class RunTracker:
+    """One MLflow run, created or reopened, written to through an explicit client.
+
+    A tracker that only adds to someone else's run (evaluation logging into the
+    challenger's training run) leaves that run's status alone.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str, *, owns_status: bool = True) -> None:
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri = tracking_uri
+        self.run_id = run_id
+        self.owns_status = owns_status
+
+    @classmethod
+    def open(
+        cls,
+        tracking_uri: str,
+        experiment: str,
+        *,
+        run_name: str | None,
+        tags: Mapping[str, str],
+        resume_run_id: str | None = None,
+        add_to_existing: bool = False,
+    ) -> RunTracker:
+        """Create a run, or continue ``resume_run_id`` (marked running again, unless only
+        ``add_to_existing``); fails fast when MLflow is unreachable."""
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        client = MlflowClient(tracking_uri)
+        try:
+            if resume_run_id:
+                try:
+                    client.get_run(resume_run_id)
+                    if add_to_existing:
+                        return cls(tracking_uri, resume_run_id, owns_status=False)
+                    client.update_run(resume_run_id, status="RUNNING")
+                    return cls(tracking_uri, resume_run_id)
+                except MlflowException:
+                    pass  # the run is gone (another server, a wiped store): start a new one
+            found = client.get_experiment_by_name(experiment)
+            experiment_id = (
+                found.experiment_id if found is not None else client.create_experiment(experiment)
+            )
+            run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+        except MlflowException as exc:
+            raise TrainError(
+                f"cannot use MLflow at {tracking_uri}: {exc.message}; start it (spanmill up) or "
+                "set SPANMILL_MLFLOW_TRACKING_URI, or train without tracking"
+            ) from None
+        except OSError as exc:
+            raise TrainError(
+                f"cannot reach MLflow at {tracking_uri}: {exc}; start it (spanmill up) or set "
+                "SPANMILL_MLFLOW_TRACKING_URI, or train without tracking"
+            ) from None
+        return cls(tracking_uri, run.info.run_id)
+
+    def log_params(self, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        # Params are write-once: a resumed run logged them already.
+        known = self.client.get_run(self.run_id).data.params
+        fresh = [Param(k, v[:6000]) for k, v in params.items() if k not in known]
+        for start in range(0, len(fresh), 100):
+            self.client.log_batch(self.run_id, params=fresh[start : start + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        entries = [
+            Metric(key, float(value), now, step)
+            for key, value in metrics.items()
+            if isinstance(value, int | float) and math.isfinite(value)
+        ]
+        if entries:
+            self.client.log_batch(self.run_id, metrics=entries)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, value)
+
+    def log_dataset(self, data: TrainingData, context: str = "train") -> None:
+        """The dataset as the run's input: its name, digest, source folder and card summary."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        summary = {
+            "mode": data.mode,
+            "train_rows": data.train.rows,
+            "eval_rows": data.eval.rows if data.eval else 0,
+            "counts": data.card.get("counts"),
+            "span_window": data.card.get("span_window"),
+        }
+        dataset = Dataset(
+            name=data.name,
+            digest=data.digest[:36],
+            source_type="local" if "://" not in str(data.folder) else "external",
+            source=json.dumps({"uri": str(data.folder.resolve())}),
+            profile=json.dumps(summary, default=str),
+        )
+        tags = [InputTag("mlflow.data.context", context)]
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset, tags)])
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, dict(data), artifact_file)
+
+    def finish(self, status: str) -> None:
+        if self.owns_status:
+            self.client.set_terminated(self.run_id, status=status)
+
+
+class MetricsCallback(TrainerCallback):
+    """Logs every Trainer log event as step metrics, with the tokens per second of those steps.
+
+    Tokens per second counts only the time inside training steps, so checkpoint
+    saving and evaluation do not drag the figure down.
+    """
+
+    def __init__(self, tracker: RunTracker | None) -> None:
+        self.tracker = tracker
+        self._step_started = 0.0
+        self._step_seconds = 0.0
+        self._tokens_at_last_log: float | None = None
+        self.last_tokens_per_second: float | None = None
+
+    def on_step_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        self._step_started = time.perf_counter()
+
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        self._step_seconds += time.perf_counter() - self._step_started
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not logs or not state.is_world_process_zero:
+            return
+        metrics = {k: v for k, v in logs.items() if k not in _SUMMARY_KEYS}
+        tokens = logs.get("num_tokens")
+        if tokens is not None and "loss" in logs:
+            if self._tokens_at_last_log is not None and self._step_seconds > 0:
+                rate = (tokens - self._tokens_at_last_log) / self._step_seconds
+                metrics["tokens_per_second"] = rate
+                self.last_tokens_per_second = rate
+            self._tokens_at_last_log = tokens
+            self._step_seconds = 0.0
+        if "loss" in metrics:
+            logger.info(
+                "step %d/%d loss %.4f lr %.2e tokens/s %s",
+                state.global_step,
+                state.max_steps,
+                metrics["loss"],
+                metrics.get("learning_rate", 0.0),
+                f"{metrics['tokens_per_second']:.0f}" if "tokens_per_second" in metrics else "-",
+            )
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, state.global_step)
+
+
+def loss_curve_png(log_history: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Plot training (and eval) loss against the step; None when nothing was logged."""
+    train = [(e["step"], e["loss"]) for e in log_history if "loss" in e and "step" in e]
+    evals = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
+    if not train:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
+    steps, losses = zip(*sorted(dict(train).items()), strict=True)
+    axes.plot(steps, losses, label="train loss", color="#1f77b4")
+    if evals:
+        axes.scatter(*zip(*evals, strict=True), label="eval loss", color="#d62728", zorder=3)
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path

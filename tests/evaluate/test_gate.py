@@ -1,0 +1,135 @@
+"""The gate and the statistics it reads: pure functions over plain numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from spanmill.evaluate import GatePolicy, Interval, Summary, bootstrap_difference, decide
+from spanmill.evaluate.scoring import Outcome, per_item, score_reply
+from spanmill.tasks import get_task
+
+
+def summary(success: float, valid: float = 1.0, n: int = 100) -> Summary:
+    return Summary(
+        n=n, mean_reward=success, success_rate=success, format_validity=valid, tokens_per_answer=12
+    )
+
+
+def interval(estimate: float, low: float | None = None, high: float | None = None) -> Interval:
+    return Interval(estimate, estimate - 0.1 if low is None else low, high or estimate + 0.1, 0.95)
+
+
+POLICY = GatePolicy(margin=0.05)
+
+
+def test_a_worse_challenger_is_rejected() -> None:
+    decision = decide(summary(0.40), summary(0.55), interval(-0.15), POLICY)
+    assert not decision.promote
+    assert decision.verdict == "reject"
+    assert "below the champion's 0.550" in decision.reasons[0]
+
+
+def test_a_better_challenger_is_accepted() -> None:
+    decision = decide(summary(0.62), summary(0.30), interval(0.32), POLICY)
+    assert decision.promote
+    assert decision.difference == pytest.approx(0.32)
+    assert "better by 0.320" in decision.reasons[0]
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.05])
+def test_a_tie_is_rejected_whatever_the_margin(margin: float) -> None:
+    decision = decide(summary(0.5), summary(0.5), interval(0.0), GatePolicy(margin=margin))
+    assert not decision.promote
+    assert "equal to the champion's" in decision.reasons[0]
+
+
+def test_better_by_less_than_the_margin_is_rejected() -> None:
+    decision = decide(summary(0.53), summary(0.50), interval(0.03), POLICY)
+    assert not decision.promote
+    assert "less than the margin 0.050" in decision.reasons[0]
+
+
+def test_a_better_challenger_that_breaks_the_format_is_rejected() -> None:
+    decision = decide(summary(0.7, valid=0.90), summary(0.3, valid=0.99), interval(0.4), POLICY)
+    assert not decision.promote
+    assert "format validity 0.900 is below the champion's 0.990" in decision.reasons[0]
+    tolerant = POLICY.model_copy(update={"format_tolerance": 0.1})
+    assert decide(summary(0.7, 0.90), summary(0.3, 0.99), interval(0.4), tolerant).promote
+
+
+def test_significance_can_be_required() -> None:
+    strict = POLICY.model_copy(update={"require_significant": True})
+    assert not decide(summary(0.6), summary(0.5), interval(0.1, low=-0.02), strict).promote
+    assert decide(summary(0.6), summary(0.5), interval(0.1, low=0.01), strict).promote
+
+
+def test_nothing_evaluated_is_never_promoted() -> None:
+    assert not decide(summary(0.0, n=0), summary(0.0, n=0), interval(0.0), POLICY).promote
+
+
+def test_the_bootstrap_interval_brackets_the_paired_difference() -> None:
+    champion = [1.0] * 30 + [0.0] * 70
+    challenger = [1.0] * 30 + [1.0] * 30 + [0.0] * 40
+    result = bootstrap_difference(challenger, champion, resamples=2000, seed=3)
+    assert result.estimate == pytest.approx(0.30)
+    assert 0.18 < result.low < 0.30 < result.high < 0.42
+    assert result.excludes_zero
+    assert result == bootstrap_difference(challenger, champion, resamples=2000, seed=3)
+
+    same = bootstrap_difference(champion, champion)
+    assert (same.estimate, same.low, same.high) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="differ in length"):
+        bootstrap_difference([1.0], [1.0, 0.0])
+
+
+def test_summaries_and_per_item_values_agree() -> None:
+    outcomes = [
+        Outcome("a", 1.0, True, True, tokens=20, replies=2),
+        Outcome("b", 0.0, False, False, tokens=48, replies=1),
+    ]
+    s = Summary.of(outcomes)
+    assert (s.n, s.success_rate, s.format_validity, s.tokens_per_answer) == (2, 0.5, 0.5, 29.0)
+    assert per_item(outcomes, "success_rate") == [1.0, 0.0]
+    assert Summary.of([]).n == 0
+
+
+@pytest.mark.parametrize(
+    ("reply", "reference", "match", "valid"),
+    [
+        (
+            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
+            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
+            True,
+            True,
+        ),
+        (
+            '{"tool": "calculator", "expression": "12 * 4 - 9"}',
+            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
+            True,
+            True,
+        ),
+        (
+            '{"tool": "calculator", "expression": "4 * 12"}',
+            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
+            False,
+            True,
+        ),
+        (
+            '{"tool": "calculator", "expression": "4 ** 12"}',
+            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
+            False,
+            False,
+        ),
+        ("The answer is 39.", '{"tool": "calculator", "expression": "4 * 12 - 9"}', False, False),
+        ("39", "39", True, True),
+        ("The answer is 39.", "39", True, True),
+        ("40", "39", False, True),
+        ('{"tool": "calculator", "expression": "39"}', "39", False, False),
+        ("", "39", False, False),
+    ],
+)
+def test_replies_are_scored_against_the_recorded_completion(
+    reply: str, reference: str, match: bool, valid: bool
+) -> None:
+    got_match, got_valid, why = score_reply(get_task("calculator"), reply, reference)
+    assert (got_match, got_valid) == (match, valid), why
