@@ -12,15 +12,17 @@ export SPANMILL_HOME ?= $(CACHE)/spanmill
 export PATH := $(BIN):$(SPANMILL_HOME)/bin:$(PATH)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-# The venv is rebuilt when the dependency list changes.
-DEPS_HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# The venv is rebuilt when the dependency list changes. constraints.txt pins every
+# version a working venv resolved (`make lock` writes it): installs are reproducible
+# and skip pip's backtracking through the boto/aiobotocore ranges.
+DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 VENV_STAMP := $(VENV)/.installed-$(DEPS_HASH)
 HELM := $(SPANMILL_HOME)/bin/helm
 BASE_MODEL := smollm2-135m
 MODEL_STAMP := $(SPANMILL_HOME)/models/$(BASE_MODEL)/spanmill-model.json
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-fast bench lint format charts up down status clean
+.PHONY: help install demo test test-fast bench lint format charts up down status clean lock
 
 help:
 	@echo "make demo    install what is missing, then run the demo on the embedded stack"
@@ -31,11 +33,11 @@ help:
 install: $(VENV_STAMP) $(HELM) $(MODEL_STAMP)
 
 # torch goes first and pinned: an open range would pull a multi-GB CUDA build.
-$(VENV_STAMP): pyproject.toml
+$(VENV_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[all,dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all,dev]'
 	$(BIN)/python -m pip check
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -92,6 +94,9 @@ charts: $(HELM) $(VENV_STAMP)
 
 up status down: $(VENV_STAMP)
 	$(BIN)/spanmill $@
+
+lock: $(VENV_STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^spanmill' > constraints.txt
 
 clean:
 	-$(BIN)/spanmill down
