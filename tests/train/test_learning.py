@@ -26,7 +26,9 @@ from spanmill.evaluate import EvalSettings, evaluate
 from spanmill.tasks import get_task
 from spanmill.train import TrainSettings, train, write_reference_dataset
 
-pytestmark = [pytest.mark.services, pytest.mark.slow]
+# About 3 minutes on two idle cores; the limit leaves room for a machine shared with
+# other work, where it has taken 9.
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 STEPS = 40
 TRAIN_EPISODES = 200
