@@ -1,7 +1,5 @@
 """Component: the challenger against the champion in service; the gate's decision."""
 
-from typing import NamedTuple
-
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
@@ -20,8 +18,12 @@ def evaluate(
     instances: int = 100,
     num_threads: int = 0,
     tracking_uri: str = "",
-) -> NamedTuple("Gate", [("promote", bool)]):  # type: ignore[valid-type]
-    from collections import namedtuple
+) -> bool:
+    """The gate's decision: promote the challenger or not.
+
+    A plain return value rather than a named output: kfp's local runner resolves
+    a condition on a task's single return value, not on a named tuple field.
+    """
     from pathlib import Path
 
     from spanmill.pipeline.steps import evaluate_step
@@ -36,5 +38,4 @@ def evaluate(
             metrics.log_metric(name, float(value))
     promote = bool(report["decision"]["promote"])
     evaluation.metadata.update({"promote": promote, "verdict": report["decision"]["verdict"]})
-    gate = namedtuple("gate", ["promote"])
-    return gate(promote=promote)
+    return promote

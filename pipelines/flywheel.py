@@ -101,7 +101,7 @@ def flywheel(
     judged.set_caching_options(False)
     _credentials(judged)
 
-    with dsl.If(judged.outputs["promote"] == True, name="gate-passed"):  # noqa: E712
+    with dsl.If(judged.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
         registered = register_model(
             model=trained.outputs["model"], evaluation=judged.outputs["evaluation"],
             agent=agent, base_model=base_model, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,

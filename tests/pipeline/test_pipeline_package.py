@@ -48,7 +48,7 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     # Only a passing challenger is registered and staged.
     dag = spec["root"]["dag"]["tasks"]
     assert "condition-1" in dag or any("condition" in t for t in dag)
-    assert "promote" in json.dumps(dag)
+    assert "evaluate" in json.dumps(dag["condition-1"]["triggerPolicy"])
 
 
 def test_upload_creates_then_versions_and_schedule(  # type: ignore[no-untyped-def]
