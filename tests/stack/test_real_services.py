@@ -104,25 +104,27 @@ def test_triton_load_infer_unload_over_http_and_grpc(triton) -> None:  # type: i
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    write_echo_model(triton.model_repository, "echo")
+    # The session's Triton is shared: a name of this test's own.
+    name = f"upper-{uuid.uuid4().hex[:8]}"
+    write_echo_model(triton.model_repository, name)
     http = httpclient.InferenceServerClient(triton.http_url)
     assert http.is_server_live() and http.is_server_ready()
-    http.load_model("echo")
-    assert http.is_model_ready("echo")
+    http.load_model(name)
+    assert http.is_model_ready(name)
 
     text = np.array(["spanmill", "héllo"], dtype=object)
     inp = httpclient.InferInput("TEXT", [2], "BYTES")
     inp.set_data_from_numpy(text)
-    result = http.infer("echo", [inp], outputs=[httpclient.InferRequestedOutput("UPPER")])
+    result = http.infer(name, [inp], outputs=[httpclient.InferRequestedOutput("UPPER")])
     assert [s.decode() for s in result.as_numpy("UPPER")] == ["SPANMILL", "HÉLLO"]
 
     grpc = grpcclient.InferenceServerClient(triton.grpc_url)
     ginp = grpcclient.InferInput("TEXT", [1], "BYTES")
     ginp.set_data_from_numpy(np.array(["grpc"], dtype=object))
-    gresult = grpc.infer("echo", [ginp])
+    gresult = grpc.infer(name, [ginp])
     assert gresult.as_numpy("UPPER")[0] == b"GRPC"
 
     index = {m["name"]: m for m in http.get_model_repository_index()}
-    assert index["echo"]["state"] == "READY"
-    http.unload_model("echo")
-    assert not http.is_model_ready("echo")
+    assert index[name]["state"] == "READY"
+    http.unload_model(name)
+    assert not http.is_model_ready(name)
