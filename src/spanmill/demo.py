@@ -38,6 +38,8 @@ class DemoPlan:
     max_steps: int = 80
     eval_instances: int = 60
     margin: float = 0.05
+    # Episodes in flight at once: Triton's dynamic batcher generates their turns together.
+    concurrency: int = 8
 
 
 def stack_urls(settings: StackSettings) -> dict[str, str]:
@@ -124,13 +126,15 @@ def run_agent(
     *,
     split: str,
     prompt_style: str,
+    concurrency: int = 1,
     progress: Callable[[int, int, Any], None] | None = None,
 ) -> Any:
     from spanmill.tasks.runner import run_agent as run
 
     return run(
         AGENT, n, f"{stack_urls(settings)['gateway']}/v1", AGENT,
-        split=split, prompt_style=prompt_style, progress=progress,  # type: ignore[arg-type]
+        split=split, prompt_style=prompt_style, concurrency=concurrency,  # type: ignore[arg-type]
+        progress=progress,
     )  # fmt: skip
 
 

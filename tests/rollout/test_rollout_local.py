@@ -57,6 +57,7 @@ def test_challenger_gets_a_growing_share_then_is_promoted(  # type: ignore[no-un
             per_step[share] = version_counts(url, agent)
 
         ctl.until(lambda: registry.aliases(agent).get(CHAMPION) == v2, each=watch, timeout=90)
+        after_promotion = ctl.reconciler.state(agent)
         time.sleep(0.5)
     finally:
         outcomes = traffic.stop()
@@ -68,6 +69,10 @@ def test_challenger_gets_a_growing_share_then_is_promoted(  # type: ignore[no-un
     late = [o for o in outcomes if o.at > outcomes[-1].at - 0.4]
     assert late and all(o.version == str(v2) for o in late)
     assert not traffic.failures()
+    # The persisted state says what was done last, and why.
+    assert after_promotion is not None and after_promotion.last_action == "promote"
+    promote = [d for d in ctl.decisions if d.action == "promote"][-1]
+    assert after_promotion.last_reason == promote.reason != ""
     assert [a for a, v in ctl.actions() if v == v2] == [
         "deploy",
         "canary",

@@ -16,17 +16,24 @@ from spanmill.serving.repository import write_python_version
 pytestmark = pytest.mark.services
 
 
-def infer(
-    client: httpclient.InferenceServerClient, model: str, version: str, tensors: dict
-) -> dict:
+def inputs_of(tensors: dict) -> list[httpclient.InferInput]:
     inputs = []
     for name, array in tensors.items():
         dtype, _ = protocol.INPUTS[name]
         tensor = httpclient.InferInput(name, list(array.shape), protocol.CLIENT_DTYPES[dtype])
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
-    result = client.infer(model, inputs, model_version=version)
+    return inputs
+
+
+def outputs_of(result: httpclient.InferResult) -> dict:
     return {name: result.as_numpy(name) for name in protocol.OUTPUTS}
+
+
+def infer(
+    client: httpclient.InferenceServerClient, model: str, version: str, tensors: dict
+) -> dict:
+    return outputs_of(client.infer(model, inputs_of(tensors), model_version=version))
 
 
 def test_smollm2_answers_through_triton(triton, smollm2_dir: Path) -> None:  # type: ignore[no-untyped-def]
@@ -57,9 +64,40 @@ def test_smollm2_answers_through_triton(triton, smollm2_dir: Path) -> None:  # t
 
         # A malformed request is an error for that request only.
         bad = dict(request)
-        bad["MESSAGES"] = np.array([b"not json"], dtype=object)
+        bad["MESSAGES"] = np.array([[b"not json"]], dtype=object)
         with pytest.raises(Exception, match="MESSAGES must be UTF-8 JSON"):
             infer(client, "assistant", "1", bad)
         assert client.is_model_ready("assistant", "1")
     finally:
         client.unload_model("assistant")
+
+
+CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Germany": "Berlin", "Russia": "Moscow",
+            "China": "Beijing", "Egypt": "Cairo", "Greece": "Athens"}  # fmt: skip
+
+
+def test_requests_that_arrive_together_are_generated_together(  # type: ignore[no-untyped-def]
+    triton, smollm2_dir: Path
+) -> None:
+    write_python_version(triton.model_repository, "batched", 1, smollm2_dir, num_threads=1)
+    client = httpclient.InferenceServerClient(triton.http_url, network_timeout=300, concurrency=8)
+    client.load_model("batched")
+    try:
+        pending = {}
+        for country in CAPITALS:
+            messages = [{"role": "user", "content": f"What is the capital of {country}?"}]
+            request = protocol.encode_request(messages, GenerationParams(max_tokens=16))
+            pending[country] = client.async_infer("batched", inputs_of(request), model_version="1")
+        answers = {
+            country: protocol.decode_result(outputs_of(call.get_result())).choices[0].text
+            for country, call in pending.items()
+        }
+        # Each answer went back to the request that asked it.
+        for country, city in CAPITALS.items():
+            assert city in answers[country], answers
+        stats = client.get_inference_statistics("batched", "1")["model_stats"][0]
+        assert int(stats["inference_count"]) == len(CAPITALS)
+        # Fewer executions than requests: the dynamic batcher gathered the queued ones.
+        assert int(stats["execution_count"]) < len(CAPITALS)
+    finally:
+        client.unload_model("batched")

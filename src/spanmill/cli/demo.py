@@ -45,6 +45,7 @@ def demo(
     episodes: int = typer.Option(300, help="Production episodes (few-shot prompt, train tasks)."),
     eval_n: int = typer.Option(40, "--eval-n", help="Held-out problems measured before/after."),
     max_steps: int = typer.Option(80, help="LoRA training steps."),
+    concurrency: int = typer.Option(8, min=1, help="Episodes in flight at once."),
     down: bool = typer.Option(False, help="Stop the stack at the end."),
 ) -> None:
     """Stack up, SmolLM2 in service, agent traffic, the flywheel, a rollout, before/after."""
@@ -57,7 +58,8 @@ def demo(
 
     started = time.monotonic()
     settings = load_settings(StackSettings)
-    plan = steps.DemoPlan(eval_episodes=eval_n, traffic_episodes=episodes, max_steps=max_steps)
+    plan = steps.DemoPlan(eval_episodes=eval_n, traffic_episodes=episodes, max_steps=max_steps,
+                          concurrency=concurrency)  # fmt: skip
     urls = steps.stack_urls(settings)
 
     console.rule("1. the embedded stack")
@@ -78,16 +80,15 @@ def demo(
     console.rule("3. before: the short zero-shot prompt on held-out problems")
     with _bar() as bar:
         tick = _episodes(bar, "zero-shot, base", plan.eval_episodes)
-        before = steps.run_agent(
-            settings, plan.eval_episodes, split="heldout", prompt_style="zero_shot", progress=tick
-        )
+        before = steps.run_agent(settings, plan.eval_episodes, split="heldout",
+                                 prompt_style="zero_shot", concurrency=plan.concurrency,
+                                 progress=tick)  # fmt: skip
 
     console.rule("4. production traffic: the few-shot prompt, spans through Kafka")
     with _bar() as bar:
         tick = _episodes(bar, "few-shot, production", plan.traffic_episodes)
-        steps.run_agent(
-            settings, plan.traffic_episodes, split="train", prompt_style="few_shot", progress=tick
-        )
+        steps.run_agent(settings, plan.traffic_episodes, split="train", prompt_style="few_shot",
+                        concurrency=plan.concurrency, progress=tick)  # fmt: skip
     sdk.force_flush()
     stored = steps.wait_for_spans(settings, plan.traffic_episodes * 4)
     console.print(f"  [green]✓[/] {stored} spans in the store at {settings.span_store}")
@@ -109,7 +110,13 @@ def demo(
         done = {"n": 0}
 
         def traffic() -> None:
-            report = steps.run_agent(settings, 4, split="heldout", prompt_style="zero_shot")
+            report = steps.run_agent(
+                settings,
+                plan.concurrency,
+                split="heldout",
+                prompt_style="zero_shot",
+                concurrency=plan.concurrency,
+            )
             for _ in report.episodes:
                 done["n"] += 1
                 canary(done["n"], 400, _)
@@ -126,9 +133,9 @@ def demo(
     console.rule("7. after: the same held-out problems")
     with _bar() as bar:
         tick = _episodes(bar, f"zero-shot, v{new_champion}", plan.eval_episodes)
-        after = steps.run_agent(
-            settings, plan.eval_episodes, split="heldout", prompt_style="zero_shot", progress=tick
-        )
+        after = steps.run_agent(settings, plan.eval_episodes, split="heldout",
+                                prompt_style="zero_shot", concurrency=plan.concurrency,
+                                progress=tick)  # fmt: skip
     sdk.force_flush()
     sdk.shutdown()
 

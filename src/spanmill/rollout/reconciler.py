@@ -140,6 +140,10 @@ class Reconciler:
     def _commit(self, agent: str, st: AgentState) -> None:
         """Persist the agent's state and the route it calls for (only when either changed)."""
         before = self._state.agents.get(agent)
+        taken = [d for d in self._tick_decisions if d.agent == agent and d.action != "hold"]
+        if taken:
+            st = st.model_copy(update={"last_action": taken[-1].action,
+                                       "last_reason": taken[-1].reason})  # fmt: skip
         table = decide.with_route(
             self._table,
             names.route(agent),

@@ -233,6 +233,67 @@ class Generator:
         return Choice(text=text, token_ids=tokens, logprobs=logprobs, finish_reason=finish)
 
 
+@dataclass(frozen=True)
+class Request:
+    """One decoded request: what :func:`generate_all` answers."""
+
+    messages: list[dict[str, Any]]
+    params: GenerationParams
+    tools: list[dict[str, Any]] | None = None
+
+    def batch_key(self) -> tuple[GenerationParams, str] | None:
+        """Requests with equal keys can be generated as one batch; None: on its own.
+
+        Several choices, or a seed for sampling (which sets torch's global
+        generator for the one request), need a generation of their own.
+        """
+        if self.params.n != 1 or (self.params.seed is not None and self.params.temperature > 0):
+            return None
+        return self.params, json.dumps(self.tools, sort_keys=True)
+
+
+def generate_all(
+    generator: Generator | EchoGenerator, requests: list[Request]
+) -> list[GenerationResult | Exception]:
+    """Answer ``requests`` in order, generating together those that can share a batch.
+
+    Triton's dynamic batcher hands the model the requests that arrived together;
+    greedy and unseeded sampled requests with the same parameters and tools go
+    through one left-padded generation. A failure is returned in the place of
+    each result it cost, so one bad request fails only its own batch.
+    """
+    results: list[GenerationResult | Exception | None] = [None] * len(requests)
+    groups: dict[tuple[GenerationParams, str], list[int]] = {}
+    alone: list[int] = []
+    for index, request in enumerate(requests):
+        key = request.batch_key()
+        if key is None:
+            alone.append(index)
+        else:
+            groups.setdefault(key, []).append(index)
+    for indices in groups.values():
+        if len(indices) == 1:
+            alone.extend(indices)
+            continue
+        first = requests[indices[0]]
+        try:
+            batch = generator.generate_batch(
+                [requests[i].messages for i in indices], first.params, tools=first.tools
+            )
+            for index, result in zip(indices, batch, strict=True):
+                results[index] = result
+        except Exception as exc:
+            for index in indices:
+                results[index] = exc
+    for index in alone:
+        request = requests[index]
+        try:
+            results[index] = generator.generate(request.messages, request.params, request.tools)
+        except Exception as exc:
+            results[index] = exc
+    return [r for r in results if r is not None]
+
+
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     configured = model.generation_config.eos_token_id
     if configured is None:
@@ -267,3 +328,11 @@ class EchoGenerator:
         return GenerationResult(
             choices=[choice] * params.n, prompt_token_ids=list(prompt), model_version=self.version
         )
+
+    def generate_batch(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[GenerationResult]:
+        return [self.generate(messages, params, tools) for messages in conversations]

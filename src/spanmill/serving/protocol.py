@@ -6,6 +6,11 @@ JSON text) and optional typed sampling parameters. Outputs: one row per choice,
 token ids and logprobs padded to the longest choice, with the true lengths
 alongside, and the Triton version that produced them.
 
+The model is batched (``max_batch_size`` > 0): every tensor carries Triton's
+batch dimension first, one row per request, so Triton's dynamic batcher can
+hand the model several requests at once and the model can generate them together.
+The dims below are those of one row.
+
 Both sides import this module, so the names and encodings live in one place.
 """
 
@@ -44,6 +49,10 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
 CLIENT_DTYPES = {"TYPE_STRING": "BYTES", "TYPE_FP32": "FP32", "TYPE_INT32": "INT32",
                  "TYPE_INT64": "INT64"}  # fmt: skip
 
+# Requests Triton may gather into one execute call, and how long it waits for more:
+# requests that arrive while the model is busy queue up and go in together anyway.
+MAX_BATCH_SIZE = 8
+MAX_QUEUE_DELAY_US = 2_000
 MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 8
 
@@ -95,7 +104,7 @@ def encode_request(
     params: GenerationParams,
     tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Client side: the input tensors for one request."""
+    """Client side: the input tensors for one request (a batch of one)."""
     tensors: dict[str, np.ndarray] = {
         "MESSAGES": np.array([json.dumps(messages).encode()], dtype=object),
         "TEMPERATURE": np.array([params.temperature], dtype=np.float32),
@@ -109,7 +118,7 @@ def encode_request(
         tensors["SEED"] = np.array([params.seed], dtype=np.int64)
     if params.stop:
         tensors["STOP"] = np.array([s.encode() for s in params.stop], dtype=object)
-    return tensors
+    return {name: array[np.newaxis] for name, array in tensors.items()}
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> Any:
@@ -167,14 +176,14 @@ def _pick(value: Any, default: Any) -> Any:
 
 
 def encode_result(result: GenerationResult) -> dict[str, np.ndarray]:
-    """Server side: the output tensors for one result."""
+    """Server side: the output tensors for one result (a batch of one)."""
     width = max((len(c.token_ids) for c in result.choices), default=0)
     token_ids = np.full((len(result.choices), width), -1, dtype=np.int64)
     logprobs = np.zeros((len(result.choices), width), dtype=np.float32)
     for row, choice in enumerate(result.choices):
         token_ids[row, : len(choice.token_ids)] = choice.token_ids
         logprobs[row, : len(choice.logprobs)] = choice.logprobs
-    return {
+    tensors = {
         "TEXT": np.array([c.text.encode() for c in result.choices], dtype=object),
         "FINISH_REASON": np.array([c.finish_reason.encode() for c in result.choices], dtype=object),
         "TOKEN_IDS": token_ids,
@@ -183,6 +192,12 @@ def encode_result(result: GenerationResult) -> dict[str, np.ndarray]:
         "PROMPT_TOKEN_IDS": np.array(result.prompt_token_ids, dtype=np.int64),
         "MODEL_VERSION": np.array([result.model_version.encode()], dtype=object),
     }
+    return {name: array[np.newaxis] for name, array in tensors.items()}
+
+
+def _row(array: np.ndarray, dims: int) -> np.ndarray:
+    """The one request's row of a batched output (``dims`` the row's rank)."""
+    return array[0] if array.ndim > dims else array
 
 
 def decode_result(outputs: Mapping[str, np.ndarray]) -> GenerationResult:
@@ -190,8 +205,8 @@ def decode_result(outputs: Mapping[str, np.ndarray]) -> GenerationResult:
     lengths = outputs["COMPLETION_LENGTHS"].reshape(-1).tolist()
     texts = outputs["TEXT"].reshape(-1)
     reasons = outputs["FINISH_REASON"].reshape(-1)
-    token_ids = outputs["TOKEN_IDS"]
-    logprobs = outputs["LOGPROBS"]
+    token_ids = _row(outputs["TOKEN_IDS"], 2)
+    logprobs = _row(outputs["LOGPROBS"], 2)
     choices = []
     for row, length in enumerate(lengths):
         reason = reasons[row].decode()

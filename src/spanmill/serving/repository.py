@@ -62,7 +62,8 @@ def python_config(model_name: str, *, instances: int = 1, gpu: bool = False) -> 
     return (
         f'name: "{model_name}"\n'
         'backend: "python"\n'
-        "max_batch_size: 0\n"
+        f"max_batch_size: {protocol.MAX_BATCH_SIZE}\n"
+        f"dynamic_batching {{ max_queue_delay_microseconds: {protocol.MAX_QUEUE_DELAY_US} }}\n"
         # Every version present is served, so champion and challenger can run side by side.
         "version_policy: { all: {} }\n"
         + _tensor_block("input", protocol.INPUTS)

@@ -15,7 +15,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from spanmill.serving import protocol
-from spanmill.serving.generation import Generator
+from spanmill.serving.generation import Generator, Request, generate_all
 
 
 class TritonPythonModel:
@@ -25,7 +25,8 @@ class TritonPythonModel:
         self.generator = Generator.from_version_dir(version_dir, version=version)
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        responses = []
+        # Triton's dynamic batcher hands over the requests that arrived together.
+        decoded: list[Request | protocol.ProtocolError] = []
         for request in requests:
             try:
                 inputs = {}
@@ -34,23 +35,27 @@ class TritonPythonModel:
                     if tensor is not None:
                         inputs[name] = tensor.as_numpy()
                 messages, tools, params = protocol.decode_request(inputs)
-                result = self.generator.generate(messages, params, tools=tools)
-                outputs = protocol.encode_result(result)
-                responses.append(
-                    pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
-                )
+                decoded.append(Request(messages, params, tools))
             except protocol.ProtocolError as exc:
-                responses.append(
-                    pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
-                    )
-                )
-            except Exception as exc:
-                responses.append(
-                    pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(
-                            f"generation failed: {type(exc).__name__}: {exc}"
-                        )
-                    )
-                )
+                decoded.append(exc)
+        valid = [d for d in decoded if isinstance(d, Request)]
+        answers = iter(generate_all(self.generator, valid))
+        responses = []
+        for item in decoded:
+            if isinstance(item, protocol.ProtocolError):
+                responses.append(_error(str(item), pb_utils.TritonError.INVALID_ARG))
+                continue
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                responses.append(_error(f"generation failed: {type(answer).__name__}: {answer}"))
+                continue
+            outputs = protocol.encode_result(answer)
+            responses.append(
+                pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
+            )
         return responses
+
+
+def _error(message: str, code: Any = None) -> Any:
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(error=error)
