@@ -35,7 +35,7 @@ class DemoPlan:
 
     eval_episodes: int = 40
     traffic_episodes: int = 300
-    max_steps: int = 80
+    max_steps: int = 50
     eval_instances: int = 60
     margin: float = 0.05
     # Episodes in flight at once: Triton's dynamic batcher generates their turns together.
@@ -102,16 +102,20 @@ def reconcile_until(
     traffic: Callable[[], None] | None = None,
     timeout_s: float = 600.0,
 ) -> Any:
-    """Run the rollout controller until ``done(state)``; ``traffic`` runs between ticks."""
+    """Run the rollout controller until ``done(state)``; ``traffic`` runs between ticks.
+
+    Returns the final state and the decisions taken on the way (holds left out).
+    """
     from spanmill.rollout.service import build_reconciler
 
     reconciler = build_reconciler(rollout_settings(settings))
     deadline = time.monotonic() + timeout_s
+    decisions: list[Any] = []
     while True:
-        reconciler.tick()
+        decisions.extend(d for d in reconciler.tick() if d.action != "hold")
         state = reconciler.state(AGENT)
         if state is not None and done(state):
-            return state
+            return state, decisions
         if time.monotonic() > deadline:
             raise TimeoutError(f"the rollout of {AGENT} did not settle: {state}")
         if traffic is not None:

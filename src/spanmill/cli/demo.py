@@ -44,7 +44,7 @@ def _bar() -> Progress:
 def demo(
     episodes: int = typer.Option(300, help="Production episodes (few-shot prompt, train tasks)."),
     eval_n: int = typer.Option(40, "--eval-n", help="Held-out problems measured before/after."),
-    max_steps: int = typer.Option(80, help="LoRA training steps."),
+    max_steps: int = typer.Option(50, help="LoRA training steps."),
     concurrency: int = typer.Option(8, min=1, help="Episodes in flight at once."),
     down: bool = typer.Option(False, help="Stop the stack at the end."),
 ) -> None:
@@ -121,14 +121,18 @@ def demo(
                 done["n"] += 1
                 canary(done["n"], 400, _)
 
-        final = steps.reconcile_until(
+        _, decisions = steps.reconcile_until(
             settings,
             lambda st: st.phase == Phase.STABLE and st.challenger is None,
             traffic=traffic,
         )
     new_champion = registry.aliases(steps.AGENT).get(CHAMPION)
-    outcome = "promoted" if new_champion == desired.challenger else "rolled back"
-    console.print(f"  [green]✓[/] v{desired.challenger} {outcome}: {final.last_reason}")
+    promoted = new_champion == desired.challenger
+    for decision in decisions:
+        if decision.version == desired.challenger and decision.action != "deploy":
+            console.print(f"  {decision.action:<8} {decision.reason}")
+    mark, outcome = ("[green]✓[/]", "promoted") if promoted else ("[yellow]✗[/]", "rolled back")
+    console.print(f"  {mark} v{desired.challenger} {outcome}")
 
     console.rule("7. after: the same held-out problems")
     with _bar() as bar:
