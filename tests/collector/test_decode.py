@@ -94,6 +94,39 @@ def test_fast_path_matches_the_authority(batch: list[Span]) -> None:
     assert [p.to_span() for p in labelled] == batch
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        list(range(-300, 300)) + [2**63 - 1, -(2**63)],  # varints of 1 to 10 bytes
+        [0.0, -0.0, 1e308, -2.5e-308, float("inf"), float("-inf")] * 50,
+        [True, False] * 200,
+        ["tokens", "", "é" * 40] * 30,
+    ],
+    ids=["ints", "doubles", "bools", "strings"],
+)
+def test_long_arrays_match_the_authority(
+    values: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    span = Span(
+        trace_id="5b8efff798038103d269b633813fc60c",
+        span_id="eee19b7ec3c1b174",
+        name="x",
+        start_time_unix_nano=1,
+        end_time_unix_nano=2,
+        attributes={"array": values, "one": values[:1]},
+    )
+    payload = encode_otlp_protobuf([span])
+    expected = authority(payload)
+
+    def no_fallback(*_: Any, **__: Any) -> None:
+        raise AssertionError("the fast path deferred a plain array to the authority")
+
+    monkeypatch.setattr("spanmill.collector.decode.detect_and_decode", no_fallback)
+    got = decode_record(payload, None, MAX)
+    assert exact(got) == exact(expected)
+    assert got[0].attributes["array"] == values
+
+
 def _request(mutate: Any) -> bytes:
     span = Span(
         trace_id="5b8efff798038103d269b633813fc60c",
@@ -119,6 +152,36 @@ def _mixed(pb: Any) -> None:
     array.values.add().double_value = 2.5
 
 
+def _ints_then_bool(pb: Any) -> None:
+    # Same wire length as an int 0: only the field number tells them apart.
+    array = pb.attributes.add(key="mixed").value.array_value
+    array.values.add().int_value = 7
+    array.values.add().bool_value = True
+
+
+def _bools_then_int(pb: Any) -> None:
+    array = pb.attributes.add(key="mixed").value.array_value
+    array.values.add().bool_value = False
+    array.values.add().int_value = 1
+
+
+def _doubles_then_string(pb: Any) -> None:
+    array = pb.attributes.add(key="mixed").value.array_value
+    array.values.add().double_value = 0.5
+    array.values.add().string_value = "eight ch"
+
+
+def _empty_item(pb: Any) -> None:
+    array = pb.attributes.add(key="holes").value.array_value
+    array.values.add().int_value = 1
+    array.values.add()
+
+
+def _nested_array(pb: Any) -> None:
+    array = pb.attributes.add(key="nested").value.array_value
+    array.values.add().array_value.values.add().int_value = 1
+
+
 def _bytes(pb: Any) -> None:
     pb.attributes.add(key="raw").value.bytes_value = b"\x00\x01"
 
@@ -127,7 +190,11 @@ def _empty(pb: Any) -> None:
     pb.attributes.add(key="nothing")
 
 
-@pytest.mark.parametrize("mutate", [_kvlist, _mixed, _bytes, _empty])
+@pytest.mark.parametrize(
+    "mutate",
+    [_kvlist, _mixed, _ints_then_bool, _bools_then_int, _doubles_then_string, _empty_item,
+     _nested_array, _bytes, _empty],
+)  # fmt: skip
 def test_unusual_values_defer_to_the_authority(mutate: Any) -> None:
     payload = _request(mutate)
     assert exact(decode_record(payload, None, MAX)) == exact(authority(payload))

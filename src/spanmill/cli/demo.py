@@ -20,11 +20,12 @@ from rich.table import Table
 from spanmill.cli.console import console, handle_errors
 
 
-def _episodes(bar: Progress, label: str, n: int) -> Any:
+def _episodes(bar: Progress, label: str, n: int | None) -> Any:
+    """A progress line for episodes; ``n`` None while the count is open-ended."""
     job: TaskID = bar.add_task(label, total=n, success=0.0)
     wins = 0
 
-    def tick(done: int, total: int, result: Any) -> None:
+    def tick(done: int, total: int | None, result: Any) -> None:
         nonlocal wins
         verdict = getattr(result, "verdict", None)
         wins += bool(verdict is not None and verdict.primary.value >= 1)
@@ -106,7 +107,7 @@ def demo(
 
     console.rule("6. rollout: canary, then promotion by the controller")
     with _bar() as bar:
-        canary = _episodes(bar, "canary traffic", 400)
+        canary = _episodes(bar, "canary traffic", None)
         done = {"n": 0}
 
         def traffic() -> None:
@@ -119,7 +120,7 @@ def demo(
             )
             for _ in report.episodes:
                 done["n"] += 1
-                canary(done["n"], 400, _)
+                canary(done["n"], None, _)
 
         _, decisions = steps.reconcile_until(
             settings,

@@ -14,6 +14,9 @@ them" or "ask the authority". Tests hold the two to that.
 
 from __future__ import annotations
 
+import re
+import struct
+from functools import lru_cache
 from typing import Any, Final
 
 from google.protobuf.message import DecodeError
@@ -35,12 +38,29 @@ _KINDS: Final = {
     5: "consumer",
 }
 _STATUS: Final = {0: "unset", 1: "ok", 2: "error"}
-_SCALARS: Final = {
-    "string_value": "string_value",
-    "int_value": "int_value",
-    "double_value": "double_value",
-    "bool_value": "bool_value",
-}
+
+
+# An ArrayValue's wire bytes when every item is an int, a double or a bool: each item
+# is field 1 (length-delimited AnyValue) holding exactly one field of that type
+# (AnyValue fields: bool 2, varint; int 3, varint; double 4, fixed64). A
+# full match proves every item holds that type and nothing else, in C, so the values
+# can then be read without asking each item which field it holds.
+_VARINT_ITEMS: Final = re.compile(
+    b"(?:"
+    + b"|".join(
+        b"\x0a" + bytes([2 + extra]) + b"\x18" + b"[\x80-\xff]" * extra + b"[\x00-\x7f]"
+        for extra in range(10)
+    )
+    + b")*"
+)
+_DOUBLE_ITEMS: Final = re.compile(b"(?:\x0a\x09\x21[\x00-\xff]{8})*", re.DOTALL)
+_BOOL_ITEMS: Final = re.compile(b"(?:\x0a\x02\x10[\x00\x01])*")
+
+
+@lru_cache(maxsize=256)
+def _doubles(count: int) -> struct.Struct:
+    # Each item: 3 bytes of framing, then the little-endian double.
+    return struct.Struct("<" + "3xd" * count)
 
 
 class _Unusual(Exception):
@@ -75,25 +95,36 @@ def _attributes(pairs: Any) -> dict[str, Any]:
         elif which == "bool_value":
             out[key] = value.bool_value
         elif which == "array_value":
-            items = value.array_value.values
+            array_value = value.array_value
+            items = array_value.values
             if not items:
                 out[key] = []
                 continue
-            first = items[0].WhichOneof("value")
-            field = _SCALARS.get(first or "")
-            if field is None:
-                raise _Unusual
-            for item in items:
-                if item.WhichOneof("value") != first:
-                    raise _Unusual
-            array = [getattr(item, field) for item in items]
-            if first == "string_value":
-                for text in array:
-                    _check_text(text)
-            out[key] = array
+            out[key] = _array(array_value, items)
         else:
             raise _Unusual
     return out
+
+
+def _array(array_value: Any, items: Any) -> list[Any]:
+    """A homogeneous array's values; ints, doubles and bools are checked on the wire bytes."""
+    raw = array_value.SerializeToString()
+    if _VARINT_ITEMS.fullmatch(raw):
+        return [item.int_value for item in items]
+    if _DOUBLE_ITEMS.fullmatch(raw):
+        return list(_doubles(len(items)).unpack(raw))
+    if _BOOL_ITEMS.fullmatch(raw):
+        return [item.bool_value for item in items]
+    first = items[0].WhichOneof("value")
+    if first != "string_value":
+        raise _Unusual  # mixed, nested or empty items: the authority says why
+    for item in items:
+        if item.WhichOneof("value") != first:
+            raise _Unusual
+    array = [item.string_value for item in items]
+    for text in array:
+        _check_text(text)
+    return array
 
 
 def _span_id(raw: bytes, size: int, zero: bytes) -> str:
