@@ -97,7 +97,8 @@ def test_fast_path_matches_the_authority(batch: list[Span]) -> None:
 @pytest.mark.parametrize(
     "values",
     [
-        list(range(-300, 300)) + [2**63 - 1, -(2**63)],  # varints of 1 to 10 bytes
+        # varints of every size, 1 to 10 bytes
+        [*range(-300, 300), *(2 ** (7 * k) for k in range(2, 9)), 2**63 - 1, -(2**63)],
         [0.0, -0.0, 1e308, -2.5e-308, float("inf"), float("-inf")] * 50,
         [True, False] * 200,
         ["tokens", "", "é" * 40] * 30,

@@ -43,6 +43,15 @@ def parts(**attributes: object) -> SpanParts:
             "api_key",
         ),
         ("hf_" + "B" * 34, "[REDACTED:api_key]", "api_key"),
+        ("(pk-" + "c" * 20 + ")", "([REDACTED:api_key])", "api_key"),
+        # A key right after a word-bound lookalike that swallowed it is still found.
+        (
+            "xsk-" + "a" * 18 + "-sk-" + "b" * 20,
+            "xsk-" + "a" * 18 + "-[REDACTED:api_key]",
+            "api_key",
+        ),
+        # A bearer token is replaced whole, whatever key it carries.
+        ("Bearer sk-" + "d" * 24, "[REDACTED:api_key]", "api_key"),
         ("card 4111-1111-1111-1111.", "card [REDACTED:card_number].", "card_number"),
         ("amex 378282246310005", "amex [REDACTED:card_number]", "card_number"),
     ],
@@ -62,6 +71,7 @@ def test_builtin_patterns(text: str, expected: str, rule: str) -> None:
         "order 4111111111111112",  # fails the Luhn check
         "id 94111111111111111111",  # the middle of a longer number
         "plain text with sk- but short sk-abc",
+        "task-1 and mask-abcdefghijklmnopqrstuvwxyz",  # no key starts inside a word
         "an @ sign alone, or me@localhost",
     ],
 )

@@ -27,6 +27,7 @@ from spanmill.spans.record import MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_B
 from spanmill.store.rows import SpanParts
 
 _ZERO_TRACE: Final = bytes(16)
+_UINT64: Final = (1 << 64) - 1
 _ZERO_SPAN: Final = bytes(8)
 # OTLP enum numbers to the record's words; 0 (unspecified) reads as internal.
 _KINDS: Final = {
@@ -53,6 +54,8 @@ _VARINT_ITEMS: Final = re.compile(
     )
     + b")*"
 )
+# Each int item's varint, once _VARINT_ITEMS has matched the whole array.
+_VARINT_VALUES: Final = re.compile(b"\x0a[\x02-\x0b]\x18([\x80-\xff]*[\x00-\x7f])")
 _DOUBLE_ITEMS: Final = re.compile(b"(?:\x0a\x09\x21[\x00-\xff]{8})*", re.DOTALL)
 _BOOL_ITEMS: Final = re.compile(b"(?:\x0a\x02\x10[\x00\x01])*")
 
@@ -76,7 +79,8 @@ def _check_text(value: str) -> None:
         raise _Unusual
 
 
-def _attributes(pairs: Any) -> dict[str, Any]:
+def _attributes(pairs: Any, long: bool) -> dict[str, Any]:
+    """Plain attributes; ``long``: the payload is big enough to hold an oversize string."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key = pair.key
@@ -86,7 +90,8 @@ def _attributes(pairs: Any) -> dict[str, Any]:
         which = value.WhichOneof("value")
         if which == "string_value":
             text = value.string_value
-            _check_text(text)
+            if long:
+                _check_text(text)
             out[key] = text
         elif which == "int_value":
             out[key] = value.int_value
@@ -100,17 +105,17 @@ def _attributes(pairs: Any) -> dict[str, Any]:
             if not items:
                 out[key] = []
                 continue
-            out[key] = _array(array_value, items)
+            out[key] = _array(array_value, items, long)
         else:
             raise _Unusual
     return out
 
 
-def _array(array_value: Any, items: Any) -> list[Any]:
+def _array(array_value: Any, items: Any, long: bool) -> list[Any]:
     """A homogeneous array's values; ints, doubles and bools are checked on the wire bytes."""
     raw = array_value.SerializeToString()
     if _VARINT_ITEMS.fullmatch(raw):
-        return [item.int_value for item in items]
+        return _ints(raw)
     if _DOUBLE_ITEMS.fullmatch(raw):
         return list(_doubles(len(items)).unpack(raw))
     if _BOOL_ITEMS.fullmatch(raw):
@@ -122,9 +127,28 @@ def _array(array_value: Any, items: Any) -> list[Any]:
         if item.WhichOneof("value") != first:
             raise _Unusual
     array = [item.string_value for item in items]
-    for text in array:
-        _check_text(text)
+    if long:
+        for text in array:
+            _check_text(text)
     return array
+
+
+def _ints(raw: bytes) -> list[int]:
+    """The int64 values of an ArrayValue of ints, from its wire bytes."""
+    values = []
+    for varint in _VARINT_VALUES.findall(raw):
+        size = len(varint)
+        if size == 1:
+            values.append(varint[0])
+        elif size == 2:
+            values.append((varint[0] & 0x7F) | (varint[1] << 7))
+        else:
+            value = 0
+            for shift, byte in enumerate(varint):
+                value |= (byte & 0x7F) << (7 * shift)
+            value &= _UINT64
+            values.append(value - (1 << 64) if value >> 63 else value)
+    return values
 
 
 def _span_id(raw: bytes, size: int, zero: bytes) -> str:
@@ -146,9 +170,11 @@ def _fast_protobuf(payload: bytes) -> list[SpanParts]:
         raise _Unusual from None
     if not request.resource_spans:
         raise _Unusual
+    # No string can be longer than the payload that holds it.
+    long = len(payload) > MAX_ATTRIBUTE_VALUE_BYTES
     out = []
     for resource_spans in request.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
+        resource = _attributes(resource_spans.resource.attributes, long)
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
             scope_name, scope_version = scope.name, scope.version
@@ -163,14 +189,14 @@ def _fast_protobuf(payload: bytes) -> list[SpanParts]:
                 if kind is None or code is None:
                     raise _Unusual
                 events = [
-                    (_name(event.name), event.time_unix_nano, _attributes(event.attributes))
+                    (_name(event.name), event.time_unix_nano, _attributes(event.attributes, long))
                     for event in pb.events
                 ]
                 links = [
                     (
                         _span_id(link.trace_id, 16, _ZERO_TRACE),
                         _span_id(link.span_id, 8, _ZERO_SPAN),
-                        _attributes(link.attributes),
+                        _attributes(link.attributes, long),
                     )
                     for link in pb.links
                 ]
@@ -185,7 +211,7 @@ def _fast_protobuf(payload: bytes) -> list[SpanParts]:
                         end,
                         code,
                         status.message,
-                        _attributes(pb.attributes),
+                        _attributes(pb.attributes, long),
                         resource,
                         scope_name,
                         scope_version,

@@ -14,10 +14,13 @@ up, so :class:`ProcessPool` runs processors in worker processes; with
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -127,6 +130,10 @@ class BatchProcessor:
         return spans
 
     def process(self, job: BatchJob) -> BatchOutcome:
+        with _collection_paused():
+            return self._process(job)
+
+    def _process(self, job: BatchJob) -> BatchOutcome:
         started = time.perf_counter()
         batch = job.batch
         hourly = HourlyColumns()
@@ -160,6 +167,24 @@ class BatchProcessor:
             translations=translations,
             seconds=time.perf_counter() - started,
         )
+
+
+@contextlib.contextmanager
+def _collection_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a batch is turned into rows.
+
+    A batch makes hundreds of thousands of small objects, none of them in cycles,
+    and each collection pass walks all of them: about a quarter of decoding time.
+    Reference counting frees them as usual; cycles wait for the end of the batch.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class Processing(Protocol):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -47,24 +47,53 @@ def luhn_valid(text: str) -> bool:
 
 @dataclass(frozen=True)
 class Rule:
-    """One pattern: cheap substrings that must occur first, then the regex, then a check."""
+    """One pattern: cheap substrings that must occur first, then the regex, then checks.
+
+    A regex that starts with a literal is scanned for fast; these keep it that way:
+    ``lead``, characters one of which must come right before the match and is
+    replaced with it; ``boundary``, no word character before the match (what a
+    leading ``\\b`` says); ``check``, a test of the matched text, for matches that
+    do not start inside a longer number.
+    """
 
     name: str
     pattern: re.Pattern[str]
     gates: tuple[str, ...] = ()
     check: Callable[[str], bool] | None = None
+    boundary: bool = False
+    lead: str = ""
     replacement: str = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "replacement", f"[REDACTED:{self.name}]")
 
-    def _accepts(self, match: re.Match[str]) -> bool:
-        if self.check is None:
-            return True
-        start, text = match.start(), match.string
-        if start and (text[start - 1].isdigit() or text[start - 1] == "-"):
-            return False  # the middle of a longer number
-        return self.check(match.group())
+    @property
+    def plain(self) -> bool:
+        return self.check is None and not self.boundary and not self.lead
+
+    def _found(self, text: str) -> Iterator[tuple[int, int]]:
+        """Where the matches to replace lie, left to right, not overlapping."""
+        search, position = self.pattern.search, 0
+        while (match := search(text, position)) is not None:
+            found, end = match.span()
+            start = found
+            if self.lead:
+                if not start or text[start - 1] not in self.lead:
+                    position = found + 1
+                    continue
+                start -= 1
+            before = text[start - 1] if start else ""
+            if self.boundary and (before.isalnum() or before == "_"):
+                # A match may begin later inside this one, after a boundary.
+                position = found + 1
+                continue
+            position = max(end, found + 1)
+            if self.check is not None:
+                if before.isdigit() or before == "-":
+                    continue  # the middle of a longer number
+                if not self.check(text[start:end]):
+                    continue
+            yield start, end
 
     def may_match(self, text: str) -> bool:
         if self.gates:
@@ -73,51 +102,56 @@ class Rule:
                     break
             else:
                 return False
-        if self.check is None:
+        if self.plain:
             return self.pattern.search(text) is not None
-        return any(self._accepts(match) for match in self.pattern.finditer(text))
+        return next(self._found(text), None) is not None
 
     def sub(self, text: str) -> tuple[str, int]:
-        if self.check is None:
+        if self.plain:
             return self.pattern.subn(self.replacement, text)
-        count = 0
+        pieces: list[str] = []
+        last = 0
+        for start, end in self._found(text):
+            pieces += (text[last:start], self.replacement)
+            last = end
+        if not pieces:
+            return text, 0
+        pieces.append(text[last:])
+        return "".join(pieces), len(pieces) // 2
 
-        def replace(match: re.Match[str]) -> str:
-            nonlocal count
-            if self._accepts(match):
-                count += 1
-                return self.replacement
-            return match.group()
 
-        return self.pattern.sub(replace, text), count
+def _key(pattern: str, *gates: str, lead: str = "") -> Rule:
+    return Rule("api_key", re.compile(pattern), gates=gates, boundary=True, lead=lead)
 
 
-BUILTIN_RULES: Final[dict[str, Rule]] = {
-    "email": Rule(
-        "email",
-        re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
-        gates=("@",),
-    ),
-    "api_key": Rule(
-        "api_key",
-        re.compile(
-            r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{16,}"
-            r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
-            r"|\bgh[pousr]_[A-Za-z0-9]{30,}"
-            r"|\bgithub_pat_[A-Za-z0-9_]{30,}"
-            r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
-            r"|\bAIza[0-9A-Za-z_-]{35}"
-            r"|\bhf_[A-Za-z0-9]{30,}"
-            r"|\b[Bb]earer\s+[A-Za-z0-9._~+/-]{20,}=*"
+# Each rule name stands for one or more patterns. The API-key forms are separate
+# patterns, each starting with its literal and gated on it: one alternation of them
+# all cannot be scanned for fast, and ids such as "task-1" open the "k-" gate often.
+BUILTIN_RULES: Final[dict[str, tuple[Rule, ...]]] = {
+    "email": (
+        Rule(
+            "email",
+            re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
+            gates=("@",),
         ),
-        # Few and short: each gate is a scan of the span's text.
-        gates=("k-", "AKIA", "ASIA", "gh", "xox", "AIza", "hf_", "earer"),
+    ),
+    "api_key": (
+        # First: a bearer token is replaced whole, whatever key it holds.
+        _key(r"[Bb]earer\s+[A-Za-z0-9._~+/-]{20,}=*", "earer"),
+        # OpenAI/Anthropic-style secret, publishable and restricted keys.
+        _key(r"k-[A-Za-z0-9_-]{16,}", "k-", lead="spr"),
+        _key(r"A(?:KIA|SIA)[0-9A-Z]{16}\b", "AKIA", "ASIA"),
+        _key(r"gh[pousr]_[A-Za-z0-9]{30,}", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+        _key(r"github_pat_[A-Za-z0-9_]{30,}", "github_pat_"),
+        _key(r"xox[abprs]-[A-Za-z0-9-]{10,}", "xox"),
+        _key(r"AIza[0-9A-Za-z_-]{35}", "AIza"),
+        _key(r"hf_[A-Za-z0-9]{30,}", "hf_"),
     ),
     # Issuer digits 2-6 leave out nanosecond timestamps and most other long numbers.
     # The pattern starts with a character class so the regex engine can skip ahead
     # fast; that it does not start inside a longer number is checked afterwards.
-    "card_number": Rule(
-        "card_number", re.compile(r"[2-6]\d(?:[ -]?\d){11,17}(?!\d)"), check=luhn_valid
+    "card_number": (
+        Rule("card_number", re.compile(r"[2-6]\d(?:[ -]?\d){11,17}(?!\d)"), check=luhn_valid),
     ),
 }
 DEFAULT_RULES: Final = ("email", "api_key", "card_number")
@@ -144,7 +178,7 @@ class Redactor:
             raise ValueError(
                 f"unknown redaction rules {unknown}; built in: {sorted(BUILTIN_RULES)}"
             )
-        self.rules = [BUILTIN_RULES[name] for name in rules]
+        self.rules = [rule for name in rules for rule in BUILTIN_RULES[name]]
         for name, pattern in (patterns or {}).items():
             try:
                 compiled = re.compile(pattern)

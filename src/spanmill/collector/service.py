@@ -610,16 +610,53 @@ class Collector:
         self._pending_commits.clear()
 
     def _update_lag(self) -> None:
+        """Lag per partition, from the high watermark of the latest fetch.
+
+        The same look notices a log that now ends before the consumer's position
+        (see :meth:`_log_replaced`). The watermark comes with fetch responses: a
+        broker's answer to a separate end-offset query may trail what it has
+        already served.
+        """
         from kafka import TopicPartition
 
-        for partition in self._assigned:
-            position = self._next_offset.get(partition)
+        for partition in list(self._assigned):
+            tp = TopicPartition(self.topic, partition)
             try:
-                high = self.consumer.highwater(TopicPartition(self.topic, partition))
+                high = self.consumer.highwater(tp)
+                position = self._next_offset.get(partition)
+                if position is None:
+                    # Nothing taken since (re)assignment: where the consumer will fetch.
+                    position = self.consumer.position(tp, timeout_ms=200)
             except Exception:
                 continue
-            if high is not None and position is not None:
-                self.metrics.lag.labels(str(partition)).set(max(0, high - position))
+            if high is None or position is None:
+                continue
+            if position > high:
+                self._log_replaced(partition, position, high)
+                continue
+            self.metrics.lag.labels(str(partition)).set(high - position)
+
+    def _log_replaced(self, partition: int, position: int, high: int) -> None:
+        """The partition's log now ends before what was read of it: a new log (a topic
+        made again, a broker that lost its storage). Its records sit below the position
+        the group remembers, and a broker may answer those fetches with nothing rather
+        than an out-of-range error. Write what is held of the old log, and read the
+        new one from its start; the ledger's fingerprints keep the two apart."""
+        from kafka import TopicPartition
+
+        log.warning(
+            "partition %d ends at offset %d, before the %d already read: a new log; "
+            "reading it from the start",
+            partition,
+            high,
+            position,
+        )
+        self._flush(partition, force=True, now=time.monotonic())
+        self._epochs[partition] = self._epochs.get(partition, 0) + 1
+        self._pending_commits.pop(partition, None)
+        self._next_offset.pop(partition, None)
+        self._buffers.pop(partition, None)
+        self.consumer.seek_to_beginning(TopicPartition(self.topic, partition))
 
     def _prune(self) -> None:
         for partition, committed in list(self._committed.items()):

@@ -72,6 +72,41 @@ def message(role: Any, parts: list[dict[str, Any]], **extra: Any) -> dict[str, A
     return out
 
 
+def tool_call_parts(
+    fields: Mapping[str, Any],
+    prefix: str,
+    *,
+    id_key: str = "id",
+    name_key: str = "name",
+    arguments_key: str = "arguments",
+) -> list[dict[str, Any]]:
+    """GenAI tool_call parts from indexed fields ``<prefix><i>.<id|name|arguments key>``."""
+    calls, _ = indexed(fields, prefix)
+    parts = []
+    for _, call in sorted(calls.items()):
+        part: dict[str, Any] = {"type": "tool_call"}
+        if id_key in call:
+            part["id"] = call[id_key]
+        part["name"] = call.get(name_key, "")
+        if arguments_key in call:
+            part["arguments"] = parse_arguments(call[arguments_key])
+        parts.append(part)
+    return parts
+
+
+def tool_response(fields: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]] | None:
+    """A tool message's one tool_call_response part, when it names the call it answers."""
+    if fields.get(f"{prefix}role") != "tool" or f"{prefix}tool_call_id" not in fields:
+        return None
+    return [
+        {
+            "type": "tool_call_response",
+            "id": fields[f"{prefix}tool_call_id"],
+            "response": fields.get(f"{prefix}content"),
+        }
+    ]
+
+
 def dumps(messages: list[dict[str, Any]]) -> str:
     return json.dumps(messages, ensure_ascii=False, separators=(",", ":"))
 

@@ -23,9 +23,10 @@ from spanmill.collector.translate.messages import (
     dumps,
     indexed,
     message,
-    parse_arguments,
     set_default,
     text_parts,
+    tool_call_parts,
+    tool_response,
 )
 
 NAME: Final = "openinference"
@@ -75,34 +76,17 @@ def _parts(fields: dict[str, Any]) -> list[dict[str, Any]]:
     return text_parts(fields.get("message.content"))
 
 
-def _tool_calls(fields: dict[str, Any]) -> list[dict[str, Any]]:
-    calls, _ = indexed(fields, "message.tool_calls.")
-    parts = []
-    for _, call in sorted(calls.items()):
-        part: dict[str, Any] = {"type": "tool_call"}
-        if "tool_call.id" in call:
-            part["id"] = call["tool_call.id"]
-        part["name"] = call.get("tool_call.function.name", "")
-        if "tool_call.function.arguments" in call:
-            part["arguments"] = parse_arguments(call["tool_call.function.arguments"])
-        parts.append(part)
-    return parts
-
-
 def _messages(groups: dict[int, dict[str, Any]], output: bool) -> list[dict[str, Any]]:
     messages = []
     for _, fields in sorted(groups.items()):
         role = fields.get("message.role")
-        if role == "tool" and "message.tool_call_id" in fields:
-            parts: list[dict[str, Any]] = [
-                {
-                    "type": "tool_call_response",
-                    "id": fields["message.tool_call_id"],
-                    "response": fields.get("message.content"),
-                }
-            ]
-        else:
-            parts = _parts(fields) + _tool_calls(fields)
+        parts = tool_response(fields, "message.") or _parts(fields) + tool_call_parts(
+            fields,
+            "message.tool_calls.",
+            id_key="tool_call.id",
+            name_key="tool_call.function.name",
+            arguments_key="tool_call.function.arguments",
+        )
         messages.append(message(role or ("assistant" if output else "user"), parts))
     return messages
 

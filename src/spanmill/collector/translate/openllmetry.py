@@ -19,9 +19,10 @@ from spanmill.collector.translate.messages import (
     dumps,
     indexed,
     message,
-    parse_arguments,
     set_default,
     text_parts,
+    tool_call_parts,
+    tool_response,
 )
 
 NAME: Final = "openllmetry"
@@ -43,34 +44,13 @@ _REQUEST_TYPES: Final = {"chat": sc.OPERATION_CHAT, "completion": sc.OPERATION_T
 _SPAN_KINDS: Final = {"agent": sc.OPERATION_INVOKE_AGENT, "tool": sc.OPERATION_EXECUTE_TOOL}
 
 
-def _tool_calls(fields: dict[str, Any]) -> list[dict[str, Any]]:
-    calls, _ = indexed(fields, "tool_calls.")
-    parts = []
-    for _, call in sorted(calls.items()):
-        part: dict[str, Any] = {"type": "tool_call"}
-        if "id" in call:
-            part["id"] = call["id"]
-        part["name"] = call.get("name", "")
-        if "arguments" in call:
-            part["arguments"] = parse_arguments(call["arguments"])
-        parts.append(part)
-    return parts
-
-
 def _messages(groups: dict[int, dict[str, Any]], output: bool) -> list[dict[str, Any]]:
     messages = []
     for _, fields in sorted(groups.items()):
         role = fields.get("role")
-        if role == "tool" and "tool_call_id" in fields:
-            parts: list[dict[str, Any]] = [
-                {
-                    "type": "tool_call_response",
-                    "id": fields["tool_call_id"],
-                    "response": fields.get("content"),
-                }
-            ]
-        else:
-            parts = text_parts(fields.get("content")) + _tool_calls(fields)
+        parts = tool_response(fields) or text_parts(fields.get("content")) + tool_call_parts(
+            fields, "tool_calls."
+        )
         finish = fields.get("finish_reason") if output else None
         messages.append(
             message(role or ("assistant" if output else "user"), parts, finish_reason=finish)
