@@ -3,7 +3,8 @@
 Everything real: tansu (the gateway emits its spans), tritonserver with an echo
 model and with SmolLM2-135M-Instruct, and the gateway as its own process
 (`spanmill gateway`). Prints p50/p99 latency of both paths in one run, the
-difference, and requests/s under concurrency.
+difference, and requests/s under concurrency (SmolLM2's with Triton's dynamic batching
+against one request at a time, in the same run).
 """
 
 from __future__ import annotations
@@ -132,6 +133,13 @@ def main() -> None:
         for concurrency in (1, 8, 32):
             rps = asyncio.run(throughput(url, "echo", concurrency, total=400))
             print(f"  concurrency {concurrency:>2}: {rps:8.1f} requests/s", flush=True)
+        print("throughput through the gateway, SmolLM2 (Triton batches the requests that queue):")
+        single = 0.0
+        for concurrency in (1, 8):
+            rps = asyncio.run(throughput(url, "smollm2", concurrency, total=16))
+            single = single or rps
+            print(f"  concurrency {concurrency:>2}: {rps:8.2f} requests/s, "
+                  f"{rps / single:.2f}x concurrency 1", flush=True)  # fmt: skip
         spans = httpx.get(f"{url}/metrics").text
         emitted = [
             ln

@@ -50,9 +50,10 @@ CLIENT_DTYPES = {"TYPE_STRING": "BYTES", "TYPE_FP32": "FP32", "TYPE_INT32": "INT
                  "TYPE_INT64": "INT64"}  # fmt: skip
 
 # Requests Triton may gather into one execute call, and how long it waits for more:
-# requests that arrive while the model is busy queue up and go in together anyway.
+# none. Requests that arrive while the model is busy queue up and go in together
+# anyway, and a lone request pays no delay.
 MAX_BATCH_SIZE = 8
-MAX_QUEUE_DELAY_US = 2_000
+MAX_QUEUE_DELAY_US = 0
 MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 8
 
