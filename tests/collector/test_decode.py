@@ -94,6 +94,17 @@ def test_fast_path_matches_the_authority(batch: list[Span]) -> None:
     assert [p.to_span() for p in labelled] == batch
 
 
+def _span(attributes: dict[str, Any]) -> Span:
+    return Span(
+        trace_id="5b8efff798038103d269b633813fc60c",
+        span_id="eee19b7ec3c1b174",
+        name="x",
+        start_time_unix_nano=1,
+        end_time_unix_nano=2,
+        attributes=attributes,
+    )
+
+
 @pytest.mark.parametrize(
     "values",
     [
@@ -108,15 +119,7 @@ def test_fast_path_matches_the_authority(batch: list[Span]) -> None:
 def test_long_arrays_match_the_authority(
     values: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    span = Span(
-        trace_id="5b8efff798038103d269b633813fc60c",
-        span_id="eee19b7ec3c1b174",
-        name="x",
-        start_time_unix_nano=1,
-        end_time_unix_nano=2,
-        attributes={"array": values, "one": values[:1]},
-    )
-    payload = encode_otlp_protobuf([span])
+    payload = encode_otlp_protobuf([_span({"array": values, "one": values[:1]})])
     expected = authority(payload)
 
     def no_fallback(*_: Any, **__: Any) -> None:
@@ -129,15 +132,7 @@ def test_long_arrays_match_the_authority(
 
 
 def _request(mutate: Any) -> bytes:
-    span = Span(
-        trace_id="5b8efff798038103d269b633813fc60c",
-        span_id="eee19b7ec3c1b174",
-        name="x",
-        start_time_unix_nano=1,
-        end_time_unix_nano=2,
-        attributes={"a": 1},
-    )
-    request = ExportTraceServiceRequest.FromString(encode_otlp_protobuf([span]))
+    request = ExportTraceServiceRequest.FromString(encode_otlp_protobuf([_span({"a": 1})]))
     mutate(request.resource_spans[0].scope_spans[0].spans[0])
     return request.SerializeToString()
 

@@ -100,19 +100,17 @@ def _attributes(pairs: Any, long: bool) -> dict[str, Any]:
         elif which == "bool_value":
             out[key] = value.bool_value
         elif which == "array_value":
-            array_value = value.array_value
-            items = array_value.values
-            if not items:
-                out[key] = []
-                continue
-            out[key] = _array(array_value, items, long)
+            out[key] = _array(value.array_value, long)
         else:
             raise _Unusual
     return out
 
 
-def _array(array_value: Any, items: Any, long: bool) -> list[Any]:
+def _array(array_value: Any, long: bool) -> list[Any]:
     """A homogeneous array's values; ints, doubles and bools are checked on the wire bytes."""
+    items = array_value.values
+    if not items:
+        return []
     raw = array_value.SerializeToString()
     if _VARINT_ITEMS.fullmatch(raw):
         return _ints(raw)

@@ -320,8 +320,7 @@ class Collector:
                 for partition in numbers:
                     self._flush(partition, force=True, now=time.monotonic())
             for partition in numbers:
-                self._epochs[partition] = self._epochs.get(partition, 0) + 1
-                self._pending_commits.pop(partition, None)
+                self._new_epoch(partition)
             if kind == "assigned":
                 self._joined = True
                 self._assigned |= numbers
@@ -334,6 +333,16 @@ class Collector:
                     self._next_offset.pop(partition, None)
                     self._committed.pop(partition, None)
             self.metrics.assigned_partitions.set(len(self._assigned))
+
+    def _new_epoch(self, partition: int) -> None:
+        """Nothing taken of this partition before now gets its offset committed."""
+        self._epochs[partition] = self._epochs.get(partition, 0) + 1
+        self._pending_commits.pop(partition, None)
+
+    def _close_epoch(self, partition: int, now: float) -> None:
+        """Write what is held of this partition in the epoch it was taken in; start a new one."""
+        self._flush(partition, force=True, now=now)
+        self._new_epoch(partition)
 
     def _take(self, partition: int, records: list[Any], now: float) -> None:
         buffer = self._buffers.get(partition)
@@ -348,9 +357,7 @@ class Collector:
                 buffer.offsets[-1],
                 records[0].offset,
             )
-            self._flush(partition, force=True, now=now)
-            self._epochs[partition] = self._epochs.get(partition, 0) + 1
-            self._pending_commits.pop(partition, None)
+            self._close_epoch(partition, now)
             buffer = self._buffers[partition] = PartitionBuffer()
         if not buffer.offsets:
             buffer.since = now
@@ -651,9 +658,7 @@ class Collector:
             high,
             position,
         )
-        self._flush(partition, force=True, now=time.monotonic())
-        self._epochs[partition] = self._epochs.get(partition, 0) + 1
-        self._pending_commits.pop(partition, None)
+        self._close_epoch(partition, time.monotonic())
         self._next_offset.pop(partition, None)
         self._buffers.pop(partition, None)
         self.consumer.seek_to_beginning(TopicPartition(self.topic, partition))

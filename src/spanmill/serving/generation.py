@@ -262,7 +262,7 @@ def generate_all(
     through one left-padded generation. A failure is returned in the place of
     each result it cost, so one bad request fails only its own batch.
     """
-    results: list[GenerationResult | Exception | None] = [None] * len(requests)
+    results: dict[int, GenerationResult | Exception] = {}
     groups: dict[tuple[GenerationParams, str], list[int]] = {}
     alone: list[int] = []
     for index, request in enumerate(requests):
@@ -291,7 +291,7 @@ def generate_all(
             results[index] = generator.generate(request.messages, request.params, request.tools)
         except Exception as exc:
             results[index] = exc
-    return [r for r in results if r is not None]
+    return [results[index] for index in range(len(requests))]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
