@@ -194,6 +194,12 @@ def test_service_end_to_end_over_http(topics: Topics, tmp_path: Path) -> None:
             30,
             "the spans counted",
         )
+        # Lag is looked at once a second: it may come a moment after the write.
+        wait_for(
+            lambda: "spanmill_collector_lag{" in httpx.get(f"{base}/metrics", timeout=5).text,
+            10,
+            "the lag gauge",
+        )
         metrics = httpx.get(f"{base}/metrics", timeout=5).text
         assert 'spanmill_collector_receiver_spans_total{outcome="accepted"} 25.0' in metrics
         assert "spanmill_collector_lag{" in metrics
