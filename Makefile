@@ -17,6 +17,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # and skip pip's backtracking through the boto/aiobotocore ranges.
 DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 VENV_STAMP := $(VENV)/.installed-$(DEPS_HASH)
+# The collector's C extension, built in place by the editable install; rebuilt here
+# when its source changes after that.
+NATIVE_SRC := src/spanmill/collector/_otlp.c
+NATIVE_STAMP := $(VENV)/.native-$(shell sha1sum $(NATIVE_SRC) | cut -c1-12)
 HELM := $(SPANMILL_HOME)/bin/helm
 BASE_MODEL := smollm2-135m
 MODEL_STAMP := $(SPANMILL_HOME)/models/$(BASE_MODEL)/spanmill-model.json
@@ -30,7 +34,7 @@ help:
 	@echo "make lint    ruff and mypy;  make bench  benchmarks;  make charts  helm checks"
 	@echo "make up | status | down   the local stack (tansu, MLflow, tritonserver)"
 
-install: $(VENV_STAMP) $(HELM) $(MODEL_STAMP)
+install: $(VENV_STAMP) $(NATIVE_STAMP) $(HELM) $(MODEL_STAMP)
 
 # torch goes first and pinned: an open range would pull a multi-GB CUDA build.
 $(VENV_STAMP): pyproject.toml constraints.txt
@@ -40,6 +44,12 @@ $(VENV_STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all,dev]'
 	$(BIN)/python -m pip check
 	rm -f $(VENV)/.installed-*
+	touch $@
+
+$(NATIVE_STAMP): $(NATIVE_SRC) setup.py | $(VENV_STAMP)
+	$(BIN)/python -W ignore setup.py -q build_ext --inplace
+	$(BIN)/python -c "import spanmill.collector._otlp"
+	rm -f $(VENV)/.native-*
 	touch $@
 
 $(HELM):

@@ -1,7 +1,13 @@
-"""The fast OTLP protobuf path gives what the span decoder gives, or defers to it."""
+"""The fast OTLP protobuf paths give what the span decoder gives, or defer to it.
+
+Every test runs both fast paths: the native one (the C extension, which the dev
+install builds) and the Python one over the parsed message.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,7 +16,9 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanmill import semconv as sc
-from spanmill.collector.decode import decode_record
+from spanmill.collector import decode
+from spanmill.collector.decode import decode_record, decode_spans
+from spanmill.collector.receiver import varint
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
 from spanmill.store.rows import SpanParts
 
@@ -84,14 +92,81 @@ def authority(payload: bytes, content_type: str | None = None) -> list[SpanParts
     return [SpanParts.from_span(s) for s in detect_and_decode(payload, content_type)]
 
 
+PATHS = ("native", "python")
+
+
+def fast_path(name: str) -> decode.FastPath:
+    if name == "python":
+        return decode.python_fast_path
+    assert decode.NATIVE_FAST_PATH is not None, (
+        "the C extension spanmill.collector._otlp is not built: reinstall with a C compiler"
+    )
+    return decode.NATIVE_FAST_PATH
+
+
+@contextlib.contextmanager
+def using(name: str) -> Iterator[None]:
+    saved = decode._fast_path
+    decode._fast_path = fast_path(name)
+    try:
+        yield
+    finally:
+        decode._fast_path = saved
+
+
+@pytest.fixture(params=PATHS)
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    with using(request.param):
+        yield request.param
+
+
+def test_the_dev_install_has_the_native_path() -> None:
+    assert decode.FAST_PATH == "native"
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(spans(), min_size=1, max_size=4))
 def test_fast_path_matches_the_authority(batch: list[Span]) -> None:
     payload = encode_otlp_protobuf(batch)
-    assert exact(decode_record(payload, None, MAX)) == exact(authority(payload))
-    labelled = decode_record(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF, MAX)
-    assert exact(labelled) == exact(authority(payload))
-    assert [p.to_span() for p in labelled] == batch
+    expected = exact(authority(payload))
+    for name in PATHS:
+        with using(name):
+            got = decode_spans(payload, None, MAX)
+            # The Python path leaves a payload that starts like JSON to the authority.
+            assert got.verbatim or (name == "python" and payload[1:2] == b"{"), name
+            assert exact(got.spans) == expected, name
+            labelled = decode_record(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF, MAX)
+            assert exact(labelled) == expected, name
+            assert [p.to_span() for p in labelled] == batch, name
+
+
+def _mutations(payload: bytes) -> st.SearchStrategy[bytes]:
+    """The payload cut short, with bytes changed, dropped or put in."""
+    size = len(payload)
+    at = st.integers(min_value=0, max_value=size - 1)
+    byte = st.integers(min_value=0, max_value=255)
+    return st.one_of(
+        at.map(lambda i: payload[:i]),
+        st.tuples(at, byte).map(lambda c: payload[: c[0]] + bytes([c[1]]) + payload[c[0] + 1 :]),
+        at.map(lambda i: payload[:i] + payload[i + 1 :]),
+        st.tuples(at, byte).map(lambda c: payload[: c[0]] + bytes([c[1]]) + payload[c[0] :]),
+    )
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_damaged_payloads_never_pass_for_other_spans(data: st.DataObject) -> None:
+    """On bytes broken anywhere the native path gives the authority's spans, or defers."""
+    payload = encode_otlp_protobuf(data.draw(st.lists(spans(), min_size=1, max_size=2)))
+    damaged = data.draw(_mutations(payload))
+    got = fast_path("native")(damaged)
+    if got is None:
+        return
+    try:
+        expected = authority(damaged, sc.CONTENT_TYPE_OTLP_PROTOBUF)
+    except SpanDecodeError as exc:
+        raise AssertionError(f"native path took what the authority refuses: {exc}") from None
+    assert exact(got) == exact(expected)
 
 
 def _span(attributes: dict[str, Any]) -> Span:
@@ -117,7 +192,7 @@ def _span(attributes: dict[str, Any]) -> Span:
     ids=["ints", "doubles", "bools", "strings"],
 )
 def test_long_arrays_match_the_authority(
-    values: list[Any], monkeypatch: pytest.MonkeyPatch
+    values: list[Any], path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     payload = encode_otlp_protobuf([_span({"array": values, "one": values[:1]})])
     expected = authority(payload)
@@ -191,9 +266,12 @@ def _empty(pb: Any) -> None:
     [_kvlist, _mixed, _ints_then_bool, _bools_then_int, _doubles_then_string, _empty_item,
      _nested_array, _bytes, _empty],
 )  # fmt: skip
-def test_unusual_values_defer_to_the_authority(mutate: Any) -> None:
+def test_unusual_values_defer_to_the_authority(mutate: Any, path: str) -> None:
     payload = _request(mutate)
-    assert exact(decode_record(payload, None, MAX)) == exact(authority(payload))
+    assert fast_path(path)(payload) is None
+    got = decode_spans(payload, None, MAX)
+    assert not got.verbatim
+    assert exact(got.spans) == exact(authority(payload))
 
 
 def _zero_trace(pb: Any) -> None:
@@ -223,10 +301,65 @@ def _long_key(pb: Any) -> None:
 @pytest.mark.parametrize(
     "mutate", [_zero_trace, _short_span_id, _bad_kind, _ends_early, _no_name, _long_key]
 )
-def test_invalid_spans_get_the_authoritys_error(mutate: Any) -> None:
+def test_invalid_spans_get_the_authoritys_error(mutate: Any, path: str) -> None:
     payload = _request(mutate)
     with pytest.raises(SpanDecodeError) as expected:
         detect_and_decode(payload)
     with pytest.raises(SpanDecodeError) as got:
         decode_record(payload, None, MAX)
     assert (got.value.reason, got.value.detail) == (expected.value.reason, expected.value.detail)
+
+
+def _scope_attributes(request: ExportTraceServiceRequest) -> None:
+    request.resource_spans[0].scope_spans[0].scope.attributes.add(key="a").value.int_value = 1
+
+
+def _schema_url(request: ExportTraceServiceRequest) -> None:
+    request.resource_spans[0].schema_url = "https://opentelemetry.io/schemas/1.26.0"
+    request.resource_spans[0].scope_spans[0].schema_url = "https://example.org/s"
+
+
+def _trace_state(request: ExportTraceServiceRequest) -> None:
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.trace_state = "vendor=1"
+    span.flags = 0x101
+    span.dropped_attributes_count = 3
+
+
+def test_wire_forms_the_parser_accepts() -> None:
+    """Fields repeated or in any order, and kept-out fields, give the authority's spans."""
+    base = encode_otlp_protobuf([_span({"a": 1, "b": "x"})])
+    request = ExportTraceServiceRequest.FromString(base)
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    # A singular field sent twice: concatenated messages merge, the last value wins.
+    twice = base + ExportTraceServiceRequest(resource_spans=[]).SerializeToString()
+    variants = [twice, request.SerializeToString(deterministic=True)]
+    for mutate in (_schema_url, _trace_state, _scope_attributes):
+        copy = ExportTraceServiceRequest()
+        copy.CopyFrom(request)
+        mutate(copy)
+        variants.append(copy.SerializeToString())
+    # Resource after its scopes: the wire does not fix the order of fields.
+    resource_spans = request.resource_spans[0]
+    scopes = b"".join(
+        b"\x12" + varint(scope.ByteSize()) + scope.SerializeToString()
+        for scope in resource_spans.scope_spans
+    )
+    resource = resource_spans.resource.SerializeToString()
+    reordered = scopes + b"\x0a" + varint(len(resource)) + resource
+    variants.append(b"\x0a" + varint(len(reordered)) + reordered)
+    # The span's name on the wire twice: the parser keeps the last, the fast paths defer.
+    doubled = span.SerializeToString() + b"\x2a" + varint(5) + b"other"
+    scope = resource_spans.scope_spans[0]
+    scope_bytes = scope.scope.SerializeToString()
+    inner = b"\x0a" + varint(len(scope_bytes)) + scope_bytes
+    inner += b"\x12" + varint(len(doubled)) + doubled
+    outer = b"\x0a" + varint(len(resource)) + resource + b"\x12" + varint(len(inner)) + inner
+    variants.append(b"\x0a" + varint(len(outer)) + outer)
+    for payload in variants:
+        expected = exact(authority(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF))
+        for name in PATHS:
+            got = fast_path(name)(payload)
+            assert got is None or exact(got) == expected, name
+        assert exact(decode_record(payload, None, MAX)) == expected
+

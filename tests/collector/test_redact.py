@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from spanmill.collector.decode import decode_spans
 from spanmill.collector.redact import Redactor, luhn_valid
+from spanmill.spans import Span, encode_otlp_protobuf
 from spanmill.store.rows import SpanParts
 
 
@@ -30,7 +34,7 @@ def parts(**attributes: object) -> SpanParts:
     )
 
 
-@pytest.mark.parametrize(
+BUILTIN_EXAMPLES = pytest.mark.parametrize(
     ("text", "expected", "rule"),
     [
         ("write to jane.doe+x@mail.example.co.uk now", "write to [REDACTED:email] now", "email"),
@@ -54,8 +58,13 @@ def parts(**attributes: object) -> SpanParts:
         ("Bearer sk-" + "d" * 24, "[REDACTED:api_key]", "api_key"),
         ("card 4111-1111-1111-1111.", "card [REDACTED:card_number].", "card_number"),
         ("amex 378282246310005", "amex [REDACTED:card_number]", "card_number"),
+        # Python's \\d takes the digits of every script.
+        ("pay 4" + "\u0661" * 15, "pay [REDACTED:card_number]", "card_number"),
     ],
 )
+
+
+@BUILTIN_EXAMPLES
 def test_builtin_patterns(text: str, expected: str, rule: str) -> None:
     counts: dict[str, int] = {}
     span = parts(text=text)
@@ -125,3 +134,76 @@ def test_luhn() -> None:
     assert luhn_valid("4111 1111 1111 1111")
     assert not luhn_valid("4111 1111 1111 1112")
     assert not luhn_valid("4111")
+
+
+def _payload(text: str, where: str) -> bytes:
+    """One span holding ``text`` in one place, as OTLP protobuf."""
+    fields: dict[str, object] = {"name": "n"}
+    if where == "array":
+        fields["attributes"] = {"list": ["a", text]}
+    elif where == "event":
+        fields["events"] = [{"name": "e", "time_unix_nano": 1, "attributes": {"m": text}}]
+    elif where in ("name", "status_message"):
+        fields[where] = text or "n"
+    else:
+        fields[where] = {"t": text}
+    span = Span(
+        trace_id="1" * 32,
+        span_id="2" * 16,
+        start_time_unix_nano=1,
+        end_time_unix_nano=2,
+        **fields,  # type: ignore[arg-type]
+    )
+    return encode_otlp_protobuf([span])
+
+
+@BUILTIN_EXAMPLES
+@pytest.mark.parametrize(
+    "where", ["name", "status_message", "attributes", "resource_attributes", "array", "event"]
+)
+def test_the_prefilter_lets_every_example_through(
+    text: str, expected: str, rule: str, where: str
+) -> None:
+    """Wherever a secret sits in a span, its record's bytes are scanned in full."""
+    redactor = Redactor()
+    payload = _payload(text, where)
+    assert redactor.may_match(payload)
+    spans, verbatim = decode_spans(payload, None, 1 << 20)
+    assert verbatim
+    counts: dict[str, int] = {}
+    redactor.apply(spans[0], counts)
+    assert counts.get(rule, 0) >= 1
+
+
+def test_the_prefilter_passes_plain_records() -> None:
+    redactor = Redactor()
+    for text in ("hello world", "task-1 took 12 ms", "ids 1234 5678 90", "٣ apples"):
+        assert not redactor.may_match(_payload(text, "attributes")), text
+
+
+def test_custom_patterns_are_never_prefiltered() -> None:
+    assert Redactor(patterns={"ticket": r"TICKET-\d+"}).may_match(_payload("plain", "name"))
+
+
+# Pieces that make up lookalikes and real secrets, near misses included.
+PIECES = [
+    "4", "5", "1", "0", "9", " ", "-", "\u0661", "\u0664", "\uff11", "@", ".", "a", "Z", "x",
+    "sk", "k-", "AKIA", "hf_", "ghp_", "earer ", "Bearer ", "\u00e9", "\U0001f600", "io", "_",
+    "4111 1111 1111 1111", "378282246310005", "abcdefghijklmnop1234", "QRSTUVWXYZ012345",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(PIECES), max_size=40).map("".join),
+    st.sampled_from(["name", "status_message", "attributes", "resource_attributes", "array"]),
+)
+def test_a_record_the_prefilter_passes_holds_nothing_to_redact(text: str, where: str) -> None:
+    redactor = Redactor()
+    payload = _payload(text, where)
+    spans, verbatim = decode_spans(payload, None, 1 << 20)
+    assert verbatim
+    counts: dict[str, int] = {}
+    redactor.apply(spans[0], counts)
+    if counts:
+        assert redactor.may_match(payload), (text, counts)

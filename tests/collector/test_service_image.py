@@ -24,6 +24,16 @@ def test_dockerfile_is_lean_pinned_and_unprivileged() -> None:
     assert (ROOT / "services" / "collector" / "main.py").exists()
 
 
+def test_the_image_builds_the_native_decoder() -> None:
+    """The build stage compiles the C extension and fails if it did not; the runtime has no gcc."""
+    text = DOCKERFILE.read_text()
+    build, runtime = text.split("AS runtime")
+    assert re.search(r"^COPY [^\n]*\bsetup\.py\b", build, re.M)
+    assert "install -y --no-install-recommends gcc" in build
+    assert 'python -c "import spanmill.collector._otlp"' in build
+    assert "gcc" not in runtime
+
+
 def test_the_collector_needs_no_training_or_serving_stack() -> None:
     probe = (
         "import sys, spanmill.collector.run, spanmill.store, spanmill.cli.collector; "

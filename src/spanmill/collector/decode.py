@@ -4,24 +4,31 @@
 is, and says precisely why a payload is not. It builds a validated
 :class:`~spanmill.spans.Span` per span, which costs more than the rest of the
 collector together. Most records are OTLP protobuf with plain attributes, so
-:func:`decode_record` reads those straight from the parsed message into
-:class:`~spanmill.store.SpanParts`, checking the same rules the record model
-checks. Anything unusual (a bad id, a nested or mixed array, an oversize value,
-...) falls back to the authority, which then gives the spans or the error: the
-fast path may only ever say "these spans, exactly as the authority would give
-them" or "ask the authority". Tests hold the two to that.
+:func:`decode_record` reads those straight into :class:`~spanmill.store.SpanParts`,
+checking the same rules the record model checks. Anything unusual (a bad id, a
+nested or mixed array, an oversize value, ...) falls back to the authority, which
+then gives the spans or the error: the fast path may only ever say "these spans,
+exactly as the authority would give them" or "ask the authority". Tests hold it
+to that.
+
+The fast path is native where the package was built with its C extension
+(:mod:`spanmill.collector._otlp`, which reads the wire bytes without building
+protobuf messages), and Python otherwise (:func:`python_fast_path`, over the
+parsed message). Both give the same answers.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from spanmill.collector import native
 from spanmill.spans import SpanFormat, detect_and_decode, format_from_content_type
 from spanmill.spans.record import MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES, MAX_NAME_CHARS
 from spanmill.store.rows import SpanParts
@@ -161,6 +168,14 @@ def _name(text: str) -> str:
     return text
 
 
+def python_fast_path(payload: bytes) -> list[SpanParts] | None:
+    """The spans of a plain OTLP protobuf export, or None: ask the authority."""
+    try:
+        return _fast_protobuf(payload)
+    except _Unusual:
+        return None
+
+
 def _fast_protobuf(payload: bytes) -> list[SpanParts]:
     try:
         request = ExportTraceServiceRequest.FromString(payload)
@@ -225,18 +240,49 @@ def _looks_like_json(payload: bytes) -> bool:
     return start[:1] in (b"{", b"[") or start.startswith(b"\xef\xbb\xbf")
 
 
-def decode_record(payload: bytes, content_type: str | None, max_bytes: int) -> list[SpanParts]:
+FastPath = Callable[[bytes], "list[SpanParts] | None"]
+
+
+NATIVE_FAST_PATH: Final[FastPath | None] = native.otlp.decode if native.otlp else None
+FAST_PATH: Final = "native" if NATIVE_FAST_PATH is not None else "python"
+_fast_path: FastPath = NATIVE_FAST_PATH or python_fast_path
+
+
+class Decoded(NamedTuple):
+    """A record's spans; ``verbatim``: every text they hold lies in the payload as UTF-8.
+
+    True only for the fast path, which copies strings from the protobuf wire as
+    they are. The authority may have made text (JSON unescaping, base64 of bytes,
+    JSON of nested values), so its spans are never verbatim.
+    """
+
+    spans: list[SpanParts]
+    verbatim: bool
+
+
+def decode_spans(payload: bytes, content_type: str | None, max_bytes: int) -> Decoded:
     """The spans of one record's value; raises SpanDecodeError with the reason it is refused."""
     if 0 < len(payload) <= max_bytes:
         try:
             form = format_from_content_type(content_type) if content_type else None
         except ValueError:
             form = None  # the authority raises the precise error below
-        sniffed_protobuf = content_type is None and not _looks_like_json(payload)
+        # "\n{" also begins a protobuf export whose first field is 123 bytes long. JSON
+        # text cannot pass the native path's strict reading of the wire (its first
+        # characters are fields OTLP does not have), so that path may try it; the
+        # Python one keeps unknown fields and must not.
+        sniffed_protobuf = content_type is None and (
+            not _looks_like_json(payload)
+            or (payload[:1] == b"\n" and _fast_path is NATIVE_FAST_PATH)
+        )
         if form is SpanFormat.OTLP_PROTOBUF or sniffed_protobuf:
-            try:
-                return _fast_protobuf(payload)
-            except _Unusual:
-                pass
+            fast = _fast_path(payload)
+            if fast is not None:
+                return Decoded(fast, True)
     spans = detect_and_decode(payload, content_type, max_bytes=max_bytes)
-    return [SpanParts.from_span(span) for span in spans]
+    return Decoded([SpanParts.from_span(span) for span in spans], False)
+
+
+def decode_record(payload: bytes, content_type: str | None, max_bytes: int) -> list[SpanParts]:
+    """The spans of one record's value; raises SpanDecodeError with the reason it is refused."""
+    return decode_spans(payload, content_type, max_bytes).spans

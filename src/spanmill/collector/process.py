@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any, Protocol
 
-from spanmill.collector.decode import decode_record
+from spanmill.collector.decode import decode_spans
 from spanmill.collector.redact import Redactor
 from spanmill.collector.translate import Translation
 from spanmill.config import CollectorSettings
@@ -121,12 +121,15 @@ class BatchProcessor:
         translations: dict[str, int],
     ) -> list[SpanParts]:
         """One record's spans, ready for the store; raises SpanDecodeError."""
-        spans = decode_record(value, content_type, self.config.max_message_bytes)
+        spans, verbatim = decode_spans(value, content_type, self.config.max_message_bytes)
         for index, parts in enumerate(spans):
             check_storable(parts, f"spans[{index}]")
+        # Texts copied from the record's bytes can hold a match only where the bytes do;
+        # a translated span has new texts (message JSON), so its patterns always run.
+        scan = not verbatim or self.redactor.may_match(value)
         for parts in spans:
-            self.translation.apply(parts.attributes, translations)
-            self.redactor.apply(parts, redactions)
+            translated = self.translation.apply(parts.attributes, translations)
+            self.redactor.apply(parts, redactions, patterns=scan or translated)
         return spans
 
     def process(self, job: BatchJob) -> BatchOutcome:

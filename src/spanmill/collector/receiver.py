@@ -43,7 +43,7 @@ class Reply:
     headers: dict[str, str]
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -60,7 +60,7 @@ def status_message(code: int, message: str, as_json: bool) -> bytes:
     if as_json:
         return json.dumps({"code": code, "message": message}).encode()
     text = message.encode()
-    return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+    return b"\x08" + varint(code) + b"\x12" + varint(len(text)) + text
 
 
 def _inflate(body: bytes, encoding: str, limit: int) -> bytes:

@@ -14,6 +14,12 @@ Two kinds of rule, both configured on the collector (see
   matching names are kept) and a deny list, both of shell-style globs such as
   ``http.request.header.*``.
 
+Most spans hold nothing any rule can match. Every built-in pattern needs one of
+its literal *gates*, or a run of digits, to occur in a text; when a span's texts
+came verbatim from its record's bytes (OTLP protobuf), :meth:`Redactor.may_match`
+looks for those in the bytes at once, natively, and a record where none occurs
+skips the patterns altogether.
+
 The dead-letter topic keeps the original bytes of what it refuses, unredacted:
 give it the same access controls as the span topic.
 """
@@ -22,10 +28,12 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import string
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from spanmill.collector import native
 from spanmill.store.rows import SpanParts
 
 _JOIN: Final = "\x1f"  # a separator no rule's pattern can match across
@@ -54,6 +62,11 @@ class Rule:
     replaced with it; ``boundary``, no word character before the match (what a
     leading ``\\b`` says); ``check``, a test of the matched text, for matches that
     do not start inside a longer number.
+
+    What every match holds, for the byte-level prefilter: a gate followed by at
+    least ``follow_min`` characters of ``follow`` (ASCII); or, for a rule without
+    gates, a run of ``digits`` decimal digits, a single space or dash allowed
+    between two.
     """
 
     name: str
@@ -62,6 +75,9 @@ class Rule:
     check: Callable[[str], bool] | None = None
     boundary: bool = False
     lead: str = ""
+    follow: str = ""
+    follow_min: int = 0
+    digits: int = 0
     replacement: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -120,8 +136,19 @@ class Rule:
         return "".join(pieces), len(pieces) // 2
 
 
-def _key(pattern: str, *gates: str, lead: str = "") -> Rule:
-    return Rule("api_key", re.compile(pattern), gates=gates, boundary=True, lead=lead)
+_ALNUM: Final = string.ascii_letters + string.digits
+
+
+def _key(pattern: str, *gates: str, follow: str = "", at_least: int = 0, lead: str = "") -> Rule:
+    return Rule(
+        "api_key",
+        re.compile(pattern),
+        gates=gates,
+        boundary=True,
+        lead=lead,
+        follow=follow,
+        follow_min=at_least,
+    )
 
 
 # Each rule name stands for one or more patterns. The API-key forms are separate
@@ -133,25 +160,45 @@ BUILTIN_RULES: Final[dict[str, tuple[Rule, ...]]] = {
             "email",
             re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
             gates=("@",),
+            # After the @: a label, then at least ".xx".
+            follow=_ALNUM + ".-",
+            follow_min=4,
         ),
     ),
     "api_key": (
         # First: a bearer token is replaced whole, whatever key it holds.
         _key(r"[Bb]earer\s+[A-Za-z0-9._~+/-]{20,}=*", "earer"),
         # OpenAI/Anthropic-style secret, publishable and restricted keys.
-        _key(r"k-[A-Za-z0-9_-]{16,}", "k-", lead="spr"),
-        _key(r"A(?:KIA|SIA)[0-9A-Z]{16}\b", "AKIA", "ASIA"),
-        _key(r"gh[pousr]_[A-Za-z0-9]{30,}", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
-        _key(r"github_pat_[A-Za-z0-9_]{30,}", "github_pat_"),
-        _key(r"xox[abprs]-[A-Za-z0-9-]{10,}", "xox"),
-        _key(r"AIza[0-9A-Za-z_-]{35}", "AIza"),
-        _key(r"hf_[A-Za-z0-9]{30,}", "hf_"),
+        _key(r"k-[A-Za-z0-9_-]{16,}", "k-", follow=_ALNUM + "_-", at_least=16, lead="spr"),
+        _key(
+            r"A(?:KIA|SIA)[0-9A-Z]{16}\b",
+            "AKIA",
+            "ASIA",
+            follow=string.ascii_uppercase + string.digits,
+            at_least=16,
+        ),
+        _key(
+            r"gh[pousr]_[A-Za-z0-9]{30,}",
+            *("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+            follow=_ALNUM,
+            at_least=30,
+        ),
+        _key(r"github_pat_[A-Za-z0-9_]{30,}", "github_pat_", follow=_ALNUM + "_", at_least=30),
+        # [abprs] and the dash count among the characters that follow "xox".
+        _key(r"xox[abprs]-[A-Za-z0-9-]{10,}", "xox", follow=_ALNUM + "-", at_least=12),
+        _key(r"AIza[0-9A-Za-z_-]{35}", "AIza", follow=_ALNUM + "_-", at_least=35),
+        _key(r"hf_[A-Za-z0-9]{30,}", "hf_", follow=_ALNUM, at_least=30),
     ),
     # Issuer digits 2-6 leave out nanosecond timestamps and most other long numbers.
     # The pattern starts with a character class so the regex engine can skip ahead
     # fast; that it does not start inside a longer number is checked afterwards.
     "card_number": (
-        Rule("card_number", re.compile(r"[2-6]\d(?:[ -]?\d){11,17}(?!\d)"), check=luhn_valid),
+        Rule(
+            "card_number",
+            re.compile(r"[2-6]\d(?:[ -]?\d){11,17}(?!\d)"),
+            check=luhn_valid,
+            digits=13,
+        ),
     ),
 }
 DEFAULT_RULES: Final = ("email", "api_key", "card_number")
@@ -188,6 +235,19 @@ class Redactor:
         self._allow = _globs(allow)
         self._deny = _globs(deny)
         self._keep: dict[str, bool] = {}
+        self._kept: set[str] = set()  # the names keeps() said yes to, for a test in C
+        self._prefilter = _prefilter(self.rules)
+
+    def may_match(self, payload: bytes) -> bool:
+        """False only if no pattern can match any text that lies verbatim in ``payload``.
+
+        A custom pattern has no gates, and without the C extension there is no
+        fast scan: then this is always True.
+        """
+        if self._prefilter is None:
+            return True
+        gates, digits = self._prefilter
+        return bool(native.otlp.may_match(payload, gates, digits))  # type: ignore[union-attr]
 
     @property
     def filters_keys(self) -> bool:
@@ -202,10 +262,15 @@ class Redactor:
             )
             if len(self._keep) > 100_000:  # names are few; this bounds a pathological producer
                 self._keep.clear()
+                self._kept.clear()
             self._keep[key] = decision
+            if decision:
+                self._kept.add(key)
         return decision
 
     def _filter(self, attributes: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
+        if self._kept.issuperset(attributes):
+            return attributes
         dropped = [key for key in attributes if not self.keeps(key)]
         if not dropped:
             return attributes
@@ -215,13 +280,17 @@ class Redactor:
             del kept[key]
         return kept
 
-    def apply(self, parts: SpanParts, counts: dict[str, int]) -> None:
+    def apply(self, parts: SpanParts, counts: dict[str, int], patterns: bool = True) -> None:
+        """Redact in place; ``patterns=False`` applies the attribute lists alone.
+
+        Pass False only where :meth:`may_match` said False for the span's record.
+        """
         if self.filters_keys:
             parts.attributes = self._filter(parts.attributes, counts)
             parts.resource_attributes = self._filter(parts.resource_attributes, counts)
             parts.events = [(n, t, self._filter(a, counts)) for n, t, a in parts.events]
             parts.links = [(t, s, self._filter(a, counts)) for t, s, a in parts.links]
-        if not self.rules:
+        if not self.rules or not patterns:
             return
         texts = [parts.name, parts.status_message]
         maps = [parts.attributes, parts.resource_attributes]
@@ -253,6 +322,42 @@ class Redactor:
         parts.resource_attributes = _clean_map(parts.resource_attributes, clean)
         parts.events = [(n, t, _clean_map(a, clean)) for n, t, a in parts.events]
         parts.links = [(t, s, _clean_map(a, clean)) for t, s, a in parts.links]
+
+
+Prefilter = tuple[tuple[tuple[bytes, bytes, int], ...], int]
+
+
+def _prefilter(rules: Sequence[Rule]) -> Prefilter | None:
+    """What one of which every rule's match needs, for ``may_match``; None if some has none.
+
+    Each gate becomes (literal, table of the bytes that may follow, how many must);
+    rules without gates give a run of digits.
+    """
+    if native.otlp is None or not rules:
+        return None
+    gates: dict[bytes, tuple[bytes, bytes, int]] = {}
+    runs = []
+    for rule in rules:
+        if rule.gates and all(gate.isascii() for gate in rule.gates):
+            table = bytes(256) if not rule.follow_min else _table(rule.follow)
+            for gate in rule.gates:
+                literal = gate.encode()
+                spec = (literal, table, rule.follow_min)
+                if literal in gates and gates[literal] != spec:
+                    spec = (literal, bytes(256), 0)  # two rules, one gate: the literal alone
+                gates[literal] = spec
+        elif rule.digits:
+            runs.append(rule.digits)
+        else:
+            return None
+    return tuple(gates.values()), min(runs, default=0)
+
+
+def _table(chars: str) -> bytes:
+    allowed = bytearray(256)
+    for char in chars:
+        allowed[ord(char)] = 1  # ASCII only: a longer character's bytes never follow a gate
+    return bytes(allowed)
 
 
 def _clean_map(attributes: dict[str, Any], clean: Callable[[str], str]) -> dict[str, Any]:

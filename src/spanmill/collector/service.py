@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spanmill import semconv as sc
+from spanmill.collector.decode import FAST_PATH
 from spanmill.collector.dlq import DeadLetter
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.collector.process import (
@@ -230,11 +231,13 @@ class Collector:
             ) from None
         self.consumer.subscribe([self.topic], listener=Listener())
         log.info(
-            "collector %s: %s (group %s) → %s",
+            "collector %s: %s (group %s) → %s, %s decoding, %d workers",
             self.collector_id,
             self.topic,
             settings.group_id,
             settings.store_url,
+            FAST_PATH,
+            settings.workers,
         )
 
     def stop(self) -> None:
@@ -361,18 +364,14 @@ class Collector:
             buffer = self._buffers[partition] = PartitionBuffer()
         if not buffer.offsets:
             buffer.since = now
-        offsets, timestamps, keys = buffer.offsets, buffer.timestamps, buffer.keys
-        values, headers = buffer.values, buffer.headers
-        size = 0
-        for record in records:
-            value = record.value if record.value is not None else b""
-            offsets.append(record.offset)
-            timestamps.append(record.timestamp)
-            keys.append(record.key)
-            values.append(value)
-            headers.append(record.headers)
-            size += len(value)
-        buffer.size += size
+        # Column by column: this runs for every record, on the consumer's core.
+        values = [record.value if record.value is not None else b"" for record in records]
+        buffer.offsets += [record.offset for record in records]
+        buffer.timestamps += [record.timestamp for record in records]
+        buffer.keys += [record.key for record in records]
+        buffer.headers += [record.headers for record in records]
+        buffer.values += values
+        buffer.size += sum(map(len, values))
         if records:
             self._next_offset[partition] = records[-1].offset + 1
         self.metrics.records_consumed.labels(str(partition)).inc(len(records))

@@ -179,12 +179,17 @@ def _json_or_none(value: Any) -> str | None:
     return _JSON.encode(value) if value else None
 
 
+_PROMOTED_BY_KEY: Final = {promoted.key: promoted for promoted in PROMOTED}
+_PROMOTED_KEYS: Final = frozenset(_PROMOTED_BY_KEY)
+
+
 class ColumnBuilder:
     """Rows of one Arrow table, gathered column by column."""
 
     def __init__(self) -> None:
         self.columns: dict[str, list[Any]] = {name: [] for name in SPAN_SCHEMA.names}
         self.rows = 0
+        self._promoted = [(p.column, self.columns[p.column]) for p in PROMOTED]
 
     def append(
         self,
@@ -207,16 +212,20 @@ class ColumnBuilder:
         )
         episode = attributes.get(sc.SPANMILL_EPISODE_ID)
         c["episode_id"].append(episode if type(episode) is str and episode else parts.trace_id)
-        score = attributes.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
-        for promoted in PROMOTED:
-            value = attributes.get(promoted.key)
+        # Only the promoted keys the span has are looked at; every other column gets null.
+        moved: dict[str, Any] = {}
+        for key in _PROMOTED_KEYS.intersection(attributes):
+            promoted = _PROMOTED_BY_KEY[key]
+            value = attributes[key]
             if value is not None and _matches(promoted, value):
-                del attributes[promoted.key]
-                c[promoted.column].append(value)
-            elif promoted.column == "reward_value" and type(score) is int:
-                c["reward_value"].append(float(score))
-            else:
-                c[promoted.column].append(None)
+                del attributes[key]
+                moved[promoted.column] = value
+        if "reward_value" not in moved:
+            score = attributes.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
+            if type(score) is int:
+                moved["reward_value"] = float(score)
+        for column, values in self._promoted:
+            values.append(moved.get(column))
         resource = parts.resource_attributes
         for promoted in PROMOTED_RESOURCE:
             value = resource.get(promoted.key)

@@ -30,10 +30,14 @@ class Translation:
             raise ValueError(f"unknown conventions {unknown}; known: {sorted(TRANSLATORS)}")
         self.steps = [(name, TRANSLATORS[name]) for name in conventions]
 
-    def apply(self, attributes: dict[str, Any], counts: dict[str, int]) -> None:
+    def apply(self, attributes: dict[str, Any], counts: dict[str, int]) -> bool:
+        """Translate in place; whether any translator changed something."""
+        changed = False
         for name, step in self.steps:
             if step(attributes):
                 counts[name] = counts.get(name, 0) + 1
+                changed = True
+        return changed
 
 
 __all__ = ["TRANSLATORS", "Translation", "Translator"]

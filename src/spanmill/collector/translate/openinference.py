@@ -31,7 +31,7 @@ from spanmill.collector.translate.messages import (
 
 NAME: Final = "openinference"
 SPAN_KIND: Final = "openinference.span.kind"
-SIGNATURE: Final = (SPAN_KIND, "llm.model_name", "llm.input_messages.0.message.role")
+SIGNATURE: Final = frozenset((SPAN_KIND, "llm.model_name", "llm.input_messages.0.message.role"))
 # GenAI names for a tool call's arguments and result (opt-in attributes of the conventions).
 TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
 TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
@@ -99,7 +99,7 @@ def _plain_text(attributes: dict[str, Any], which: str) -> str | None:
 
 def translate(attributes: dict[str, Any]) -> bool:
     """Rewrite OpenInference attributes in place; True when the span carried any."""
-    if not any(key in attributes for key in SIGNATURE):
+    if SIGNATURE.isdisjoint(attributes):
         return False
     changed = False
     kind = attributes.pop(SPAN_KIND, None)

@@ -28,17 +28,19 @@ from spanmill.collector.translate.messages import (
 NAME: Final = "openllmetry"
 PROMPT_PREFIX: Final = "gen_ai.prompt."
 COMPLETION_PREFIX: Final = "gen_ai.completion."
-# Keys whose presence marks a span as OpenLLMetry's: checked with dict lookups only.
-SIGNATURE: Final = (
-    "gen_ai.prompt.0.role",
-    "gen_ai.prompt.0.content",
-    "gen_ai.completion.0.role",
-    "gen_ai.completion.0.content",
-    "gen_ai.system",
-    "gen_ai.usage.prompt_tokens",
-    "gen_ai.usage.completion_tokens",
-    "llm.request.type",
-    "traceloop.span.kind",
+# Keys whose presence marks a span as OpenLLMetry's: checked against the keys in C.
+SIGNATURE: Final = frozenset(
+    (
+        "gen_ai.prompt.0.role",
+        "gen_ai.prompt.0.content",
+        "gen_ai.completion.0.role",
+        "gen_ai.completion.0.content",
+        "gen_ai.system",
+        "gen_ai.usage.prompt_tokens",
+        "gen_ai.usage.completion_tokens",
+        "llm.request.type",
+        "traceloop.span.kind",
+    )
 )
 _REQUEST_TYPES: Final = {"chat": sc.OPERATION_CHAT, "completion": sc.OPERATION_TEXT_COMPLETION}
 _SPAN_KINDS: Final = {"agent": sc.OPERATION_INVOKE_AGENT, "tool": sc.OPERATION_EXECUTE_TOOL}
@@ -60,7 +62,7 @@ def _messages(groups: dict[int, dict[str, Any]], output: bool) -> list[dict[str,
 
 def translate(attributes: dict[str, Any]) -> bool:
     """Rewrite OpenLLMetry attributes in place; True when the span carried any."""
-    if not any(key in attributes for key in SIGNATURE):
+    if SIGNATURE.isdisjoint(attributes):
         return False
     changed = False
     prompts, used_prompts = indexed(attributes, PROMPT_PREFIX)

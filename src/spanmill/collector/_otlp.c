@@ -1,0 +1,1001 @@
+/*
+ * The collector's native fast path: OTLP protobuf trace exports straight into
+ * SpanParts, and a byte-level prefilter that tells when no redaction rule can match.
+ *
+ * decode() reads an ExportTraceServiceRequest from its wire bytes without building
+ * protobuf message objects, and gives exactly what spanmill.collector.decode's
+ * Python fast path gives: a list of SpanParts, or None for "ask the authority".
+ * It is strict: an unknown field, a field repeated where one is expected, a value
+ * of a kind the store does not keep as it is, a bad id or name, invalid UTF-8 or
+ * anything malformed answers None, and spanmill.spans.detect_and_decode then says
+ * what the spans are or why the record is refused. Nothing here recurses: arrays
+ * of arrays are refused.
+ *
+ * may_match() answers whether any of some literals (each followed by enough bytes
+ * of a set), or a run of decimal digits, occurs in a payload's bytes. Every string of a span decoded by decode() lies in
+ * its payload verbatim as UTF-8, so when it answers False no gated pattern can
+ * match any of them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h> /* its pyconfig.h sets _GNU_SOURCE, for memmem */
+#include <stdint.h>
+#include <string.h>
+
+enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
+/* Results of the readers below: ERROR with a Python exception set, UNUSUAL without. */
+enum { ERROR = -1, UNUSUAL = 0, OK = 1 };
+
+typedef struct {
+    const uint8_t *p;
+    const uint8_t *end;
+} Buf;
+
+typedef struct {
+    uint32_t number;
+    int wire;
+    uint64_t varint; /* WT_VARINT, WT_I64, WT_I32 */
+    Buf bytes;       /* WT_LEN */
+} Field;
+
+static struct {
+    PyObject *parts_type;
+    Py_ssize_t max_name_chars;
+    Py_ssize_t max_key_chars;
+    Py_ssize_t max_value_bytes;
+    PyObject *kinds[6];
+    PyObject *statuses[3];
+} cfg;
+
+static int read_varint(Buf *b, uint64_t *out)
+{
+    uint64_t value = 0;
+    for (int shift = 0; shift < 70 && b->p < b->end; shift += 7) {
+        uint8_t byte = *b->p++;
+        if (shift == 63 && byte > 1)
+            return 0; /* more than 64 bits */
+        value |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *out = value;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The next field of a message; 0 at its end, -1 when the bytes are malformed. */
+static int next_field(Buf *b, Field *f)
+{
+    uint64_t tag;
+    if (b->p >= b->end)
+        return 0;
+    if (!read_varint(b, &tag) || tag > UINT32_MAX || (tag >> 3) == 0)
+        return -1;
+    f->number = (uint32_t)(tag >> 3);
+    f->wire = (int)(tag & 7);
+    switch (f->wire) {
+    case WT_VARINT:
+        return read_varint(b, &f->varint) ? 1 : -1;
+    case WT_I64:
+        if (b->end - b->p < 8)
+            return -1;
+        memcpy(&f->varint, b->p, 8); /* little-endian on every platform we build for */
+        b->p += 8;
+        return 1;
+    case WT_I32: {
+        uint32_t value;
+        if (b->end - b->p < 4)
+            return -1;
+        memcpy(&value, b->p, 4);
+        f->varint = value;
+        b->p += 4;
+        return 1;
+    }
+    case WT_LEN: {
+        uint64_t length;
+        if (!read_varint(b, &length) || length > (uint64_t)(b->end - b->p))
+            return -1;
+        f->bytes.p = b->p;
+        f->bytes.end = b->p + length;
+        b->p += length;
+        return 1;
+    }
+    default:
+        return -1; /* groups are not used by OTLP */
+    }
+}
+
+/* A field seen for the second time where the message holds one: let the authority merge. */
+static int once(uint32_t *seen, uint32_t number)
+{
+    if (number >= 32)
+        return 0;
+    uint32_t bit = 1u << number;
+    if (*seen & bit)
+        return 0;
+    *seen |= bit;
+    return 1;
+}
+
+/* Strict UTF-8 text; UNUSUAL (error cleared) when the bytes are not valid UTF-8. */
+static int text(Buf bytes, PyObject **out)
+{
+    *out = PyUnicode_DecodeUTF8((const char *)bytes.p, bytes.end - bytes.p, NULL);
+    if (*out != NULL)
+        return OK;
+    if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        return UNUSUAL;
+    }
+    return ERROR;
+}
+
+/* A string field that is not kept must still be valid UTF-8, as the parser demands. */
+static int valid_text(Buf bytes)
+{
+    PyObject *value;
+    int status = text(bytes, &value);
+    Py_XDECREF(value);
+    return status;
+}
+
+static int bounded_name(Buf bytes, PyObject **out)
+{
+    int status = text(bytes, out);
+    if (status != OK)
+        return status;
+    Py_ssize_t length = PyUnicode_GET_LENGTH(*out);
+    if (length == 0 || length > cfg.max_name_chars) {
+        Py_CLEAR(*out);
+        return UNUSUAL;
+    }
+    return OK;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* A trace or span id as lowercase hex: exactly `size` bytes, not all zero. */
+static int hex_id(Buf bytes, Py_ssize_t size, PyObject **out)
+{
+    Py_ssize_t length = bytes.end - bytes.p;
+    int nonzero = 0;
+    if (length != size)
+        return UNUSUAL;
+    for (Py_ssize_t i = 0; i < size; i++)
+        nonzero |= bytes.p[i];
+    if (!nonzero)
+        return UNUSUAL;
+    *out = PyUnicode_New(2 * size, 127);
+    if (*out == NULL)
+        return ERROR;
+    Py_UCS1 *data = PyUnicode_1BYTE_DATA(*out);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        data[2 * i] = HEX[bytes.p[i] >> 4];
+        data[2 * i + 1] = HEX[bytes.p[i] & 15];
+    }
+    return OK;
+}
+
+/* The kinds of AnyValue the fast path keeps; anything else is for the authority. */
+enum { V_NONE = 0, V_STRING = 1, V_BOOL = 2, V_INT = 3, V_DOUBLE = 4, V_ARRAY = 5 };
+
+/* The one field of an AnyValue: its kind, or V_NONE for an empty, doubled or other value. */
+static int any_value(Buf value, Field *out)
+{
+    Field f;
+    int kind = V_NONE, more;
+    while ((more = next_field(&value, &f)) == 1) {
+        if (kind != V_NONE)
+            return V_NONE; /* a oneof set twice: the last would win, the authority knows */
+        switch (f.number) {
+        case V_STRING:
+        case V_ARRAY:
+            if (f.wire != WT_LEN)
+                return V_NONE;
+            break;
+        case V_BOOL:
+        case V_INT:
+            if (f.wire != WT_VARINT)
+                return V_NONE;
+            break;
+        case V_DOUBLE:
+            if (f.wire != WT_I64)
+                return V_NONE;
+            break;
+        default:
+            return V_NONE; /* kvlist, bytes, string indexes, unknown fields */
+        }
+        kind = (int)f.number;
+        *out = f;
+    }
+    return more == 0 ? kind : V_NONE;
+}
+
+static int scalar(int kind, const Field *f, PyObject **out)
+{
+    double number;
+    switch (kind) {
+    case V_STRING:
+        if (f->bytes.end - f->bytes.p > cfg.max_value_bytes)
+            return UNUSUAL;
+        return text(f->bytes, out);
+    case V_BOOL:
+        *out = Py_NewRef(f->varint ? Py_True : Py_False);
+        return OK;
+    case V_INT:
+        *out = PyLong_FromLongLong((long long)(int64_t)f->varint);
+        return *out ? OK : ERROR;
+    case V_DOUBLE:
+        memcpy(&number, &f->varint, 8);
+        *out = PyFloat_FromDouble(number);
+        return *out ? OK : ERROR;
+    default:
+        return UNUSUAL;
+    }
+}
+
+/* An ArrayValue whose items all hold one scalar kind, as a list. */
+static int array(Buf bytes, PyObject **out)
+{
+    Field f, item;
+    int more = 0, first = V_NONE, status;
+    PyObject *list = PyList_New(0), *value;
+    if (list == NULL)
+        return ERROR;
+    while ((more = next_field(&bytes, &f)) == 1) {
+        if (f.number != 1 || f.wire != WT_LEN)
+            goto unusual;
+        int kind = any_value(f.bytes, &item);
+        if (kind == V_NONE || kind == V_ARRAY || (first != V_NONE && kind != first))
+            goto unusual;
+        first = kind;
+        status = scalar(kind, &item, &value);
+        if (status != OK) {
+            Py_DECREF(list);
+            return status;
+        }
+        status = PyList_Append(list, value);
+        Py_DECREF(value);
+        if (status < 0) {
+            Py_DECREF(list);
+            return ERROR;
+        }
+    }
+    if (more < 0)
+        goto unusual;
+    *out = list;
+    return OK;
+unusual:
+    Py_DECREF(list);
+    return UNUSUAL;
+}
+
+/*
+ * Attribute keys repeat from span to span: a small cache maps a key's bytes to its
+ * str, which then comes with its hash already computed. A slot holds the last key
+ * that hashed to it; a miss decodes the key and takes the slot.
+ */
+#define KEY_SLOTS 1024
+#define KEY_MAX_BYTES 64
+
+static PyObject *key_cache[KEY_SLOTS];
+
+static int cached_key(Buf bytes, PyObject **out)
+{
+    Py_ssize_t size = bytes.end - bytes.p;
+    if (size == 0 || size > KEY_MAX_BYTES)
+        return text(bytes, out);
+    uint32_t hash = 2166136261u; /* FNV-1a */
+    for (Py_ssize_t i = 0; i < size; i++)
+        hash = (hash ^ bytes.p[i]) * 16777619u;
+    PyObject **slot = &key_cache[hash & (KEY_SLOTS - 1)];
+    if (*slot != NULL && PyUnicode_IS_ASCII(*slot) && PyUnicode_GET_LENGTH(*slot) == size
+        && memcmp(PyUnicode_1BYTE_DATA(*slot), bytes.p, size) == 0) {
+        *out = Py_NewRef(*slot);
+        return OK;
+    }
+    int status = text(bytes, out);
+    if (status == OK && PyUnicode_IS_ASCII(*out)) {
+        (void)PyObject_Hash(*out); /* computed once, kept in the str */
+        Py_XSETREF(*slot, Py_NewRef(*out));
+    }
+    return status;
+}
+
+/* One KeyValue into a dict: a plain key and a value of a kind the store keeps. */
+static int key_value(Buf bytes, PyObject *dict)
+{
+    Field f, key = {0}, value = {0}, one;
+    uint32_t seen = 0;
+    int more, status;
+    while ((more = next_field(&bytes, &f)) == 1) {
+        if ((f.number != 1 && f.number != 2) || f.wire != WT_LEN || !once(&seen, f.number))
+            return UNUSUAL;
+        if (f.number == 1)
+            key = f;
+        else
+            value = f;
+    }
+    if (more < 0 || seen != ((1u << 1) | (1u << 2)))
+        return UNUSUAL;
+    int kind = any_value(value.bytes, &one);
+    if (kind == V_NONE)
+        return UNUSUAL;
+    PyObject *name, *item;
+    status = cached_key(key.bytes, &name);
+    if (status != OK)
+        return status;
+    Py_ssize_t length = PyUnicode_GET_LENGTH(name);
+    if (length == 0 || length > cfg.max_key_chars) {
+        Py_DECREF(name);
+        return UNUSUAL;
+    }
+    status = kind == V_ARRAY ? array(one.bytes, &item) : scalar(kind, &one, &item);
+    if (status == OK) {
+        if (PyDict_SetItem(dict, name, item) < 0)
+            status = ERROR;
+        Py_DECREF(item);
+    }
+    Py_DECREF(name);
+    return status;
+}
+
+/* Skip a field that is not kept, checking the wire type the schema gives it. */
+static int skipped(const Field *f, int wire, int is_text)
+{
+    if (f->wire != wire)
+        return UNUSUAL;
+    return is_text ? valid_text(f->bytes) : OK;
+}
+
+static int attributes_field(const Field *f, PyObject *dict)
+{
+    if (f->wire != WT_LEN)
+        return UNUSUAL;
+    return key_value(f->bytes, dict);
+}
+
+/* Span.Event: (name, time_unix_nano, attributes). */
+static int event_of(Buf bytes, PyObject **out)
+{
+    Field f;
+    uint32_t seen = 0;
+    uint64_t time = 0;
+    int more = 0, status = OK;
+    Buf name = {NULL, NULL};
+    PyObject *attributes = PyDict_New(), *text_name = NULL, *time_obj = NULL;
+    if (attributes == NULL)
+        return ERROR;
+    while (status == OK && (more = next_field(&bytes, &f)) == 1) {
+        if (f.number != 3 && !once(&seen, f.number)) {
+            status = UNUSUAL;
+            break;
+        }
+        switch (f.number) {
+        case 1:
+            status = f.wire == WT_I64 ? OK : UNUSUAL;
+            time = f.varint;
+            break;
+        case 2:
+            status = f.wire == WT_LEN ? OK : UNUSUAL;
+            name = f.bytes;
+            break;
+        case 3:
+            status = attributes_field(&f, attributes);
+            break;
+        case 4:
+            status = skipped(&f, WT_VARINT, 0);
+            break;
+        default:
+            status = UNUSUAL;
+        }
+    }
+    if (status == OK && more < 0)
+        status = UNUSUAL;
+    if (status == OK) {
+        if (name.p == NULL)
+            status = UNUSUAL;
+        else
+            status = bounded_name(name, &text_name);
+    }
+    if (status == OK) {
+        time_obj = PyLong_FromUnsignedLongLong(time);
+        if (time_obj == NULL)
+            status = ERROR;
+    }
+    if (status == OK) {
+        *out = PyTuple_Pack(3, text_name, time_obj, attributes);
+        if (*out == NULL)
+            status = ERROR;
+    }
+    Py_XDECREF(text_name);
+    Py_XDECREF(time_obj);
+    Py_DECREF(attributes);
+    return status;
+}
+
+/* Span.Link: (trace_id, span_id, attributes). */
+static int link_of(Buf bytes, PyObject **out)
+{
+    Field f;
+    uint32_t seen = 0;
+    int more = 0, status = OK;
+    Buf trace = {NULL, NULL}, span = {NULL, NULL};
+    PyObject *attributes = PyDict_New(), *trace_hex = NULL, *span_hex = NULL;
+    if (attributes == NULL)
+        return ERROR;
+    while (status == OK && (more = next_field(&bytes, &f)) == 1) {
+        if (f.number != 4 && !once(&seen, f.number)) {
+            status = UNUSUAL;
+            break;
+        }
+        switch (f.number) {
+        case 1:
+            status = f.wire == WT_LEN ? OK : UNUSUAL;
+            trace = f.bytes;
+            break;
+        case 2:
+            status = f.wire == WT_LEN ? OK : UNUSUAL;
+            span = f.bytes;
+            break;
+        case 3:
+            status = skipped(&f, WT_LEN, 1);
+            break;
+        case 4:
+            status = attributes_field(&f, attributes);
+            break;
+        case 5:
+            status = skipped(&f, WT_VARINT, 0);
+            break;
+        case 6:
+            status = skipped(&f, WT_I32, 0);
+            break;
+        default:
+            status = UNUSUAL;
+        }
+    }
+    if (status == OK && more < 0)
+        status = UNUSUAL;
+    if (status == OK)
+        status = hex_id(trace, 16, &trace_hex);
+    if (status == OK)
+        status = hex_id(span, 8, &span_hex);
+    if (status == OK) {
+        *out = PyTuple_Pack(3, trace_hex, span_hex, attributes);
+        if (*out == NULL)
+            status = ERROR;
+    }
+    Py_XDECREF(trace_hex);
+    Py_XDECREF(span_hex);
+    Py_DECREF(attributes);
+    return status;
+}
+
+/* Status: (code, message). */
+static int status_of(Buf bytes, PyObject **code, PyObject **message)
+{
+    Field f;
+    uint32_t seen = 0;
+    uint64_t number = 0;
+    int more;
+    Buf text_bytes = {NULL, NULL};
+    while ((more = next_field(&bytes, &f)) == 1) {
+        if (!once(&seen, f.number))
+            return UNUSUAL;
+        if (f.number == 2 && f.wire == WT_LEN)
+            text_bytes = f.bytes;
+        else if (f.number == 3 && f.wire == WT_VARINT)
+            number = f.varint;
+        else
+            return UNUSUAL;
+    }
+    if (more < 0 || number > 2)
+        return UNUSUAL;
+    *code = cfg.statuses[number];
+    if (text_bytes.p == NULL) {
+        *message = PyUnicode_New(0, 0);
+        return *message ? OK : ERROR;
+    }
+    return text(text_bytes, message);
+}
+
+/* One Span as SpanParts, appended to `out`. */
+static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *scope_version,
+                PyObject *out)
+{
+    Field f;
+    uint32_t seen = 0;
+    uint64_t kind = 0, start = 0, end = 0;
+    int more = 0, status = OK;
+    Buf trace = {NULL, NULL}, span_id = {NULL, NULL}, parent = {NULL, NULL};
+    Buf name = {NULL, NULL}, status_bytes = {NULL, NULL};
+    PyObject *attributes = PyDict_New(), *events = PyList_New(0), *links = PyList_New(0);
+    PyObject *item = NULL;
+    PyObject *trace_hex = NULL, *span_hex = NULL, *parent_hex = NULL, *text_name = NULL;
+    PyObject *code = NULL, *message = NULL, *start_obj = NULL, *end_obj = NULL;
+    if (attributes == NULL || events == NULL || links == NULL) {
+        status = ERROR;
+        goto done;
+    }
+    while (status == OK && (more = next_field(&bytes, &f)) == 1) {
+        if (f.number != 9 && f.number != 11 && f.number != 13 && !once(&seen, f.number)) {
+            status = UNUSUAL;
+            break;
+        }
+        switch (f.number) {
+        case 1:
+        case 2:
+        case 4:
+        case 5:
+        case 15:
+            if (f.wire != WT_LEN) {
+                status = UNUSUAL;
+                break;
+            }
+            if (f.number == 1)
+                trace = f.bytes;
+            else if (f.number == 2)
+                span_id = f.bytes;
+            else if (f.number == 4)
+                parent = f.bytes;
+            else if (f.number == 5)
+                name = f.bytes;
+            else
+                status_bytes = f.bytes;
+            break;
+        case 3:
+            status = skipped(&f, WT_LEN, 1);
+            break;
+        case 6:
+            status = f.wire == WT_VARINT ? OK : UNUSUAL;
+            kind = f.varint;
+            break;
+        case 7:
+        case 8:
+            status = f.wire == WT_I64 ? OK : UNUSUAL;
+            if (f.number == 7)
+                start = f.varint;
+            else
+                end = f.varint;
+            break;
+        case 9:
+            status = attributes_field(&f, attributes);
+            break;
+        case 10:
+        case 12:
+        case 14:
+            status = skipped(&f, WT_VARINT, 0);
+            break;
+        case 16:
+            status = skipped(&f, WT_I32, 0);
+            break;
+        case 11:
+        case 13:
+            if (f.wire != WT_LEN) {
+                status = UNUSUAL;
+                break;
+            }
+            status = f.number == 11 ? event_of(f.bytes, &item) : link_of(f.bytes, &item);
+            if (status == OK) {
+                if (PyList_Append(f.number == 11 ? events : links, item) < 0)
+                    status = ERROR;
+                Py_CLEAR(item);
+            }
+            break;
+        default:
+            status = UNUSUAL;
+        }
+    }
+    if (status == OK && more < 0)
+        status = UNUSUAL;
+    if (status == OK && (end < start || kind > 5))
+        status = UNUSUAL;
+    if (status == OK)
+        status = hex_id(trace, 16, &trace_hex);
+    if (status == OK)
+        status = hex_id(span_id, 8, &span_hex);
+    if (status == OK) {
+        if (parent.p == NULL || parent.p == parent.end)
+            parent_hex = Py_NewRef(Py_None);
+        else
+            status = hex_id(parent, 8, &parent_hex);
+    }
+    if (status == OK)
+        status = name.p == NULL ? UNUSUAL : bounded_name(name, &text_name);
+    if (status == OK) {
+        if (status_bytes.p == NULL) {
+            code = cfg.statuses[0];
+            message = PyUnicode_New(0, 0);
+            if (message == NULL)
+                status = ERROR;
+        } else {
+            status = status_of(status_bytes, &code, &message);
+        }
+    }
+    if (status == OK) {
+        start_obj = PyLong_FromUnsignedLongLong(start);
+        end_obj = PyLong_FromUnsignedLongLong(end);
+        if (start_obj == NULL || end_obj == NULL)
+            status = ERROR;
+    }
+    if (status == OK) {
+        PyObject *args[15] = {
+            trace_hex, span_hex, parent_hex, text_name,  cfg.kinds[kind], start_obj,
+            end_obj,   code,     message,    attributes, resource,        scope_name,
+            scope_version, events, links,
+        };
+        PyObject *parts = PyObject_Vectorcall(cfg.parts_type, args, 15, NULL);
+        if (parts == NULL || PyList_Append(out, parts) < 0)
+            status = ERROR;
+        Py_XDECREF(parts);
+    }
+done:
+    Py_XDECREF(trace_hex);
+    Py_XDECREF(span_hex);
+    Py_XDECREF(parent_hex);
+    Py_XDECREF(text_name);
+    Py_XDECREF(message);
+    Py_XDECREF(start_obj);
+    Py_XDECREF(end_obj);
+    Py_XDECREF(attributes);
+    Py_XDECREF(events);
+    Py_XDECREF(links);
+    return status;
+}
+
+/* InstrumentationScope: name and version; scope attributes are left to the authority. */
+static int scope(Buf bytes, PyObject **name, PyObject **version)
+{
+    Field f;
+    uint32_t seen = 0;
+    int more = 0, status = OK;
+    Buf name_bytes = {NULL, NULL}, version_bytes = {NULL, NULL};
+    while ((more = next_field(&bytes, &f)) == 1) {
+        if (!once(&seen, f.number))
+            return UNUSUAL;
+        if (f.number == 1 && f.wire == WT_LEN)
+            name_bytes = f.bytes;
+        else if (f.number == 2 && f.wire == WT_LEN)
+            version_bytes = f.bytes;
+        else if (f.number == 4 && f.wire == WT_VARINT)
+            continue;
+        else
+            return UNUSUAL;
+    }
+    if (more < 0)
+        return UNUSUAL;
+    Buf empty = {(const uint8_t *)"", (const uint8_t *)""};
+    status = text(name_bytes.p ? name_bytes : empty, name);
+    if (status != OK)
+        return status;
+    status = text(version_bytes.p ? version_bytes : empty, version);
+    if (status != OK)
+        Py_CLEAR(*name);
+    return status;
+}
+
+/* The messages that hold a header (resource, scope) and then many items (scopes, spans),
+ * in any order on the wire: the header is found first, then the items are read. */
+typedef struct {
+    uint32_t header;     /* field number of the one header message */
+    uint32_t items;      /* field number of the repeated items */
+    uint32_t schema_url; /* field number of a string that is checked and dropped */
+} Layout;
+
+static int find_header(Buf bytes, const Layout *layout, Buf *header)
+{
+    Field f;
+    uint32_t seen = 0;
+    int more;
+    header->p = header->end = NULL;
+    while ((more = next_field(&bytes, &f)) == 1) {
+        if (f.wire != WT_LEN)
+            return UNUSUAL;
+        if (f.number == layout->items)
+            continue;
+        if (!once(&seen, f.number))
+            return UNUSUAL;
+        if (f.number == layout->header) {
+            *header = f.bytes;
+        } else if (f.number == layout->schema_url) {
+            int status = valid_text(f.bytes);
+            if (status != OK)
+                return status;
+        } else {
+            return UNUSUAL;
+        }
+    }
+    return more < 0 ? UNUSUAL : OK;
+}
+
+static const Layout SCOPE_SPANS = {1, 2, 3};
+static const Layout RESOURCE_SPANS = {1, 2, 3};
+
+static int scope_spans(Buf bytes, PyObject *resource, PyObject *out)
+{
+    Buf header, rest = bytes;
+    Field f;
+    int status = find_header(bytes, &SCOPE_SPANS, &header), more;
+    PyObject *name = NULL, *version = NULL;
+    if (status != OK)
+        return status;
+    Buf empty = {(const uint8_t *)"", (const uint8_t *)""};
+    status = scope(header.p ? header : empty, &name, &version);
+    if (status != OK)
+        return status;
+    while (status == OK && (more = next_field(&rest, &f)) == 1)
+        if (f.number == SCOPE_SPANS.items)
+            status = span(f.bytes, resource, name, version, out);
+    Py_DECREF(name);
+    Py_DECREF(version);
+    return status;
+}
+
+static int resource_spans(Buf bytes, PyObject *out)
+{
+    Buf header, rest = bytes;
+    Field f;
+    int status = find_header(bytes, &RESOURCE_SPANS, &header), more;
+    if (status != OK)
+        return status;
+    PyObject *resource = PyDict_New();
+    if (resource == NULL)
+        return ERROR;
+    if (header.p != NULL) {
+        Buf attributes = header;
+        while (status == OK && (more = next_field(&attributes, &f)) == 1) {
+            if (f.number == 1)
+                status = attributes_field(&f, resource);
+            else if (f.number == 2)
+                status = skipped(&f, WT_VARINT, 0);
+            else
+                status = UNUSUAL; /* entity references and what comes after */
+        }
+        if (status == OK && more < 0)
+            status = UNUSUAL;
+    }
+    while (status == OK && (more = next_field(&rest, &f)) == 1)
+        if (f.number == RESOURCE_SPANS.items)
+            status = scope_spans(f.bytes, resource, out);
+    Py_DECREF(resource);
+    return status;
+}
+
+static PyObject *decode(PyObject *module, PyObject *payload)
+{
+    Py_buffer view;
+    Field f;
+    int more, status = OK, found = 0;
+    if (cfg.parts_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Buf bytes = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    while (status == OK && (more = next_field(&bytes, &f)) == 1) {
+        if (f.number != 1 || f.wire != WT_LEN) {
+            status = UNUSUAL;
+            break;
+        }
+        found = 1;
+        status = resource_spans(f.bytes, out);
+    }
+    if (status == OK && (more < 0 || !found))
+        status = UNUSUAL;
+    PyBuffer_Release(&view);
+    if (status == OK)
+        return out;
+    Py_DECREF(out);
+    if (status == ERROR)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The length of the valid UTF-8 sequence at p and its code point; 0 if none starts there. */
+static int utf8_at(const uint8_t *p, const uint8_t *end, Py_UCS4 *cp)
+{
+    uint8_t lead = p[0];
+    int size;
+    Py_UCS4 value, min;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+        size = 2, value = lead & 0x1F, min = 0x80;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+        size = 3, value = lead & 0x0F, min = 0x800;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+        size = 4, value = lead & 0x07, min = 0x10000;
+    } else {
+        return 0;
+    }
+    if (end - p < size)
+        return 0;
+    for (int i = 1; i < size; i++) {
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+        value = (value << 6) | (p[i] & 0x3F);
+    }
+    if (value < min || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF))
+        return 0;
+    *cp = value;
+    return size;
+}
+
+typedef struct {
+    const uint8_t *literal;
+    Py_ssize_t length;
+    const uint8_t *allowed; /* 256 flags: the bytes that may follow the literal */
+    Py_ssize_t need;        /* how many of them must */
+} Gate;
+
+#define MAX_GATES 64
+
+static int parse_gates(PyObject *gates, Gate *out, Py_ssize_t *count)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(gates);
+    if (n > MAX_GATES) {
+        PyErr_SetString(PyExc_ValueError, "too many gates");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *spec = PyTuple_GET_ITEM(gates, i), *literal, *table;
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3
+            || !PyBytes_Check(literal = PyTuple_GET_ITEM(spec, 0)) || PyBytes_GET_SIZE(literal) == 0
+            || !PyBytes_Check(table = PyTuple_GET_ITEM(spec, 1))
+            || PyBytes_GET_SIZE(table) != 256) {
+            PyErr_SetString(PyExc_TypeError,
+                            "a gate is (literal: non-empty bytes, table: bytes[256], count)");
+            return -1;
+        }
+        Py_ssize_t need = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 2));
+        if (need == -1 && PyErr_Occurred())
+            return -1;
+        out[i].literal = (const uint8_t *)PyBytes_AS_STRING(literal);
+        out[i].length = PyBytes_GET_SIZE(literal);
+        out[i].allowed = (const uint8_t *)PyBytes_AS_STRING(table);
+        out[i].need = need;
+    }
+    *count = n;
+    return 0;
+}
+
+static int gate_here(const Gate *gate, const uint8_t *p, const uint8_t *end)
+{
+    if (end - p < gate->length || memcmp(p, gate->literal, gate->length) != 0)
+        return 0;
+    const uint8_t *q = p + gate->length;
+    Py_ssize_t run = 0;
+    while (run < gate->need && q < end && gate->allowed[*q])
+        run++, q++;
+    return run >= gate->need;
+}
+
+/*
+ * One pass over the bytes: at each byte that starts a gate's literal, that gate is
+ * tried; and decimal digits (any script) are counted in runs, a single space or
+ * dash allowed between two, until `need` of them (need 0: no run is looked for).
+ */
+static int scan(const uint8_t *p, const uint8_t *end, const Gate *gates, Py_ssize_t count,
+                Py_ssize_t need)
+{
+    enum { PLAIN = 0, START = 1, DIGIT = 2, SEPARATOR = 4, WIDE = 8 };
+    uint8_t kind[256];
+    memset(kind, PLAIN, 128);
+    memset(kind + 128, WIDE, 128);
+    for (int c = '0'; c <= '9'; c++)
+        kind[c] = DIGIT;
+    kind[' '] = kind['-'] = SEPARATOR;
+    for (Py_ssize_t g = 0; g < count; g++)
+        kind[gates[g].literal[0]] |= START;
+    Py_ssize_t digits = 0;
+    int separated = 0;
+    while (p < end) {
+        uint8_t c = *p, k = kind[c];
+        if (k == PLAIN) {
+            digits = separated = 0;
+            p++;
+            continue;
+        }
+        if (k & START)
+            for (Py_ssize_t g = 0; g < count; g++)
+                if (gates[g].literal[0] == c && gate_here(&gates[g], p, end))
+                    return 1;
+        int digit = k & DIGIT, size = 1;
+        if (k & WIDE) {
+            Py_UCS4 cp;
+            size = utf8_at(p, end, &cp);
+            digit = size > 0 && Py_UNICODE_ISDECIMAL(cp);
+            if (size == 0)
+                size = 1;
+        }
+        if (digit) {
+            if (need > 0 && ++digits >= need)
+                return 1;
+            separated = 0;
+        } else if ((k & SEPARATOR) && digits > 0 && !separated) {
+            separated = 1;
+        } else {
+            digits = separated = 0;
+        }
+        /* The bytes inside a longer character start no literal: gates are ASCII. */
+        p += size;
+    }
+    return 0;
+}
+
+static PyObject *may_match(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Gate gates[MAX_GATES];
+    Py_ssize_t count;
+    if (nargs != 3 || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "may_match(payload, gates: tuple, digits: int)");
+        return NULL;
+    }
+    Py_ssize_t need = PyLong_AsSsize_t(args[2]);
+    if (need == -1 && PyErr_Occurred())
+        return NULL;
+    if (parse_gates(args[1], gates, &count) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint8_t *data = view.buf;
+    int found = scan(data, data + view.len, gates, count, need);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(found);
+}
+
+static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes)");
+        return NULL;
+    }
+    Py_ssize_t limits[3];
+    for (int i = 0; i < 3; i++) {
+        limits[i] = PyLong_AsSsize_t(args[i + 1]);
+        if (limits[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    Py_XSETREF(cfg.parts_type, Py_NewRef(args[0]));
+    cfg.max_name_chars = limits[0];
+    cfg.max_key_chars = limits[1];
+    cfg.max_value_bytes = limits[2];
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", (PyCFunction)decode, METH_O,
+     "decode(payload) -> list[SpanParts] | None: an OTLP trace export's spans, or None "
+     "when the authority must decide."},
+    {"may_match", (PyCFunction)(void (*)(void))may_match, METH_FASTCALL,
+     "may_match(payload, gates, digits) -> bool: whether a gate (literal, table of the "
+     "bytes that may follow it, how many must) or a run of `digits` decimal digits "
+     "occurs in the payload."},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
+     "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_otlp", "The collector's native OTLP fast path.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__otlp(void)
+{
+    static const char *kinds[6] = {"internal", "internal", "server",
+                                   "client",   "producer", "consumer"};
+    static const char *statuses[3] = {"unset", "ok", "error"};
+    for (int i = 0; i < 6; i++)
+        if ((cfg.kinds[i] = PyUnicode_InternFromString(kinds[i])) == NULL)
+            return NULL;
+    for (int i = 0; i < 3; i++)
+        if ((cfg.statuses[i] = PyUnicode_InternFromString(statuses[i])) == NULL)
+            return NULL;
+    return PyModule_Create(&module_def);
+}

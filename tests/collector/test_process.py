@@ -1,0 +1,94 @@
+"""The batch processor: what it writes for each kind of record, read back from the store.
+
+The redaction prefilter lets most records skip the patterns; these check that what
+it lets through, and what it must not (translated spans, JSON text), is redacted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spanmill import semconv as sc
+from spanmill.collector.process import BatchJob, BatchProcessor, ProcessingConfig
+from spanmill.spans import Span, encode_otlp_json, encode_otlp_protobuf
+from spanmill.spans.sdk_json import encode_span
+from spanmill.store.layout import BatchId
+from spanmill.store.reader import SpanStore
+
+CARD = "4111 1111 1111 1111"
+
+
+def _span(i: int, **attributes: Any) -> Span:
+    return Span(
+        trace_id=f"{i + 1:032x}",
+        span_id=f"{i + 1:016x}",
+        name="chat",
+        start_time_unix_nano=1_750_000_000_000_000_000 + i,
+        end_time_unix_nano=1_750_000_000_000_000_001 + i,
+        attributes=attributes,
+    )
+
+
+def _process(tmp_path: Path, values: list[bytes]) -> tuple[dict[str, Span], Any]:
+    processor = BatchProcessor(ProcessingConfig(store_url=str(tmp_path)))
+    count = len(values)
+    job = BatchJob(
+        batch=BatchId("spans", 0, 0, count - 1, "f"),
+        offsets=list(range(count)),
+        timestamps=[0] * count,
+        values=values,
+        content_types=[None] * count,
+    )
+    outcome = processor.process(job)
+    assert outcome.dead == []
+    stored = SpanStore(str(tmp_path)).spans()
+    return {span.trace_id: span for span in stored}, outcome
+
+
+def test_what_the_prefilter_passes_and_what_it_stops(tmp_path: Path) -> None:
+    plain = _span(0, **{"spanmill.task.id": "task-1", "note": "ids 1234 5678 90"})
+    emailed = _span(1, note="write to ann@example.org")
+    keyed = _span(2, key="sk-" + "a" * 24)
+    carded = _span(3, card=f"paid with {CARD}")
+    # OpenLLMetry prompts: translation makes gen_ai.input.messages from them.
+    translated = _span(4, **{"gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": CARD})
+    values = [encode_otlp_protobuf([s]) for s in (plain, emailed, keyed, carded, translated)]
+    # JSON text may escape what it carries: the bytes show no "@", the span has one.
+    escaped = _span(5, note="write to bob@example.org")
+    values.append(encode_span(escaped).replace(b"@", b"\\u0040"))
+    values.append(encode_otlp_json([_span(6, note=f"card {CARD}")]))
+    stored, outcome = _process(tmp_path, values)
+
+    assert stored[plain.trace_id].attributes == plain.attributes
+    assert stored[emailed.trace_id].attributes["note"] == "write to [REDACTED:email]"
+    assert stored[keyed.trace_id].attributes["key"] == "[REDACTED:api_key]"
+    assert stored[carded.trace_id].attributes["card"] == "paid with [REDACTED:card_number]"
+    messages = json.loads(stored[translated.trace_id].attributes[sc.GEN_AI_INPUT_MESSAGES])
+    assert messages[0]["parts"][0]["content"] == "[REDACTED:card_number]"
+    assert stored[escaped.trace_id].attributes["note"] == "write to [REDACTED:email]"
+    assert stored[f"{7:032x}"].attributes["note"] == "card [REDACTED:card_number]"
+    assert outcome.redactions == {"email": 2, "api_key": 1, "card_number": 3}
+    assert outcome.translations == {"openllmetry": 1}
+
+
+@pytest.mark.parametrize("value", [b"\x00\x01\x02", b"AKIA" + b"A" * 16])
+def test_bytes_values_are_redacted_as_the_text_they_become(tmp_path: Path, value: bytes) -> None:
+    """A bytes attribute is stored as base64, text the payload never held as such."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    request = ExportTraceServiceRequest.FromString(encode_otlp_protobuf([_span(0)]))
+    # Bytes whose base64 is an AWS key id: the key only exists once decoded.
+    raw = base64.b64decode("AKIAIOSFODNN7EXAMPLE") if value.startswith(b"AKIA") else value
+    pair = request.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="raw")
+    pair.value.bytes_value = raw
+    stored, _ = _process(tmp_path, [request.SerializeToString()])
+    text = base64.b64encode(raw).decode()
+    expected = "[REDACTED:api_key]" if text.startswith("AKIA") else text
+    assert stored[f"{1:032x}"].attributes["raw"] == expected
