@@ -19,7 +19,7 @@ DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 VENV_STAMP := $(VENV)/.installed-$(DEPS_HASH)
 # The collector's C extension, built in place by the editable install; rebuilt here
 # when its source changes after that.
-NATIVE_SRC := src/spanmill/collector/_otlp.c
+NATIVE_SRC := src/spanmill/_native.c
 NATIVE_STAMP := $(VENV)/.native-$(shell sha1sum $(NATIVE_SRC) | cut -c1-12)
 HELM := $(SPANMILL_HOME)/bin/helm
 BASE_MODEL := smollm2-135m
@@ -48,7 +48,7 @@ $(VENV_STAMP): pyproject.toml constraints.txt
 
 $(NATIVE_STAMP): $(NATIVE_SRC) setup.py | $(VENV_STAMP)
 	$(BIN)/python -W ignore setup.py -q build_ext --inplace
-	$(BIN)/python -c "import spanmill.collector._otlp"
+	$(BIN)/python -c "import spanmill._native"
 	rm -f $(VENV)/.native-*
 	touch $@
 

@@ -10,8 +10,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "spanmill.collector._otlp",
-            ["src/spanmill/collector/_otlp.c"],
+            "spanmill._native",
+            ["src/spanmill/_native.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         )

@@ -19,6 +19,7 @@ from spanmill import semconv as sc
 from spanmill.collector import decode
 from spanmill.collector.decode import decode_record, decode_spans
 from spanmill.collector.receiver import varint
+from spanmill.collector.redact import Redactor
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
 from spanmill.store.rows import SpanParts
 
@@ -93,13 +94,14 @@ def authority(payload: bytes, content_type: str | None = None) -> list[SpanParts
 
 
 PATHS = ("native", "python")
+PREFILTER = Redactor().prefilter
 
 
 def fast_path(name: str) -> decode.FastPath:
     if name == "python":
         return decode.python_fast_path
     assert decode.NATIVE_FAST_PATH is not None, (
-        "the C extension spanmill.collector._otlp is not built: reinstall with a C compiler"
+        "the C extension spanmill._native is not built: reinstall with a C compiler"
     )
     return decode.NATIVE_FAST_PATH
 
@@ -135,6 +137,8 @@ def test_fast_path_matches_the_authority(batch: list[Span]) -> None:
             # The Python path leaves a payload that starts like JSON to the authority.
             assert got.verbatim or (name == "python" and payload[1:2] == b"{"), name
             assert exact(got.spans) == expected, name
+            scanned = decode_spans(payload, None, MAX, PREFILTER)
+            assert exact(scanned.spans) == expected, name
             labelled = decode_record(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF, MAX)
             assert exact(labelled) == expected, name
             assert [p.to_span() for p in labelled] == batch, name
@@ -362,4 +366,3 @@ def test_wire_forms_the_parser_accepts() -> None:
             got = fast_path(name)(payload)
             assert got is None or exact(got) == expected, name
         assert exact(decode_record(payload, None, MAX)) == expected
-

@@ -30,7 +30,7 @@ def test_the_image_builds_the_native_decoder() -> None:
     build, runtime = text.split("AS runtime")
     assert re.search(r"^COPY [^\n]*\bsetup\.py\b", build, re.M)
     assert "install -y --no-install-recommends gcc" in build
-    assert 'python -c "import spanmill.collector._otlp"' in build
+    assert 'python -c "import spanmill._native"' in build
     assert "gcc" not in runtime
 
 

@@ -12,7 +12,7 @@ exactly as the authority would give them" or "ask the authority". Tests hold it
 to that.
 
 The fast path is native where the package was built with its C extension
-(:mod:`spanmill.collector._otlp`, which reads the wire bytes without building
+(:mod:`spanmill._native`, which reads the wire bytes without building
 protobuf messages), and Python otherwise (:func:`python_fast_path`, over the
 parsed message). Both give the same answers.
 """
@@ -28,7 +28,8 @@ from typing import Any, Final, NamedTuple
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from spanmill.collector import native
+from spanmill import native
+from spanmill.collector.redact import Prefilter
 from spanmill.spans import SpanFormat, detect_and_decode, format_from_content_type
 from spanmill.spans.record import MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES, MAX_NAME_CHARS
 from spanmill.store.rows import SpanParts
@@ -243,25 +244,42 @@ def _looks_like_json(payload: bytes) -> bool:
 FastPath = Callable[[bytes], "list[SpanParts] | None"]
 
 
-NATIVE_FAST_PATH: Final[FastPath | None] = native.otlp.decode if native.otlp else None
+if native.module is not None:
+    native.module.configure(
+        SpanParts, MAX_NAME_CHARS, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES
+    )
+NATIVE_FAST_PATH: Final[FastPath | None] = native.module.decode if native.module else None
 FAST_PATH: Final = "native" if NATIVE_FAST_PATH is not None else "python"
 _fast_path: FastPath = NATIVE_FAST_PATH or python_fast_path
 
 
 class Decoded(NamedTuple):
-    """A record's spans; ``verbatim``: every text they hold lies in the payload as UTF-8.
+    """A record's spans.
 
-    True only for the fast path, which copies strings from the protobuf wire as
-    they are. The authority may have made text (JSON unescaping, base64 of bytes,
-    JSON of nested values), so its spans are never verbatim.
+    ``verbatim``: every text they hold lies in the payload as UTF-8. True only for
+    the fast path, which copies strings from the protobuf wire as they are. The
+    authority may have made text (JSON unescaping, base64 of bytes, JSON of nested
+    values), so its spans are never verbatim.
+
+    ``may_match``: False only when the native path scanned the texts redaction
+    reads for what a prefilter asked and found none of it.
     """
 
     spans: list[SpanParts]
     verbatim: bool
+    may_match: bool = True
 
 
-def decode_spans(payload: bytes, content_type: str | None, max_bytes: int) -> Decoded:
-    """The spans of one record's value; raises SpanDecodeError with the reason it is refused."""
+def decode_spans(
+    payload: bytes,
+    content_type: str | None,
+    max_bytes: int,
+    prefilter: Prefilter | None = None,
+) -> Decoded:
+    """The spans of one record's value; raises SpanDecodeError with the reason it is refused.
+
+    ``prefilter``: the gates and digit run of :attr:`Redactor.prefilter`, to scan for.
+    """
     if 0 < len(payload) <= max_bytes:
         try:
             form = format_from_content_type(content_type) if content_type else None
@@ -271,14 +289,19 @@ def decode_spans(payload: bytes, content_type: str | None, max_bytes: int) -> De
         # text cannot pass the native path's strict reading of the wire (its first
         # characters are fields OTLP does not have), so that path may try it; the
         # Python one keeps unknown fields and must not.
+        native_path = _fast_path is NATIVE_FAST_PATH
         sniffed_protobuf = content_type is None and (
-            not _looks_like_json(payload)
-            or (payload[:1] == b"\n" and _fast_path is NATIVE_FAST_PATH)
+            not _looks_like_json(payload) or (payload[:1] == b"\n" and native_path)
         )
         if form is SpanFormat.OTLP_PROTOBUF or sniffed_protobuf:
-            fast = _fast_path(payload)
-            if fast is not None:
-                return Decoded(fast, True)
+            if prefilter is not None and native_path and native.module is not None:
+                scanned = native.module.decode(payload, *prefilter)
+                if scanned is not None:
+                    return Decoded(scanned[0], True, scanned[1])
+            else:
+                fast = _fast_path(payload)
+                if fast is not None:
+                    return Decoded(fast, True)
     spans = detect_and_decode(payload, content_type, max_bytes=max_bytes)
     return Decoded([SpanParts.from_span(span) for span in spans], False)
 

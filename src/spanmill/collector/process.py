@@ -121,15 +121,15 @@ class BatchProcessor:
         translations: dict[str, int],
     ) -> list[SpanParts]:
         """One record's spans, ready for the store; raises SpanDecodeError."""
-        spans, verbatim = decode_spans(value, content_type, self.config.max_message_bytes)
+        spans, _, may_match = decode_spans(
+            value, content_type, self.config.max_message_bytes, self.redactor.prefilter
+        )
         for index, parts in enumerate(spans):
             check_storable(parts, f"spans[{index}]")
-        # Texts copied from the record's bytes can hold a match only where the bytes do;
-        # a translated span has new texts (message JSON), so its patterns always run.
-        scan = not verbatim or self.redactor.may_match(value)
         for parts in spans:
             translated = self.translation.apply(parts.attributes, translations)
-            self.redactor.apply(parts, redactions, patterns=scan or translated)
+            # A translated span has new texts (message JSON): its patterns always run.
+            self.redactor.apply(parts, redactions, patterns=may_match or translated)
         return spans
 
     def process(self, job: BatchJob) -> BatchOutcome:

@@ -15,10 +15,10 @@ Two kinds of rule, both configured on the collector (see
   ``http.request.header.*``.
 
 Most spans hold nothing any rule can match. Every built-in pattern needs one of
-its literal *gates*, or a run of digits, to occur in a text; when a span's texts
-came verbatim from its record's bytes (OTLP protobuf), :meth:`Redactor.may_match`
-looks for those in the bytes at once, natively, and a record where none occurs
-skips the patterns altogether.
+its literal *gates* (followed by enough characters of a set), or a run of digits,
+to occur in a text. The native decoder looks for those in the texts as it reads
+them (:attr:`Redactor.prefilter` says what to look for), and a record where none
+occurs skips the patterns altogether.
 
 The dead-letter topic keeps the original bytes of what it refuses, unredacted:
 give it the same access controls as the span topic.
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from spanmill.collector import native
+from spanmill import native
 from spanmill.store.rows import SpanParts
 
 _JOIN: Final = "\x1f"  # a separator no rule's pattern can match across
@@ -204,6 +204,11 @@ BUILTIN_RULES: Final[dict[str, tuple[Rule, ...]]] = {
 DEFAULT_RULES: Final = ("email", "api_key", "card_number")
 
 
+# Gates (literal, a table of the 256 bytes: 1 where it may follow, how many must)
+# and the length of a digit run.
+Prefilter = tuple[tuple[tuple[bytes, bytes, int], ...], int]
+
+
 def _globs(patterns: Sequence[str]) -> re.Pattern[str] | None:
     if not patterns:
         return None
@@ -238,16 +243,14 @@ class Redactor:
         self._kept: set[str] = set()  # the names keeps() said yes to, for a test in C
         self._prefilter = _prefilter(self.rules)
 
-    def may_match(self, payload: bytes) -> bool:
-        """False only if no pattern can match any text that lies verbatim in ``payload``.
+    @property
+    def prefilter(self) -> Prefilter | None:
+        """What every pattern's match needs, for the native decoder to look for; None: no test.
 
-        A custom pattern has no gates, and without the C extension there is no
-        fast scan: then this is always True.
+        A custom pattern has no gates, and without the C extension nothing looks:
+        then every span's texts go through the patterns.
         """
-        if self._prefilter is None:
-            return True
-        gates, digits = self._prefilter
-        return bool(native.otlp.may_match(payload, gates, digits))  # type: ignore[union-attr]
+        return self._prefilter
 
     @property
     def filters_keys(self) -> bool:
@@ -283,7 +286,7 @@ class Redactor:
     def apply(self, parts: SpanParts, counts: dict[str, int], patterns: bool = True) -> None:
         """Redact in place; ``patterns=False`` applies the attribute lists alone.
 
-        Pass False only where :meth:`may_match` said False for the span's record.
+        Pass False only where the decoder's scan for :attr:`prefilter` found nothing.
         """
         if self.filters_keys:
             parts.attributes = self._filter(parts.attributes, counts)
@@ -324,16 +327,13 @@ class Redactor:
         parts.links = [(t, s, _clean_map(a, clean)) for t, s, a in parts.links]
 
 
-Prefilter = tuple[tuple[tuple[bytes, bytes, int], ...], int]
-
-
 def _prefilter(rules: Sequence[Rule]) -> Prefilter | None:
-    """What one of which every rule's match needs, for ``may_match``; None if some has none.
+    """What one of which every rule's match needs, for the decoder; None if some has none.
 
     Each gate becomes (literal, table of the bytes that may follow, how many must);
     rules without gates give a run of digits.
     """
-    if native.otlp is None or not rules:
+    if native.module is None or not rules:
         return None
     gates: dict[bytes, tuple[bytes, bytes, int]] = {}
     runs = []

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from spanmill import native
 from spanmill import semconv as sc
 from spanmill.spans import Span
 from spanmill.spans.errors import SCHEMA, SpanDecodeError
@@ -190,6 +191,7 @@ class ColumnBuilder:
         self.columns: dict[str, list[Any]] = {name: [] for name in SPAN_SCHEMA.names}
         self.rows = 0
         self._promoted = [(p.column, self.columns[p.column]) for p in PROMOTED]
+        self._lists = [self.columns[name] for name in SPAN_SCHEMA.names]
 
     def append(
         self,
@@ -200,6 +202,23 @@ class ColumnBuilder:
         index: int,
         timestamp_ms: int,
     ) -> None:
+        """Add one span's row; ``parts.attributes`` loses the attributes moved to columns."""
+        if _native_append is not None:
+            _native_append(self._lists, parts, topic, partition, offset, index, timestamp_ms)
+            self.rows += 1
+        else:
+            self.append_python(parts, topic, partition, offset, index, timestamp_ms)
+
+    def append_python(
+        self,
+        parts: SpanParts,
+        topic: str,
+        partition: int,
+        offset: int,
+        index: int,
+        timestamp_ms: int,
+    ) -> None:
+        """:meth:`append` in Python: where the C extension is missing, and to test it against."""
         c = self.columns
         attributes = parts.attributes
         c["rewards"].append(_rewards(parts))
@@ -272,6 +291,34 @@ class ColumnBuilder:
     def to_table(self) -> pa.Table:
         arrays = [pa.array(self.columns[field.name], type=field.type) for field in SPAN_SCHEMA]
         return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
+
+
+_KIND_CODES: Final = {"str": 0, "int": 1, "float": 2, "bool": 3, "int_list": 4, "float_list": 5}
+
+
+def _configure_native() -> Any:
+    if native.module is None:
+        return None
+    native.module.configure_rows(
+        tuple(SPAN_SCHEMA.names),
+        tuple((p.key, p.column, _KIND_CODES[p.kind]) for p in PROMOTED),
+        tuple((p.key, p.column, _KIND_CODES[p.kind]) for p in PROMOTED_RESOURCE),
+        (
+            sc.GEN_AI_RESPONSE_MODEL,
+            sc.GEN_AI_REQUEST_MODEL,
+            sc.SPANMILL_EPISODE_ID,
+            sc.GEN_AI_EVALUATION_SCORE_VALUE,
+            sc.GEN_AI_EVALUATION_NAME,
+        ),
+        sc.GEN_AI_EVALUATION_RESULT_EVENT,
+        _rewards,
+        _JSON.encode,
+    )
+    return native.module.append_row
+
+
+# ColumnBuilder.append in C, where the package has its extension.
+_native_append = _configure_native()
 
 
 class HourlyColumns:

@@ -1,6 +1,6 @@
 /*
  * The collector's native fast path: OTLP protobuf trace exports straight into
- * SpanParts, and a byte-level prefilter that tells when no redaction rule can match.
+ * SpanParts, scanning on the way the texts redaction reads for what its rules need.
  *
  * decode() reads an ExportTraceServiceRequest from its wire bytes without building
  * protobuf message objects, and gives exactly what spanmill.collector.decode's
@@ -11,13 +11,18 @@
  * what the spans are or why the record is refused. Nothing here recurses: arrays
  * of arrays are refused.
  *
- * may_match() answers whether any of some literals (each followed by enough bytes
- * of a set), or a run of decimal digits, occurs in a payload's bytes. Every string of a span decoded by decode() lies in
- * its payload verbatim as UTF-8, so when it answers False no gated pattern can
- * match any of them.
+ * Asked to, it also tells whether any text that redaction reads (the span's name
+ * and status message, string attribute values) holds one of some literals
+ * followed by enough bytes of a set, or a run of decimal digits: what every
+ * built-in redaction pattern needs to match. When none does, the patterns can
+ * be skipped for the record.
+ *
+ * append_row() is spanmill.store.rows.ColumnBuilder.append: one span's parts onto
+ * the column lists of a store table, promoted attributes moved to their columns.
+ * configure_rows() tells it the schema's columns and promoted attributes.
  */
 #define PY_SSIZE_T_CLEAN
-#include <Python.h> /* its pyconfig.h sets _GNU_SOURCE, for memmem */
+#include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -175,6 +180,165 @@ static int hex_id(Buf bytes, Py_ssize_t size, PyObject **out)
     return OK;
 }
 
+/* The length of the valid UTF-8 sequence at p and its code point; 0 if none starts there. */
+static int utf8_at(const uint8_t *p, const uint8_t *end, Py_UCS4 *cp)
+{
+    uint8_t lead = p[0];
+    int size;
+    Py_UCS4 value, min;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+        size = 2, value = lead & 0x1F, min = 0x80;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+        size = 3, value = lead & 0x0F, min = 0x800;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+        size = 4, value = lead & 0x07, min = 0x10000;
+    } else {
+        return 0;
+    }
+    if (end - p < size)
+        return 0;
+    for (int i = 1; i < size; i++) {
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+        value = (value << 6) | (p[i] & 0x3F);
+    }
+    if (value < min || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF))
+        return 0;
+    *cp = value;
+    return size;
+}
+
+typedef struct {
+    const uint8_t *literal;
+    Py_ssize_t length;
+    const uint8_t *allowed; /* 256 flags: the bytes that may follow the literal */
+    Py_ssize_t need;        /* how many of them must */
+} Gate;
+
+#define MAX_GATES 64
+
+static int parse_gates(PyObject *gates, Gate *out, Py_ssize_t *count)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(gates);
+    if (n > MAX_GATES) {
+        PyErr_SetString(PyExc_ValueError, "too many gates");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *spec = PyTuple_GET_ITEM(gates, i), *literal, *table;
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3
+            || !PyBytes_Check(literal = PyTuple_GET_ITEM(spec, 0)) || PyBytes_GET_SIZE(literal) == 0
+            || !PyBytes_Check(table = PyTuple_GET_ITEM(spec, 1))
+            || PyBytes_GET_SIZE(table) != 256) {
+            PyErr_SetString(PyExc_TypeError,
+                            "a gate is (literal: non-empty bytes, table: bytes[256], count)");
+            return -1;
+        }
+        Py_ssize_t need = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 2));
+        if (need == -1 && PyErr_Occurred())
+            return -1;
+        out[i].literal = (const uint8_t *)PyBytes_AS_STRING(literal);
+        out[i].length = PyBytes_GET_SIZE(literal);
+        out[i].allowed = (const uint8_t *)PyBytes_AS_STRING(table);
+        out[i].need = need;
+    }
+    *count = n;
+    return 0;
+}
+
+static int gate_here(const Gate *gate, const uint8_t *p, const uint8_t *end)
+{
+    if (end - p < gate->length || memcmp(p, gate->literal, gate->length) != 0)
+        return 0;
+    const uint8_t *q = p + gate->length;
+    Py_ssize_t run = 0;
+    while (run < gate->need && q < end && gate->allowed[*q])
+        run++, q++;
+    return run >= gate->need;
+}
+
+/*
+ * One pass over the bytes: at each byte that starts a gate's literal, that gate is
+ * tried; and decimal digits (any script) are counted in runs, a single space or
+ * dash allowed between two, until `need` of them (need 0: no run is looked for).
+ */
+enum { PLAIN = 0, START = 1, DIGIT = 2, SEPARATOR = 4, WIDE = 8 };
+
+/* What each byte may begin: a literal (START), a digit, a separator, a longer character. */
+static void byte_kinds(uint8_t kind[256], const Gate *gates, Py_ssize_t count)
+{
+    memset(kind, PLAIN, 128);
+    memset(kind + 128, WIDE, 128);
+    for (int c = '0'; c <= '9'; c++)
+        kind[c] = DIGIT;
+    kind[' '] = kind['-'] = SEPARATOR;
+    for (Py_ssize_t g = 0; g < count; g++)
+        kind[gates[g].literal[0]] |= START;
+}
+
+/*
+ * One pass over the bytes: at each byte that starts a gate's literal, that gate is
+ * tried; and decimal digits (any script) are counted in runs, a single space or
+ * dash allowed between two, until `need` of them (need 0: no run is looked for).
+ */
+static int scan(const uint8_t *p, const uint8_t *end, const uint8_t kind[256],
+                const Gate *gates, Py_ssize_t count, Py_ssize_t need)
+{
+    Py_ssize_t digits = 0;
+    int separated = 0;
+    while (p < end) {
+        uint8_t c = *p, k = kind[c];
+        if (k == PLAIN) {
+            digits = separated = 0;
+            p++;
+            continue;
+        }
+        if (k & START)
+            for (Py_ssize_t g = 0; g < count; g++)
+                if (gates[g].literal[0] == c && gate_here(&gates[g], p, end))
+                    return 1;
+        int digit = k & DIGIT, size = 1;
+        if (k & WIDE) {
+            Py_UCS4 cp;
+            size = utf8_at(p, end, &cp);
+            digit = size > 0 && Py_UNICODE_ISDECIMAL(cp);
+            if (size == 0)
+                size = 1;
+        }
+        if (digit) {
+            if (need > 0 && ++digits >= need)
+                return 1;
+            separated = 0;
+        } else if ((k & SEPARATOR) && digits > 0 && !separated) {
+            separated = 1;
+        } else {
+            digits = separated = 0;
+        }
+        /* The bytes inside a longer character start no literal: gates are ASCII. */
+        p += size;
+    }
+    return 0;
+}
+
+/* The texts of the spans being decoded that redaction would read, and what is sought. */
+typedef struct {
+    Gate gates[MAX_GATES];
+    Py_ssize_t count;
+    Py_ssize_t need;
+    uint8_t kind[256];
+    int found;
+} Scan;
+
+/* The scan of the decode() call under way, if it asked for one. */
+static Scan *scanning;
+
+static void scan_text(Buf bytes)
+{
+    if (scanning != NULL && !scanning->found)
+        scanning->found = scan(bytes.p, bytes.end, scanning->kind, scanning->gates,
+                               scanning->count, scanning->need);
+}
+
 /* The kinds of AnyValue the fast path keeps; anything else is for the authority. */
 enum { V_NONE = 0, V_STRING = 1, V_BOOL = 2, V_INT = 3, V_DOUBLE = 4, V_ARRAY = 5 };
 
@@ -217,6 +381,7 @@ static int scalar(int kind, const Field *f, PyObject **out)
     case V_STRING:
         if (f->bytes.end - f->bytes.p > cfg.max_value_bytes)
             return UNUSUAL;
+        scan_text(f->bytes);
         return text(f->bytes, out);
     case V_BOOL:
         *out = Py_NewRef(f->varint ? Py_True : Py_False);
@@ -495,6 +660,7 @@ static int status_of(Buf bytes, PyObject **code, PyObject **message)
         *message = PyUnicode_New(0, 0);
         return *message ? OK : ERROR;
     }
+    scan_text(text_bytes);
     return text(text_bytes, message);
 }
 
@@ -599,8 +765,10 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
         else
             status = hex_id(parent, 8, &parent_hex);
     }
-    if (status == OK)
+    if (status == OK) {
         status = name.p == NULL ? UNUSUAL : bounded_name(name, &text_name);
+        scan_text(name);
+    }
     if (status == OK) {
         if (status_bytes.p == NULL) {
             code = cfg.statuses[0];
@@ -760,16 +928,34 @@ static int resource_spans(Buf bytes, PyObject *out)
     return status;
 }
 
-static PyObject *decode(PyObject *module, PyObject *payload)
+static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
     Field f;
-    int more, status = OK, found = 0;
+    Scan scan_state, *outer = scanning;
+    int more = 0, status = OK, found = 0;
+    if (nargs != 1 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "decode(payload[, gates, digits])");
+        return NULL;
+    }
     if (cfg.parts_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
         return NULL;
     }
-    if (PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE) < 0)
+    if (nargs == 3) {
+        if (!PyTuple_Check(args[1])) {
+            PyErr_SetString(PyExc_TypeError, "gates must be a tuple");
+            return NULL;
+        }
+        scan_state.need = PyLong_AsSsize_t(args[2]);
+        if (scan_state.need == -1 && PyErr_Occurred())
+            return NULL;
+        if (parse_gates(args[1], scan_state.gates, &scan_state.count) < 0)
+            return NULL;
+        byte_kinds(scan_state.kind, scan_state.gates, scan_state.count);
+        scan_state.found = 0;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     Buf bytes = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
     PyObject *out = PyList_New(0);
@@ -777,6 +963,7 @@ static PyObject *decode(PyObject *module, PyObject *payload)
         PyBuffer_Release(&view);
         return NULL;
     }
+    scanning = nargs == 3 ? &scan_state : NULL;
     while (status == OK && (more = next_field(&bytes, &f)) == 1) {
         if (f.number != 1 || f.wire != WT_LEN) {
             status = UNUSUAL;
@@ -785,167 +972,403 @@ static PyObject *decode(PyObject *module, PyObject *payload)
         found = 1;
         status = resource_spans(f.bytes, out);
     }
+    scanning = outer;
     if (status == OK && (more < 0 || !found))
         status = UNUSUAL;
     PyBuffer_Release(&view);
-    if (status == OK)
+    if (status != OK) {
+        Py_DECREF(out);
+        if (status == ERROR)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (nargs == 1)
         return out;
+    PyObject *result = PyTuple_Pack(2, out, scan_state.found ? Py_True : Py_False);
     Py_DECREF(out);
-    if (status == ERROR)
+    return result;
+}
+
+/* ---- span parts into store columns ---------------------------------------- */
+
+enum { K_STR = 0, K_INT = 1, K_FLOAT = 2, K_BOOL = 3, K_INT_LIST = 4, K_FLOAT_LIST = 5 };
+#define MAX_PROMOTED 64
+
+typedef struct {
+    PyObject *key;
+    Py_ssize_t column;
+    int kind;
+} PromotedSpec;
+
+/* The plain columns append_row fills, by name; their indexes come from configure_rows. */
+static const char *const ROW_COLUMNS[] = {
+    "rewards",        "model",          "episode_id",          "trace_id",
+    "span_id",        "parent_span_id", "name",                "kind",
+    "start_time",     "end_time",       "status_code",         "status_message",
+    "attributes",     "resource_attributes", "scope_name",     "scope_version",
+    "events",         "links",          "kafka_topic",         "kafka_partition",
+    "kafka_offset",   "kafka_index",    "kafka_timestamp",     "reward_value",
+};
+enum {
+    C_REWARDS, C_MODEL, C_EPISODE, C_TRACE, C_SPAN, C_PARENT, C_NAME, C_KIND, C_START, C_END,
+    C_STATUS, C_MESSAGE, C_ATTRIBUTES, C_RESOURCE, C_SCOPE_NAME, C_SCOPE_VERSION, C_EVENTS,
+    C_LINKS, C_TOPIC, C_PARTITION, C_OFFSET, C_INDEX, C_TIMESTAMP, C_REWARD_VALUE, C_COUNT
+};
+/* The SpanParts fields, in its constructor's order. */
+static const char *const PART_FIELDS[] = {
+    "trace_id",   "span_id",       "parent_span_id", "name",     "kind",
+    "start",      "end",           "status_code",    "status_message", "attributes",
+    "resource_attributes", "scope_name", "scope_version", "events", "links",
+};
+enum {
+    P_TRACE, P_SPAN, P_PARENT, P_NAME, P_KIND, P_START, P_END, P_STATUS, P_MESSAGE,
+    P_ATTRIBUTES, P_RESOURCE, P_SCOPE_NAME, P_SCOPE_VERSION, P_EVENTS, P_LINKS, P_COUNT
+};
+
+static struct {
+    int ready;
+    Py_ssize_t width;
+    Py_ssize_t index[C_COUNT];
+    PromotedSpec promoted[MAX_PROMOTED];
+    Py_ssize_t promoted_count;
+    PromotedSpec resource[MAX_PROMOTED];
+    Py_ssize_t resource_count;
+    PyObject *fields[P_COUNT];
+    /* attribute keys: response model, request model, episode id, score value, reward name */
+    PyObject *response_model, *request_model, *episode_id, *score, *reward_name;
+    PyObject *reward_event;          /* the evaluation result event's name */
+    PyObject *rewards;               /* rewards(parts) -> list | None, in Python */
+    PyObject *encode;                /* encode(value) -> str: the store's JSON */
+    PyObject *k_name, *k_time, *k_attributes, *k_trace, *k_span; /* event and link keys */
+} rows;
+
+static int kind_matches(int kind, PyObject *value)
+{
+    switch (kind) {
+    case K_STR:
+        return PyUnicode_CheckExact(value);
+    case K_INT:
+        return PyLong_CheckExact(value);
+    case K_FLOAT:
+        return PyFloat_CheckExact(value);
+    case K_BOOL:
+        return PyBool_Check(value);
+    case K_INT_LIST:
+        return PyList_CheckExact(value)
+               && (PyList_GET_SIZE(value) == 0 || PyLong_CheckExact(PyList_GET_ITEM(value, 0)));
+    case K_FLOAT_LIST:
+        return PyList_CheckExact(value)
+               && (PyList_GET_SIZE(value) == 0 || PyFloat_CheckExact(PyList_GET_ITEM(value, 0)));
+    default:
+        return 0;
+    }
+}
+
+static int parse_promoted(PyObject *specs, PyObject *names, PromotedSpec *out, Py_ssize_t *count)
+{
+    if (!PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) > MAX_PROMOTED) {
+        PyErr_SetString(PyExc_TypeError, "promoted: a tuple of (key, column, kind)");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(specs); i++) {
+        PyObject *spec = PyTuple_GET_ITEM(specs, i);
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3
+            || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0))) {
+            PyErr_SetString(PyExc_TypeError, "promoted: a tuple of (key, column, kind)");
+            return -1;
+        }
+        Py_ssize_t column = PySequence_Index(names, PyTuple_GET_ITEM(spec, 1));
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(spec, 2));
+        if (column < 0 || (kind == -1 && PyErr_Occurred()))
+            return -1;
+        if (kind < K_STR || kind > K_FLOAT_LIST) {
+            PyErr_SetString(PyExc_ValueError, "promoted: unknown kind");
+            return -1;
+        }
+        out[i].key = Py_NewRef(PyTuple_GET_ITEM(spec, 0));
+        PyUnicode_InternInPlace(&out[i].key);
+        out[i].column = column;
+        out[i].kind = (int)kind;
+    }
+    *count = PyTuple_GET_SIZE(specs);
+    return 0;
+}
+
+static PyObject *interned(PyObject *text)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "expected a str");
         return NULL;
+    }
+    PyObject *out = Py_NewRef(text);
+    PyUnicode_InternInPlace(&out);
+    return out;
+}
+
+/* configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, encode) */
+static PyObject *configure_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[3])
+        || PyTuple_GET_SIZE(args[3]) != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure_rows(columns, promoted, resource_promoted, "
+                        "(response_model, request_model, episode_id, score, reward_name), "
+                        "reward_event, rewards, encode)");
+        return NULL;
+    }
+    if (rows.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_rows() was called already");
+        return NULL;
+    }
+    PyObject *names = args[0];
+    rows.width = PyTuple_GET_SIZE(names);
+    for (int i = 0; i < C_COUNT; i++) {
+        PyObject *name = PyUnicode_FromString(ROW_COLUMNS[i]);
+        if (name == NULL)
+            return NULL;
+        rows.index[i] = PySequence_Index(names, name);
+        Py_DECREF(name);
+        if (rows.index[i] < 0)
+            return NULL;
+    }
+    if (parse_promoted(args[1], names, rows.promoted, &rows.promoted_count) < 0
+        || parse_promoted(args[2], names, rows.resource, &rows.resource_count) < 0)
+        return NULL;
+    for (int i = 0; i < P_COUNT; i++)
+        if ((rows.fields[i] = PyUnicode_InternFromString(PART_FIELDS[i])) == NULL)
+            return NULL;
+    PyObject **keys[5] = {&rows.response_model, &rows.request_model, &rows.episode_id,
+                          &rows.score, &rows.reward_name};
+    for (int i = 0; i < 5; i++)
+        if ((*keys[i] = interned(PyTuple_GET_ITEM(args[3], i))) == NULL)
+            return NULL;
+    if ((rows.reward_event = interned(args[4])) == NULL)
+        return NULL;
+    rows.rewards = Py_NewRef(args[5]);
+    rows.encode = Py_NewRef(args[6]);
+    if ((rows.k_name = PyUnicode_InternFromString("name")) == NULL
+        || (rows.k_time = PyUnicode_InternFromString("time_unix_nano")) == NULL
+        || (rows.k_attributes = PyUnicode_InternFromString("attributes")) == NULL
+        || (rows.k_trace = PyUnicode_InternFromString("trace_id")) == NULL
+        || (rows.k_span = PyUnicode_InternFromString("span_id")) == NULL)
+        return NULL;
+    rows.ready = 1;
     Py_RETURN_NONE;
 }
 
-/* The length of the valid UTF-8 sequence at p and its code point; 0 if none starts there. */
-static int utf8_at(const uint8_t *p, const uint8_t *end, Py_UCS4 *cp)
+/* A str attribute's value if it is a non-empty str, else NULL (borrowed). */
+static PyObject *nonempty_str(PyObject *dict, PyObject *key)
 {
-    uint8_t lead = p[0];
-    int size;
-    Py_UCS4 value, min;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-        size = 2, value = lead & 0x1F, min = 0x80;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-        size = 3, value = lead & 0x0F, min = 0x800;
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-        size = 4, value = lead & 0x07, min = 0x10000;
-    } else {
-        return 0;
-    }
-    if (end - p < size)
-        return 0;
-    for (int i = 1; i < size; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-        value = (value << 6) | (p[i] & 0x3F);
-    }
-    if (value < min || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF))
-        return 0;
-    *cp = value;
-    return size;
+    PyObject *value = PyDict_GetItemWithError(dict, key);
+    if (value != NULL && PyUnicode_CheckExact(value) && PyUnicode_GET_LENGTH(value) > 0)
+        return value;
+    return NULL;
 }
 
-typedef struct {
-    const uint8_t *literal;
-    Py_ssize_t length;
-    const uint8_t *allowed; /* 256 flags: the bytes that may follow the literal */
-    Py_ssize_t need;        /* how many of them must */
-} Gate;
-
-#define MAX_GATES 64
-
-static int parse_gates(PyObject *gates, Gate *out, Py_ssize_t *count)
+/* The store's JSON of a non-empty container, or None. */
+static PyObject *json_or_none(PyObject *value, Py_ssize_t size)
 {
-    Py_ssize_t n = PyTuple_GET_SIZE(gates);
-    if (n > MAX_GATES) {
-        PyErr_SetString(PyExc_ValueError, "too many gates");
-        return -1;
+    if (size == 0)
+        return Py_NewRef(Py_None);
+    return PyObject_CallOneArg(rows.encode, value);
+}
+
+/* [{"name": n, "time_unix_nano": t, "attributes": a}, ...] or the links' form, as JSON. */
+static PyObject *records_json(PyObject *items, PyObject *k0, PyObject *k1)
+{
+    if (!PyList_Check(items)) {
+        PyErr_SetString(PyExc_TypeError, "events and links must be lists");
+        return NULL;
     }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (n == 0)
+        return Py_NewRef(Py_None);
+    PyObject *list = PyList_New(n);
+    if (list == NULL)
+        return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *spec = PyTuple_GET_ITEM(gates, i), *literal, *table;
-        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3
-            || !PyBytes_Check(literal = PyTuple_GET_ITEM(spec, 0)) || PyBytes_GET_SIZE(literal) == 0
-            || !PyBytes_Check(table = PyTuple_GET_ITEM(spec, 1))
-            || PyBytes_GET_SIZE(table) != 256) {
-            PyErr_SetString(PyExc_TypeError,
-                            "a gate is (literal: non-empty bytes, table: bytes[256], count)");
-            return -1;
+        PyObject *item = PyList_GET_ITEM(items, i), *dict;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
+            PyErr_SetString(PyExc_TypeError, "events and links are 3-tuples");
+            Py_DECREF(list);
+            return NULL;
         }
-        Py_ssize_t need = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 2));
-        if (need == -1 && PyErr_Occurred())
-            return -1;
-        out[i].literal = (const uint8_t *)PyBytes_AS_STRING(literal);
-        out[i].length = PyBytes_GET_SIZE(literal);
-        out[i].allowed = (const uint8_t *)PyBytes_AS_STRING(table);
-        out[i].need = need;
+        dict = PyDict_New();
+        if (dict == NULL || PyDict_SetItem(dict, k0, PyTuple_GET_ITEM(item, 0)) < 0
+            || PyDict_SetItem(dict, k1, PyTuple_GET_ITEM(item, 1)) < 0
+            || PyDict_SetItem(dict, rows.k_attributes, PyTuple_GET_ITEM(item, 2)) < 0) {
+            Py_XDECREF(dict);
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, dict);
     }
-    *count = n;
+    PyObject *out = PyObject_CallOneArg(rows.encode, list);
+    Py_DECREF(list);
+    return out;
+}
+
+/* Whether the span may carry a reward: its own evaluation name, or an evaluation event. */
+static int may_reward(PyObject *attributes, PyObject *events)
+{
+    if (PyDict_GetItemWithError(attributes, rows.reward_name) != NULL)
+        return 1;
+    if (PyErr_Occurred())
+        return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *event = PyList_GET_ITEM(events, i);
+        if (PyTuple_Check(event) && PyTuple_GET_SIZE(event) > 0) {
+            int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(event, 0), rows.reward_event, Py_EQ);
+            if (same != 0)
+                return same;
+        }
+    }
     return 0;
 }
 
-static int gate_here(const Gate *gate, const uint8_t *p, const uint8_t *end)
+/* Append `value` (a new reference, stolen; NULL means an error is set) to a column. */
+static int put(PyObject *columns, int column, PyObject *value)
 {
-    if (end - p < gate->length || memcmp(p, gate->literal, gate->length) != 0)
-        return 0;
-    const uint8_t *q = p + gate->length;
-    Py_ssize_t run = 0;
-    while (run < gate->need && q < end && gate->allowed[*q])
-        run++, q++;
-    return run >= gate->need;
+    if (value == NULL)
+        return -1;
+    int status = PyList_Append(PyList_GET_ITEM(columns, rows.index[column]), value);
+    Py_DECREF(value);
+    return status;
 }
 
-/*
- * One pass over the bytes: at each byte that starts a gate's literal, that gate is
- * tried; and decimal digits (any script) are counted in runs, a single space or
- * dash allowed between two, until `need` of them (need 0: no run is looked for).
- */
-static int scan(const uint8_t *p, const uint8_t *end, const Gate *gates, Py_ssize_t count,
-                Py_ssize_t need)
+static int put_at(PyObject *columns, Py_ssize_t index, PyObject *value)
 {
-    enum { PLAIN = 0, START = 1, DIGIT = 2, SEPARATOR = 4, WIDE = 8 };
-    uint8_t kind[256];
-    memset(kind, PLAIN, 128);
-    memset(kind + 128, WIDE, 128);
-    for (int c = '0'; c <= '9'; c++)
-        kind[c] = DIGIT;
-    kind[' '] = kind['-'] = SEPARATOR;
-    for (Py_ssize_t g = 0; g < count; g++)
-        kind[gates[g].literal[0]] |= START;
-    Py_ssize_t digits = 0;
-    int separated = 0;
-    while (p < end) {
-        uint8_t c = *p, k = kind[c];
-        if (k == PLAIN) {
-            digits = separated = 0;
-            p++;
+    if (value == NULL)
+        return -1;
+    int status = PyList_Append(PyList_GET_ITEM(columns, index), value);
+    Py_DECREF(value);
+    return status;
+}
+
+/* append_row(columns, parts, topic, partition, offset, index, timestamp_ms) */
+static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *field[P_COUNT] = {NULL};
+    PyObject *resource = NULL, *moved[MAX_PROMOTED] = {NULL};
+    PyObject *result = NULL;
+    if (!rows.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_rows() was not called");
+        return NULL;
+    }
+    if (nargs != 7 || !PyList_Check(args[0]) || PyList_GET_SIZE(args[0]) != rows.width) {
+        PyErr_SetString(PyExc_TypeError,
+                        "append_row(columns, parts, topic, partition, offset, index, timestamp)");
+        return NULL;
+    }
+    PyObject *columns = args[0], *parts = args[1];
+    for (int i = 0; i < P_COUNT; i++)
+        if ((field[i] = PyObject_GetAttr(parts, rows.fields[i])) == NULL)
+            goto done;
+    PyObject *attributes = field[P_ATTRIBUTES], *events = field[P_EVENTS];
+    if (!PyDict_CheckExact(attributes) || !PyDict_CheckExact(field[P_RESOURCE])
+        || !PyList_Check(events)) {
+        PyErr_SetString(PyExc_TypeError, "attributes must be dicts, events a list");
+        goto done;
+    }
+    /* Rewards, model and episode read the attributes before any is moved. */
+    int reward = may_reward(attributes, events);
+    if (reward < 0)
+        goto done;
+    if (put(columns, C_REWARDS,
+            reward ? PyObject_CallOneArg(rows.rewards, parts) : Py_NewRef(Py_None)) < 0)
+        goto done;
+    PyObject *model = nonempty_str(attributes, rows.response_model);
+    if (model == NULL && !PyErr_Occurred())
+        model = nonempty_str(attributes, rows.request_model);
+    if (PyErr_Occurred() || put(columns, C_MODEL, Py_NewRef(model ? model : Py_None)) < 0)
+        goto done;
+    PyObject *episode = nonempty_str(attributes, rows.episode_id);
+    if (PyErr_Occurred()
+        || put(columns, C_EPISODE, Py_NewRef(episode ? episode : field[P_TRACE])) < 0)
+        goto done;
+    /* Promoted attributes move to their columns when their value has the column's type. */
+    int has_reward_value = 0;
+    for (Py_ssize_t i = 0; i < rows.promoted_count; i++) {
+        PromotedSpec *spec = &rows.promoted[i];
+        PyObject *value = PyDict_GetItemWithError(attributes, spec->key);
+        if (value == NULL) {
+            if (PyErr_Occurred())
+                goto done;
             continue;
         }
-        if (k & START)
-            for (Py_ssize_t g = 0; g < count; g++)
-                if (gates[g].literal[0] == c && gate_here(&gates[g], p, end))
-                    return 1;
-        int digit = k & DIGIT, size = 1;
-        if (k & WIDE) {
-            Py_UCS4 cp;
-            size = utf8_at(p, end, &cp);
-            digit = size > 0 && Py_UNICODE_ISDECIMAL(cp);
-            if (size == 0)
-                size = 1;
+        if (value != Py_None && kind_matches(spec->kind, value)) {
+            moved[i] = Py_NewRef(value);
+            if (PyDict_DelItem(attributes, spec->key) < 0)
+                goto done;
+            if (spec->column == rows.index[C_REWARD_VALUE])
+                has_reward_value = 1;
         }
-        if (digit) {
-            if (need > 0 && ++digits >= need)
-                return 1;
-            separated = 0;
-        } else if ((k & SEPARATOR) && digits > 0 && !separated) {
-            separated = 1;
+    }
+    PyObject *score = has_reward_value ? NULL : PyDict_GetItemWithError(attributes, rows.score);
+    if (PyErr_Occurred())
+        goto done;
+    for (Py_ssize_t i = 0; i < rows.promoted_count; i++) {
+        PyObject *value = moved[i];
+        if (value == NULL && rows.promoted[i].column == rows.index[C_REWARD_VALUE] && score
+            && PyLong_CheckExact(score)) {
+            double number = PyLong_AsDouble(score);
+            if (number == -1.0 && PyErr_Occurred())
+                goto done;
+            value = PyFloat_FromDouble(number);
         } else {
-            digits = separated = 0;
+            value = Py_NewRef(value ? value : Py_None);
         }
-        /* The bytes inside a longer character start no literal: gates are ASCII. */
-        p += size;
+        if (put_at(columns, rows.promoted[i].column, value) < 0)
+            goto done;
     }
-    return 0;
-}
-
-static PyObject *may_match(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    Py_buffer view;
-    Gate gates[MAX_GATES];
-    Py_ssize_t count;
-    if (nargs != 3 || !PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "may_match(payload, gates: tuple, digits: int)");
-        return NULL;
+    resource = Py_NewRef(field[P_RESOURCE]);
+    for (Py_ssize_t i = 0; i < rows.resource_count; i++) {
+        PromotedSpec *spec = &rows.resource[i];
+        PyObject *value = PyDict_GetItemWithError(resource, spec->key);
+        if (value == NULL && PyErr_Occurred())
+            goto done;
+        if (value != NULL && value != Py_None && kind_matches(spec->kind, value)) {
+            Py_INCREF(value);
+            PyObject *copy = PyDict_Copy(resource); /* shared by the spans of a record */
+            if (copy == NULL || PyDict_DelItem(copy, spec->key) < 0) {
+                Py_XDECREF(copy);
+                Py_DECREF(value);
+                goto done;
+            }
+            Py_SETREF(resource, copy);
+            if (put_at(columns, spec->column, value) < 0)
+                goto done;
+        } else if (put_at(columns, spec->column, Py_NewRef(Py_None)) < 0) {
+            goto done;
+        }
     }
-    Py_ssize_t need = PyLong_AsSsize_t(args[2]);
-    if (need == -1 && PyErr_Occurred())
-        return NULL;
-    if (parse_gates(args[1], gates, &count) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const uint8_t *data = view.buf;
-    int found = scan(data, data + view.len, gates, count, need);
-    PyBuffer_Release(&view);
-    return PyBool_FromLong(found);
+    static const struct {
+        int column, part;
+    } plain[] = {
+        {C_TRACE, P_TRACE},   {C_SPAN, P_SPAN},     {C_PARENT, P_PARENT},
+        {C_NAME, P_NAME},     {C_KIND, P_KIND},     {C_START, P_START},
+        {C_END, P_END},       {C_STATUS, P_STATUS}, {C_MESSAGE, P_MESSAGE},
+        {C_SCOPE_NAME, P_SCOPE_NAME}, {C_SCOPE_VERSION, P_SCOPE_VERSION},
+    };
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
+        if (put(columns, plain[i].column, Py_NewRef(field[plain[i].part])) < 0)
+            goto done;
+    if (put(columns, C_ATTRIBUTES, json_or_none(attributes, PyDict_GET_SIZE(attributes))) < 0
+        || put(columns, C_RESOURCE, json_or_none(resource, PyDict_GET_SIZE(resource))) < 0
+        || put(columns, C_EVENTS, records_json(events, rows.k_name, rows.k_time)) < 0
+        || put(columns, C_LINKS, records_json(field[P_LINKS], rows.k_trace, rows.k_span)) < 0)
+        goto done;
+    for (int i = 0; i < 5; i++)
+        if (put(columns, C_TOPIC + i, Py_NewRef(args[2 + i])) < 0)
+            goto done;
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < P_COUNT; i++)
+        Py_XDECREF(field[i]);
+    for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
+        Py_XDECREF(moved[i]);
+    Py_XDECREF(resource);
+    return result;
 }
 
 static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -969,24 +1392,29 @@ static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t n
 }
 
 static PyMethodDef methods[] = {
-    {"decode", (PyCFunction)decode, METH_O,
+    {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(payload) -> list[SpanParts] | None: an OTLP trace export's spans, or None "
-     "when the authority must decide."},
-    {"may_match", (PyCFunction)(void (*)(void))may_match, METH_FASTCALL,
-     "may_match(payload, gates, digits) -> bool: whether a gate (literal, table of the "
-     "bytes that may follow it, how many must) or a run of `digits` decimal digits "
-     "occurs in the payload."},
+     "when the authority must decide.\n"
+     "decode(payload, gates, digits) -> (list[SpanParts], bool) | None: the same, and "
+     "whether a text redaction reads holds a gate (literal, table of the bytes that may "
+     "follow it, how many must) or a run of `digits` decimal digits."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes)"},
+    {"configure_rows", (PyCFunction)(void (*)(void))configure_rows, METH_FASTCALL,
+     "configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, "
+     "encode): the store schema's columns and promoted attributes, for append_row()."},
+    {"append_row", (PyCFunction)(void (*)(void))append_row, METH_FASTCALL,
+     "append_row(columns, parts, topic, partition, offset, index, timestamp_ms): "
+     "ColumnBuilder.append, natively."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_otlp", "The collector's native OTLP fast path.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_native", "The collector's hot paths, natively.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__otlp(void)
+PyMODINIT_FUNC PyInit__native(void)
 {
     static const char *kinds[6] = {"internal", "internal", "server",
                                    "client",   "producer", "consumer"};
