@@ -165,6 +165,13 @@ class CollectorSettings(BaseSettings):
     workers: int = Field(
         1, ge=0, le=64, description="Processes that decode and write; 0: the consumer's own."
     )
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Consumer processes, each with its own consumer in the group and its own "
+        "workers: the Kafka client parses records on one core per consumer.",
+    )
     max_inflight_batches: int = Field(
         4, gt=0, description="Batches being written at once before consuming pauses."
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -21,9 +21,14 @@ class Health(Protocol):
 
 
 def create_app(
-    health: Health, metrics: CollectorMetrics, receiver: OtlpReceiver | None = None
+    health: Health,
+    metrics: CollectorMetrics,
+    receiver: OtlpReceiver | None = None,
+    exposition: Any = None,
 ) -> FastAPI:
+    """``exposition``: what /metrics shows (anything with ``collect()``); the registry if None."""
     app = FastAPI(title="spanmill collector", docs_url=None, redoc_url=None)
+    shown = exposition if exposition is not None else metrics.registry
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -37,7 +42,7 @@ def create_app(
 
     @app.get("/metrics")
     def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(shown), media_type=CONTENT_TYPE_LATEST)
 
     if receiver is not None:
 

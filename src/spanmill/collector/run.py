@@ -11,7 +11,8 @@ import time
 from types import FrameType
 from typing import Any
 
-from spanmill.collector.app import create_app
+from spanmill.collector.app import Health, create_app
+from spanmill.collector.processes import ConsumerProcesses, MergedMetrics, Supervised
 from spanmill.collector.receiver import OtlpReceiver
 from spanmill.collector.service import Collector, CollectorError
 from spanmill.config import CollectorSettings, load_settings
@@ -42,7 +43,9 @@ def configure_logging(level: int = logging.INFO) -> None:
     logging.getLogger("kafka").setLevel(logging.WARNING)
 
 
-def _start_http(collector: Collector, settings: CollectorSettings) -> Any:
+def _start_http(
+    collector: Collector, settings: CollectorSettings, health: Health, metrics: Any
+) -> Any:
     import uvicorn
 
     receiver = (
@@ -55,7 +58,7 @@ def _start_http(collector: Collector, settings: CollectorSettings) -> Any:
         if settings.receiver_enabled
         else None
     )
-    app = create_app(collector, collector.metrics, receiver)
+    app = create_app(health, collector.metrics, receiver, exposition=metrics)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -80,23 +83,58 @@ def _start_http(collector: Collector, settings: CollectorSettings) -> Any:
 
 
 def run_collector(settings: CollectorSettings) -> None:
-    """Run until SIGTERM or SIGINT, then write what is held, commit and exit."""
+    """Run until SIGTERM or SIGINT, then write what is held, commit and exit.
+
+    With ``processes`` above 1, the other consumer processes start first and stop
+    with this one; see :mod:`spanmill.collector.processes`.
+    """
+    children = (
+        ConsumerProcesses(settings, settings.processes - 1) if settings.processes > 1 else None
+    )
     collector = Collector(settings)
     collector.start()
-    server, thread = _start_http(collector, settings)
+    health: Health = collector
+    metrics: Any = collector.metrics.registry
+    if children is not None:
+        children.start()
+        health = Supervised(collector, children)
+        metrics = MergedMetrics(collector.metrics.registry, children)
+    failure: list[str] = []
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: writing what is held, then stopping", signum)
         collector.stop()
+        if children is not None:
+            children.stop()
+
+    def watch(children: ConsumerProcesses) -> None:
+        while not collector.stopped:
+            reason = children.failed()
+            if reason is not None:
+                log.error("%s; stopping the collector", reason)
+                failure.append(reason)
+                collector.stop()
+                children.stop()
+                return
+            time.sleep(0.5)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        collector.run()
+        server, thread = _start_http(collector, settings, health, metrics)
+        if children is not None:
+            threading.Thread(target=watch, args=(children,), daemon=True).start()
+        try:
+            collector.run()
+        finally:
+            server.should_exit = True
+            thread.join(timeout=5)
     finally:
-        server.should_exit = True
-        thread.join(timeout=5)
+        if children is not None:
+            children.join(timeout=settings.shutdown_timeout_s + 10)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if failure:
+        raise CollectorError(failure[0])
 
 
 def main() -> None:

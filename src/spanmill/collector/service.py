@@ -245,6 +245,11 @@ class Collector:
         self._stop.set()
 
     @property
+    def stopped(self) -> bool:
+        """Asked to stop, or stopped."""
+        return self._stop.is_set() or self._stopped.is_set()
+
+    @property
     def ready(self) -> bool:
         """Joined the group and looping: what /readyz reports."""
         return (
