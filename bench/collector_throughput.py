@@ -5,8 +5,9 @@ spans (OTLP protobuf, one span per record, keyed by trace id), then, in one run:
 
 - raw consume: kafka-python reading every record with the collector's consumer
   settings and doing nothing with them;
-- the collector as its own process (``python -m spanmill.collector``), from its
-  first record taken to its last span durably written and counted, for each
+- the collector as its own process (``python -m spanmill.collector``), from the
+  moment it is ready and has taken its first record to its last span durably
+  written and counted, for each
   set-up: consumer processes (``processes``) times decode-and-write workers.
 
 The figure is the ratio of the two rates; the raw rate is the median of three
@@ -170,7 +171,13 @@ def _metric(text: str, name: str) -> float:
 def collector_run(
     bootstrap: str, topic: str, count: int, processes: int, workers: int
 ) -> tuple[float, float]:
-    """Spans/s from the first record taken to the last span written; and peak RSS in MiB."""
+    """Spans/s in steady state, and peak RSS in MiB.
+
+    The rate counts the spans written from the moment the collector is ready (every
+    consumer process has joined the group and holds its partitions) and has taken
+    its first record, to the last span written. Several consumers joining one group
+    rebalance it a few times as they arrive; that start-up is not throughput.
+    """
     port = free_port()
     store = tempfile.mkdtemp(prefix="spanmill-bench-store-")
     env = dict(os.environ)
@@ -199,7 +206,9 @@ def collector_run(
     root = psutil.Process(process.pid)
     peak = 0
     started = finished = 0.0
+    written_before = 0.0
     url = f"http://127.0.0.1:{port}/metrics"
+    ready_url = f"http://127.0.0.1:{port}/readyz"
     deadline = time.monotonic() + 600
     # One client, polled every 100 ms: the watching must not take the collector's CPU.
     client = httpx.Client(timeout=2)
@@ -218,9 +227,14 @@ def collector_run(
                 time.sleep(0.1)
                 continue
             now = time.perf_counter()
-            if not started and _metric(text, "spanmill_collector_records_consumed_total") > 0:
-                started = now
-            if _metric(text, "spanmill_collector_spans_written_total") >= count:
+            written = _metric(text, "spanmill_collector_spans_written_total")
+            if (
+                not started
+                and _metric(text, "spanmill_collector_records_consumed_total") > 0
+                and client.get(ready_url).status_code == 200
+            ):
+                started, written_before = now, written
+            if written >= count:
                 finished = now
                 break
             time.sleep(0.1)
@@ -230,7 +244,7 @@ def collector_run(
         process.wait(timeout=60)
     if not finished:
         raise RuntimeError("the collector did not write every span in time")
-    return count / (finished - started), peak / 2**20
+    return (count - written_before) / (finished - started), peak / 2**20
 
 
 def main() -> None:
