@@ -947,12 +947,22 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
             PyErr_SetString(PyExc_TypeError, "gates must be a tuple");
             return NULL;
         }
-        scan_state.need = PyLong_AsSsize_t(args[2]);
-        if (scan_state.need == -1 && PyErr_Occurred())
+        /* The same gates come with every call: parsed once, kept with a reference. */
+        static PyObject *parsed_gates = NULL;
+        static Scan parsed;
+        Py_ssize_t need = PyLong_AsSsize_t(args[2]);
+        if (need == -1 && PyErr_Occurred())
             return NULL;
-        if (parse_gates(args[1], scan_state.gates, &scan_state.count) < 0)
-            return NULL;
-        byte_kinds(scan_state.kind, scan_state.gates, scan_state.count);
+        if (args[1] != parsed_gates) {
+            if (parse_gates(args[1], parsed.gates, &parsed.count) < 0) {
+                Py_CLEAR(parsed_gates);
+                return NULL;
+            }
+            byte_kinds(parsed.kind, parsed.gates, parsed.count);
+            Py_XSETREF(parsed_gates, Py_NewRef(args[1]));
+        }
+        memcpy(&scan_state, &parsed, sizeof scan_state);
+        scan_state.need = need;
         scan_state.found = 0;
     }
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)

@@ -291,7 +291,7 @@ def decode_spans(
         # Python one keeps unknown fields and must not.
         native_path = _fast_path is NATIVE_FAST_PATH
         sniffed_protobuf = content_type is None and (
-            not _looks_like_json(payload) or (payload[:1] == b"\n" and native_path)
+            (native_path and payload[:1] == b"\n") or not _looks_like_json(payload)
         )
         if form is SpanFormat.OTLP_PROTOBUF or sniffed_protobuf:
             if prefilter is not None and native_path and native.module is not None:
