@@ -134,7 +134,7 @@ def consumer_options() -> dict[str, object]:
         "auto_offset_reset": "earliest",
         "session_timeout_ms": SESSION_TIMEOUT_MS,
         "heartbeat_interval_ms": SESSION_TIMEOUT_MS // 3,
-        "max_poll_records": 5000,
+        "max_poll_records": 4 * 5000,
         "max_partition_fetch_bytes": 8 * 1024 * 1024,
         "fetch_max_bytes": 64 * 1024 * 1024,
     }

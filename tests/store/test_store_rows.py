@@ -61,7 +61,7 @@ def test_values_of_another_type_stay_in_the_json() -> None:
 def test_times_beyond_the_store_range_are_refused() -> None:
     parts = SpanParts.from_span(span(1, end_time_unix_nano=2**63))
     with pytest.raises(SpanDecodeError) as caught:
-        check_storable(parts, "spans[0]")
+        check_storable(parts, 0)
     assert caught.value.reason == "schema" and "2262" in caught.value.detail
 
 

@@ -125,11 +125,12 @@ class BatchProcessor:
             value, content_type, self.config.max_message_bytes, self.redactor.prefilter
         )
         for index, parts in enumerate(spans):
-            check_storable(parts, f"spans[{index}]")
+            check_storable(parts, index)
+        translation, redactor = self.translation, self.redactor
         for parts in spans:
-            translated = self.translation.apply(parts.attributes, translations)
+            translated = translation.apply(parts.attributes, translations)
             # A translated span has new texts (message JSON): its patterns always run.
-            self.redactor.apply(parts, redactions, patterns=may_match or translated)
+            redactor.apply(parts, redactions, patterns=may_match or translated)
         return spans
 
     def process(self, job: BatchJob) -> BatchOutcome:

@@ -291,8 +291,10 @@ class Redactor:
         if self.filters_keys:
             parts.attributes = self._filter(parts.attributes, counts)
             parts.resource_attributes = self._filter(parts.resource_attributes, counts)
-            parts.events = [(n, t, self._filter(a, counts)) for n, t, a in parts.events]
-            parts.links = [(t, s, self._filter(a, counts)) for t, s, a in parts.links]
+            if parts.events:
+                parts.events = [(n, t, self._filter(a, counts)) for n, t, a in parts.events]
+            if parts.links:
+                parts.links = [(t, s, self._filter(a, counts)) for t, s, a in parts.links]
         if not self.rules or not patterns:
             return
         texts = [parts.name, parts.status_message]

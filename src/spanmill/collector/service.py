@@ -213,7 +213,9 @@ class Collector:
                 auto_offset_reset=settings.auto_offset_reset,
                 session_timeout_ms=session,
                 heartbeat_interval_ms=max(500, session // 3),
-                max_poll_records=max(500, settings.batch_max_spans),
+                # A poll takes all that the last fetch brought, so the next fetch is
+                # under way while those records are written.
+                max_poll_records=max(500, 4 * settings.batch_max_spans),
                 max_partition_fetch_bytes=max(
                     8 * 1024 * 1024, settings.kafka.max_message_bytes * 2
                 ),

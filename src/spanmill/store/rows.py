@@ -124,12 +124,15 @@ class SpanParts:
         )
 
 
-def check_storable(parts: SpanParts, where: str) -> None:
-    """Refuse what a valid span may hold but the store's nanosecond timestamps cannot."""
+def check_storable(parts: SpanParts, index: int) -> None:
+    """Refuse what a valid span may hold but the store's nanosecond timestamps cannot.
+
+    ``index``: the span's place among its record's spans, for the message.
+    """
     if parts.end > _INT64_MAX:
         raise SpanDecodeError(
             SCHEMA,
-            f"{where}: end time {parts.end} ns is after the year 2262, which the span "
+            f"spans[{index}]: end time {parts.end} ns is after the year 2262, which the span "
             "store cannot hold; send nanoseconds since the Unix epoch",
         )
 
@@ -360,7 +363,7 @@ def table_from_spans(
     builder = ColumnBuilder()
     for index, span in enumerate(spans):
         parts = SpanParts.from_span(span)
-        check_storable(parts, f"spans[{index}]")
+        check_storable(parts, index)
         builder.append(parts, topic, partition, offset, index, timestamp_ms)
     return builder.to_table()
 

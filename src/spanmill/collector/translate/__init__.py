@@ -19,6 +19,12 @@ TRANSLATORS: Final[dict[str, Translator]] = {
     openllmetry.NAME: openllmetry.translate,
     openinference.NAME: openinference.translate,
 }
+# The keys whose presence marks a span as each convention's; a translator finds
+# nothing to do on a span without any of its convention's.
+SIGNATURES: Final[dict[str, frozenset[str]]] = {
+    openllmetry.NAME: openllmetry.SIGNATURE,
+    openinference.NAME: openinference.SIGNATURE,
+}
 
 
 class Translation:
@@ -29,9 +35,13 @@ class Translation:
         if unknown:
             raise ValueError(f"unknown conventions {unknown}; known: {sorted(TRANSLATORS)}")
         self.steps = [(name, TRANSLATORS[name]) for name in conventions]
+        # Keys one of which every translator needs to see: most spans have none of them.
+        self.signature = frozenset().union(*(SIGNATURES[name] for name in conventions))
 
     def apply(self, attributes: dict[str, Any], counts: dict[str, int]) -> bool:
         """Translate in place; whether any translator changed something."""
+        if self.signature.isdisjoint(attributes):
+            return False
         changed = False
         for name, step in self.steps:
             if step(attributes):
