@@ -12,7 +12,7 @@ setup(
         Extension(
             "spanmill._native",
             ["src/spanmill/_native.c"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         )
     ]

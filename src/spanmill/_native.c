@@ -51,8 +51,12 @@ static struct {
     PyObject *statuses[3];
 } cfg;
 
-static int read_varint(Buf *b, uint64_t *out)
+static inline int read_varint(Buf *b, uint64_t *out)
 {
+    if (b->p < b->end && *b->p < 0x80) { /* most varints here are one byte */
+        *out = *b->p++;
+        return 1;
+    }
     uint64_t value = 0;
     for (int shift = 0; shift < 70 && b->p < b->end; shift += 7) {
         uint8_t byte = *b->p++;
@@ -68,7 +72,7 @@ static int read_varint(Buf *b, uint64_t *out)
 }
 
 /* The next field of a message; 0 at its end, -1 when the bytes are malformed. */
-static int next_field(Buf *b, Field *f)
+static inline int next_field(Buf *b, Field *f)
 {
     uint64_t tag;
     if (b->p >= b->end)
@@ -345,7 +349,7 @@ enum { V_NONE = 0, V_STRING = 1, V_BOOL = 2, V_INT = 3, V_DOUBLE = 4, V_ARRAY = 
 /* The one field of an AnyValue: its kind, or V_NONE for an empty, doubled or other value. */
 static int any_value(Buf value, Field *out)
 {
-    Field f;
+    Field f = {0};
     int kind = V_NONE, more;
     while ((more = next_field(&value, &f)) == 1) {
         if (kind != V_NONE)
@@ -401,7 +405,7 @@ static int scalar(int kind, const Field *f, PyObject **out)
 /* An ArrayValue whose items all hold one scalar kind, as a list. */
 static int array(Buf bytes, PyObject **out)
 {
-    Field f, item;
+    Field f = {0}, item = {0};
     int more = 0, first = V_NONE, status;
     PyObject *list = PyList_New(0), *value;
     if (list == NULL)
@@ -469,7 +473,7 @@ static int cached_key(Buf bytes, PyObject **out)
 /* One KeyValue into a dict: a plain key and a value of a kind the store keeps. */
 static int key_value(Buf bytes, PyObject *dict)
 {
-    Field f, key = {0}, value = {0}, one;
+    Field f = {0}, key = {0}, value = {0}, one = {0};
     uint32_t seen = 0;
     int more, status;
     while ((more = next_field(&bytes, &f)) == 1) {
@@ -522,7 +526,7 @@ static int attributes_field(const Field *f, PyObject *dict)
 /* Span.Event: (name, time_unix_nano, attributes). */
 static int event_of(Buf bytes, PyObject **out)
 {
-    Field f;
+    Field f = {0};
     uint32_t seen = 0;
     uint64_t time = 0;
     int more = 0, status = OK;
@@ -581,7 +585,7 @@ static int event_of(Buf bytes, PyObject **out)
 /* Span.Link: (trace_id, span_id, attributes). */
 static int link_of(Buf bytes, PyObject **out)
 {
-    Field f;
+    Field f = {0};
     uint32_t seen = 0;
     int more = 0, status = OK;
     Buf trace = {NULL, NULL}, span = {NULL, NULL};
@@ -638,7 +642,7 @@ static int link_of(Buf bytes, PyObject **out)
 /* Status: (code, message). */
 static int status_of(Buf bytes, PyObject **code, PyObject **message)
 {
-    Field f;
+    Field f = {0};
     uint32_t seen = 0;
     uint64_t number = 0;
     int more;
@@ -668,7 +672,7 @@ static int status_of(Buf bytes, PyObject **code, PyObject **message)
 static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *scope_version,
                 PyObject *out)
 {
-    Field f;
+    Field f = {0};
     uint32_t seen = 0;
     uint64_t kind = 0, start = 0, end = 0;
     int more = 0, status = OK;
@@ -813,7 +817,7 @@ done:
 /* InstrumentationScope: name and version; scope attributes are left to the authority. */
 static int scope(Buf bytes, PyObject **name, PyObject **version)
 {
-    Field f;
+    Field f = {0};
     uint32_t seen = 0;
     int more = 0, status = OK;
     Buf name_bytes = {NULL, NULL}, version_bytes = {NULL, NULL};
@@ -851,7 +855,7 @@ typedef struct {
 
 static int find_header(Buf bytes, const Layout *layout, Buf *header)
 {
-    Field f;
+    Field f = {0};
     uint32_t seen = 0;
     int more;
     header->p = header->end = NULL;
@@ -881,7 +885,7 @@ static const Layout RESOURCE_SPANS = {1, 2, 3};
 static int scope_spans(Buf bytes, PyObject *resource, PyObject *out)
 {
     Buf header, rest = bytes;
-    Field f;
+    Field f = {0};
     int status = find_header(bytes, &SCOPE_SPANS, &header), more;
     PyObject *name = NULL, *version = NULL;
     if (status != OK)
@@ -901,7 +905,7 @@ static int scope_spans(Buf bytes, PyObject *resource, PyObject *out)
 static int resource_spans(Buf bytes, PyObject *out)
 {
     Buf header, rest = bytes;
-    Field f;
+    Field f = {0};
     int status = find_header(bytes, &RESOURCE_SPANS, &header), more;
     if (status != OK)
         return status;
@@ -931,7 +935,7 @@ static int resource_spans(Buf bytes, PyObject *out)
 static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
-    Field f;
+    Field f = {0};
     Scan scan_state, *outer = scanning;
     int more = 0, status = OK, found = 0;
     if (nargs != 1 && nargs != 3) {
