@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -43,6 +45,44 @@ def settings_for(topics: Topics, store: Path | str, **overrides: Any) -> Collect
     }
     values.update(overrides)
     return CollectorSettings(**values)
+
+
+def collector_process(
+    topics: Topics,
+    store: Path,
+    log: Path,
+    port: int,
+    *,
+    command: tuple[str, ...] = ("-m", "spanmill.collector"),
+    **settings: str,
+) -> subprocess.Popen[bytes]:
+    """``spanmill collector`` as a service process, in a session of its own, logging to ``log``.
+
+    ``settings``: more SPANMILL_COLLECTOR_* variables, by their lower-case suffix.
+    """
+    env = dict(os.environ)
+    env.update(
+        {
+            "SPANMILL_KAFKA_BOOTSTRAP_SERVERS": topics.bootstrap,
+            "SPANMILL_KAFKA_SPANS_TOPIC": topics.spans,
+            "SPANMILL_KAFKA_DLQ_TOPIC": topics.dlq,
+            "SPANMILL_COLLECTOR_GROUP_ID": topics.group,
+            "SPANMILL_COLLECTOR_STORE_URL": str(store),
+            "SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS": "6000",
+            "SPANMILL_COLLECTOR_BATCH_MAX_SECONDS": "0.5",
+            "SPANMILL_COLLECTOR_HTTP_PORT": str(port),
+        }
+    )
+    env.update({f"SPANMILL_COLLECTOR_{name.upper()}": value for name, value in settings.items()})
+    with open(log, "ab") as out:
+        # A session of its own: SIGKILL to the group takes every process down with it.
+        return subprocess.Popen(
+            [sys.executable, *command],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def running(settings: CollectorSettings) -> AbstractContextManager[Collector]:

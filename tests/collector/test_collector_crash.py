@@ -6,13 +6,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from collector_helpers import Topics, llm_span, producer, wait_for
+from collector_helpers import Topics, collector_process, llm_span, producer, wait_for
 
 from spanmill.spans import encode_otlp_protobuf
 from spanmill.stack.ports import free_port
@@ -26,30 +25,7 @@ KILLS = 4
 
 
 def _collector(topics: Topics, store: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "SPANMILL_KAFKA_BOOTSTRAP_SERVERS": topics.bootstrap,
-            "SPANMILL_KAFKA_SPANS_TOPIC": topics.spans,
-            "SPANMILL_KAFKA_DLQ_TOPIC": topics.dlq,
-            "SPANMILL_COLLECTOR_GROUP_ID": topics.group,
-            "SPANMILL_COLLECTOR_STORE_URL": str(store),
-            "SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS": "6000",
-            "SPANMILL_COLLECTOR_BATCH_MAX_SECONDS": "0.5",
-            "SPANMILL_COLLECTOR_BATCH_MAX_SPANS": "500",
-            "SPANMILL_COLLECTOR_WORKERS": "1",
-            "SPANMILL_COLLECTOR_HTTP_PORT": str(free_port()),
-        }
-    )
-    with open(log, "ab") as out:
-        # A session of its own: SIGKILL then takes the worker process down with it.
-        return subprocess.Popen(
-            [sys.executable, "-m", "spanmill.collector"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return collector_process(topics, store, log, free_port(), batch_max_spans="500", workers="1")
 
 
 def test_sigkill_while_producing_loses_nothing_and_duplicates_nothing(

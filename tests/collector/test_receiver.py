@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import gzip
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from collector_helpers import Topics, llm_span, wait_for
+from collector_helpers import Topics, collector_process, llm_span, wait_for
 from fastapi.testclient import TestClient
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -144,27 +141,10 @@ def test_refusals_follow_the_otlp_http_specification() -> None:
 def test_service_end_to_end_over_http(topics: Topics, tmp_path: Path) -> None:
     port = free_port()
     store_dir = tmp_path / "store"
-    env = dict(os.environ)
-    env.update(
-        {
-            "SPANMILL_KAFKA_BOOTSTRAP_SERVERS": topics.bootstrap,
-            "SPANMILL_KAFKA_SPANS_TOPIC": topics.spans,
-            "SPANMILL_KAFKA_DLQ_TOPIC": topics.dlq,
-            "SPANMILL_COLLECTOR_GROUP_ID": topics.group,
-            "SPANMILL_COLLECTOR_STORE_URL": str(store_dir),
-            "SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS": "6000",
-            "SPANMILL_COLLECTOR_BATCH_MAX_SECONDS": "0.5",
-            "SPANMILL_COLLECTOR_HTTP_PORT": str(port),
-        }
-    )
     log = tmp_path / "collector.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "spanmill.cli.main", "collector"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    process = collector_process(
+        topics, store_dir, log, port, command=("-m", "spanmill.cli.main", "collector")
+    )
     base = f"http://127.0.0.1:{port}"
     try:
 
