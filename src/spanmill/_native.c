@@ -1084,6 +1084,7 @@ static int parse_promoted(PyObject *specs, PyObject *names, PromotedSpec *out, P
         PyErr_SetString(PyExc_TypeError, "promoted: a tuple of (key, column, kind)");
         return -1;
     }
+    *count = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(specs); i++) {
         PyObject *spec = PyTuple_GET_ITEM(specs, i);
         if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3
@@ -1103,8 +1104,8 @@ static int parse_promoted(PyObject *specs, PyObject *names, PromotedSpec *out, P
         PyUnicode_InternInPlace(&out[i].key);
         out[i].column = column;
         out[i].kind = (int)kind;
+        *count = i + 1; /* what is held so far, for clear_rows() */
     }
-    *count = PyTuple_GET_SIZE(specs);
     return 0;
 }
 
@@ -1119,6 +1120,31 @@ static PyObject *interned(PyObject *text)
     return out;
 }
 
+static void clear_rows(void)
+{
+    for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
+        Py_CLEAR(rows.promoted[i].key);
+    for (Py_ssize_t i = 0; i < rows.resource_count; i++)
+        Py_CLEAR(rows.resource[i].key);
+    for (int i = 0; i < P_COUNT; i++)
+        Py_CLEAR(rows.fields[i]);
+    Py_CLEAR(rows.response_model);
+    Py_CLEAR(rows.request_model);
+    Py_CLEAR(rows.episode_id);
+    Py_CLEAR(rows.score);
+    Py_CLEAR(rows.reward_name);
+    Py_CLEAR(rows.reward_event);
+    Py_CLEAR(rows.rewards);
+    Py_CLEAR(rows.encode);
+    Py_CLEAR(rows.k_name);
+    Py_CLEAR(rows.k_time);
+    Py_CLEAR(rows.k_attributes);
+    Py_CLEAR(rows.k_trace);
+    Py_CLEAR(rows.k_span);
+    rows.promoted_count = rows.resource_count = 0;
+    rows.ready = 0;
+}
+
 /* configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, encode) */
 static PyObject *configure_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1130,10 +1156,7 @@ static PyObject *configure_rows(PyObject *module, PyObject *const *args, Py_ssiz
                         "reward_event, rewards, encode)");
         return NULL;
     }
-    if (rows.ready) {
-        PyErr_SetString(PyExc_RuntimeError, "configure_rows() was called already");
-        return NULL;
-    }
+    clear_rows(); /* configured again (a module reloaded): the last call wins */
     PyObject *names = args[0];
     rows.width = PyTuple_GET_SIZE(names);
     for (int i = 0; i < C_COUNT; i++) {

@@ -366,3 +366,18 @@ def test_wire_forms_the_parser_accepts() -> None:
             got = fast_path(name)(payload)
             assert got is None or exact(got) == expected, name
         assert exact(decode_record(payload, None, MAX)) == expected
+
+
+@pytest.mark.parametrize("lead", [b"\n", b"\n  ", b"\n\n"])
+def test_json_that_starts_like_protobuf_is_read_as_json(lead: bytes) -> None:
+    """A newline then "{" also begins a protobuf export: the native path must refuse it."""
+    from spanmill.spans import encode_otlp_json
+    from spanmill.spans.sdk_json import encode_span
+
+    span = _span({"note": "hello", "n": 3})
+    for payload in (lead + encode_otlp_json([span]), lead + encode_span(span)):
+        assert decode.NATIVE_FAST_PATH is not None
+        assert decode.NATIVE_FAST_PATH(payload) is None
+        got = decode_spans(payload, None, MAX, PREFILTER)
+        assert not got.verbatim and got.may_match
+        assert [p.to_span() for p in got.spans] == [span]

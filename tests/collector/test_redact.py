@@ -149,6 +149,8 @@ def _payload(text: str, where: str) -> bytes:
         fields["attributes"] = {"list": ["a", text]}
     elif where == "event":
         fields["events"] = [{"name": "e", "time_unix_nano": 1, "attributes": {"m": text}}]
+    elif where == "link":
+        fields["links"] = [{"trace_id": "3" * 32, "span_id": "4" * 16, "attributes": {"m": text}}]
     elif where in ("name", "status_message"):
         fields[where] = text or "n"
     else:
@@ -165,7 +167,8 @@ def _payload(text: str, where: str) -> bytes:
 
 @BUILTIN_EXAMPLES
 @pytest.mark.parametrize(
-    "where", ["name", "status_message", "attributes", "resource_attributes", "array", "event"]
+    "where",
+    ["name", "status_message", "attributes", "resource_attributes", "array", "event", "link"],
 )
 def test_the_prefilter_lets_every_example_through(
     text: str, expected: str, rule: str, where: str
@@ -205,7 +208,7 @@ PIECES = [
 @given(
     st.lists(st.sampled_from(PIECES), max_size=40).map("".join),
     st.sampled_from(
-        ["name", "status_message", "attributes", "resource_attributes", "array", "event"]
+        ["name", "status_message", "attributes", "resource_attributes", "array", "event", "link"]
     ),
 )
 def test_a_record_the_prefilter_passes_holds_nothing_to_redact(text: str, where: str) -> None:
@@ -217,3 +220,17 @@ def test_a_record_the_prefilter_passes_holds_nothing_to_redact(text: str, where:
     redactor.apply(spans[0], counts)
     if counts:
         assert may_match(redactor, payload), (text, counts)
+
+
+def test_without_the_extension_every_record_goes_through_the_patterns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from spanmill import native
+
+    monkeypatch.setattr(native, "module", None)
+    redactor = Redactor()
+    assert redactor.prefilter is None
+    span = parts()
+    counts: dict[str, int] = {}
+    redactor.apply(span, counts)
+    assert counts == {"email": 2, "api_key": 2}
