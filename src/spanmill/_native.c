@@ -77,7 +77,9 @@ static inline int next_field(Buf *b, Field *f)
     uint64_t tag;
     if (b->p >= b->end)
         return 0;
-    if (!read_varint(b, &tag) || tag > UINT32_MAX || (tag >> 3) == 0)
+    const uint8_t *start = b->p;
+    /* The parser refuses a tag of more than 5 bytes, whatever its value. */
+    if (!read_varint(b, &tag) || b->p - start > 5 || tag > UINT32_MAX || (tag >> 3) == 0)
         return -1;
     f->number = (uint32_t)(tag >> 3);
     f->wire = (int)(tag & 7);
@@ -101,7 +103,9 @@ static inline int next_field(Buf *b, Field *f)
     }
     case WT_LEN: {
         uint64_t length;
-        if (!read_varint(b, &length) || length > (uint64_t)(b->end - b->p))
+        const uint8_t *start = b->p;
+        /* A length of more than 5 bytes is left to the parser to judge. */
+        if (!read_varint(b, &length) || b->p - start > 5 || length > (uint64_t)(b->end - b->p))
             return -1;
         f->bytes.p = b->p;
         f->bytes.end = b->p + length;
@@ -333,10 +337,10 @@ typedef struct {
     int found;
 } Scan;
 
-/* The scan of the decode() call under way, if it asked for one. */
-static Scan *scanning;
-
-static void scan_text(Buf bytes)
+/* Scan one text for the decode() call's gates; `scanning` is NULL when it asked for none.
+ * Each call has its own: Python code (SpanParts.__init__, a finalizer) may run, and let
+ * another thread decode, while one is under way. */
+static void scan_text(Scan *scanning, Buf bytes)
 {
     if (scanning != NULL && !scanning->found)
         scanning->found = scan(bytes.p, bytes.end, scanning->kind, scanning->gates,
@@ -378,14 +382,14 @@ static int any_value(Buf value, Field *out)
     return more == 0 ? kind : V_NONE;
 }
 
-static int scalar(int kind, const Field *f, PyObject **out)
+static int scalar(int kind, const Field *f, PyObject **out, Scan *scanning)
 {
     double number;
     switch (kind) {
     case V_STRING:
         if (f->bytes.end - f->bytes.p > cfg.max_value_bytes)
             return UNUSUAL;
-        scan_text(f->bytes);
+        scan_text(scanning, f->bytes);
         return text(f->bytes, out);
     case V_BOOL:
         *out = Py_NewRef(f->varint ? Py_True : Py_False);
@@ -403,7 +407,7 @@ static int scalar(int kind, const Field *f, PyObject **out)
 }
 
 /* An ArrayValue whose items all hold one scalar kind, as a list. */
-static int array(Buf bytes, PyObject **out)
+static int array(Buf bytes, PyObject **out, Scan *scanning)
 {
     Field f = {0}, item = {0};
     int more = 0, first = V_NONE, status;
@@ -417,7 +421,7 @@ static int array(Buf bytes, PyObject **out)
         if (kind == V_NONE || kind == V_ARRAY || (first != V_NONE && kind != first))
             goto unusual;
         first = kind;
-        status = scalar(kind, &item, &value);
+        status = scalar(kind, &item, &value, scanning);
         if (status != OK) {
             Py_DECREF(list);
             return status;
@@ -471,7 +475,7 @@ static int cached_key(Buf bytes, PyObject **out)
 }
 
 /* One KeyValue into a dict: a plain key and a value of a kind the store keeps. */
-static int key_value(Buf bytes, PyObject *dict)
+static int key_value(Buf bytes, PyObject *dict, Scan *scanning)
 {
     Field f = {0}, key = {0}, value = {0}, one = {0};
     uint32_t seen = 0;
@@ -498,7 +502,8 @@ static int key_value(Buf bytes, PyObject *dict)
         Py_DECREF(name);
         return UNUSUAL;
     }
-    status = kind == V_ARRAY ? array(one.bytes, &item) : scalar(kind, &one, &item);
+    status = kind == V_ARRAY ? array(one.bytes, &item, scanning)
+                             : scalar(kind, &one, &item, scanning);
     if (status == OK) {
         if (PyDict_SetItem(dict, name, item) < 0)
             status = ERROR;
@@ -516,15 +521,15 @@ static int skipped(const Field *f, int wire, int is_text)
     return is_text ? valid_text(f->bytes) : OK;
 }
 
-static int attributes_field(const Field *f, PyObject *dict)
+static int attributes_field(const Field *f, PyObject *dict, Scan *scanning)
 {
     if (f->wire != WT_LEN)
         return UNUSUAL;
-    return key_value(f->bytes, dict);
+    return key_value(f->bytes, dict, scanning);
 }
 
 /* Span.Event: (name, time_unix_nano, attributes). */
-static int event_of(Buf bytes, PyObject **out)
+static int event_of(Buf bytes, PyObject **out, Scan *scanning)
 {
     Field f = {0};
     uint32_t seen = 0;
@@ -549,7 +554,7 @@ static int event_of(Buf bytes, PyObject **out)
             name = f.bytes;
             break;
         case 3:
-            status = attributes_field(&f, attributes);
+            status = attributes_field(&f, attributes, scanning);
             break;
         case 4:
             status = skipped(&f, WT_VARINT, 0);
@@ -583,7 +588,7 @@ static int event_of(Buf bytes, PyObject **out)
 }
 
 /* Span.Link: (trace_id, span_id, attributes). */
-static int link_of(Buf bytes, PyObject **out)
+static int link_of(Buf bytes, PyObject **out, Scan *scanning)
 {
     Field f = {0};
     uint32_t seen = 0;
@@ -610,7 +615,7 @@ static int link_of(Buf bytes, PyObject **out)
             status = skipped(&f, WT_LEN, 1);
             break;
         case 4:
-            status = attributes_field(&f, attributes);
+            status = attributes_field(&f, attributes, scanning);
             break;
         case 5:
             status = skipped(&f, WT_VARINT, 0);
@@ -640,7 +645,7 @@ static int link_of(Buf bytes, PyObject **out)
 }
 
 /* Status: (code, message). */
-static int status_of(Buf bytes, PyObject **code, PyObject **message)
+static int status_of(Buf bytes, PyObject **code, PyObject **message, Scan *scanning)
 {
     Field f = {0};
     uint32_t seen = 0;
@@ -664,13 +669,13 @@ static int status_of(Buf bytes, PyObject **code, PyObject **message)
         *message = PyUnicode_New(0, 0);
         return *message ? OK : ERROR;
     }
-    scan_text(text_bytes);
+    scan_text(scanning, text_bytes);
     return text(text_bytes, message);
 }
 
 /* One Span as SpanParts, appended to `out`. */
 static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *scope_version,
-                PyObject *out)
+                PyObject *out, Scan *scanning)
 {
     Field f = {0};
     uint32_t seen = 0;
@@ -728,7 +733,7 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
                 end = f.varint;
             break;
         case 9:
-            status = attributes_field(&f, attributes);
+            status = attributes_field(&f, attributes, scanning);
             break;
         case 10:
         case 12:
@@ -744,7 +749,8 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
                 status = UNUSUAL;
                 break;
             }
-            status = f.number == 11 ? event_of(f.bytes, &item) : link_of(f.bytes, &item);
+            status = f.number == 11 ? event_of(f.bytes, &item, scanning)
+                                    : link_of(f.bytes, &item, scanning);
             if (status == OK) {
                 if (PyList_Append(f.number == 11 ? events : links, item) < 0)
                     status = ERROR;
@@ -771,7 +777,7 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
     }
     if (status == OK) {
         status = name.p == NULL ? UNUSUAL : bounded_name(name, &text_name);
-        scan_text(name);
+        scan_text(scanning, name);
     }
     if (status == OK) {
         if (status_bytes.p == NULL) {
@@ -780,7 +786,7 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
             if (message == NULL)
                 status = ERROR;
         } else {
-            status = status_of(status_bytes, &code, &message);
+            status = status_of(status_bytes, &code, &message, scanning);
         }
     }
     if (status == OK) {
@@ -882,7 +888,7 @@ static int find_header(Buf bytes, const Layout *layout, Buf *header)
 static const Layout SCOPE_SPANS = {1, 2, 3};
 static const Layout RESOURCE_SPANS = {1, 2, 3};
 
-static int scope_spans(Buf bytes, PyObject *resource, PyObject *out)
+static int scope_spans(Buf bytes, PyObject *resource, PyObject *out, Scan *scanning)
 {
     Buf header, rest = bytes;
     Field f = {0};
@@ -896,13 +902,13 @@ static int scope_spans(Buf bytes, PyObject *resource, PyObject *out)
         return status;
     while (status == OK && (more = next_field(&rest, &f)) == 1)
         if (f.number == SCOPE_SPANS.items)
-            status = span(f.bytes, resource, name, version, out);
+            status = span(f.bytes, resource, name, version, out, scanning);
     Py_DECREF(name);
     Py_DECREF(version);
     return status;
 }
 
-static int resource_spans(Buf bytes, PyObject *out)
+static int resource_spans(Buf bytes, PyObject *out, Scan *scanning)
 {
     Buf header, rest = bytes;
     Field f = {0};
@@ -916,7 +922,7 @@ static int resource_spans(Buf bytes, PyObject *out)
         Buf attributes = header;
         while (status == OK && (more = next_field(&attributes, &f)) == 1) {
             if (f.number == 1)
-                status = attributes_field(&f, resource);
+                status = attributes_field(&f, resource, scanning);
             else if (f.number == 2)
                 status = skipped(&f, WT_VARINT, 0);
             else
@@ -927,7 +933,7 @@ static int resource_spans(Buf bytes, PyObject *out)
     }
     while (status == OK && (more = next_field(&rest, &f)) == 1)
         if (f.number == RESOURCE_SPANS.items)
-            status = scope_spans(f.bytes, resource, out);
+            status = scope_spans(f.bytes, resource, out, scanning);
     Py_DECREF(resource);
     return status;
 }
@@ -936,7 +942,7 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
 {
     Py_buffer view;
     Field f = {0};
-    Scan scan_state, *outer = scanning;
+    Scan scan_state, *scanning = NULL;
     int more = 0, status = OK, found = 0;
     if (nargs != 1 && nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "decode(payload[, gates, digits])");
@@ -957,15 +963,16 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
         Py_ssize_t need = PyLong_AsSsize_t(args[2]);
         if (need == -1 && PyErr_Occurred())
             return NULL;
-        if (args[1] != parsed_gates) {
-            if (parse_gates(args[1], parsed.gates, &parsed.count) < 0) {
-                Py_CLEAR(parsed_gates);
+        if (args[1] == parsed_gates) {
+            memcpy(&scan_state, &parsed, sizeof scan_state);
+        } else {
+            /* Parsed into this call's own state first: parsing may run Python code. */
+            if (parse_gates(args[1], scan_state.gates, &scan_state.count) < 0)
                 return NULL;
-            }
-            byte_kinds(parsed.kind, parsed.gates, parsed.count);
+            byte_kinds(scan_state.kind, scan_state.gates, scan_state.count);
+            memcpy(&parsed, &scan_state, sizeof parsed);
             Py_XSETREF(parsed_gates, Py_NewRef(args[1]));
         }
-        memcpy(&scan_state, &parsed, sizeof scan_state);
         scan_state.need = need;
         scan_state.found = 0;
     }
@@ -977,16 +984,16 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyBuffer_Release(&view);
         return NULL;
     }
-    scanning = nargs == 3 ? &scan_state : NULL;
+    if (nargs == 3)
+        scanning = &scan_state;
     while (status == OK && (more = next_field(&bytes, &f)) == 1) {
         if (f.number != 1 || f.wire != WT_LEN) {
             status = UNUSUAL;
             break;
         }
         found = 1;
-        status = resource_spans(f.bytes, out);
+        status = resource_spans(f.bytes, out, scanning);
     }
-    scanning = outer;
     if (status == OK && (more < 0 || !found))
         status = UNUSUAL;
     PyBuffer_Release(&view);

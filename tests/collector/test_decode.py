@@ -381,3 +381,54 @@ def test_json_that_starts_like_protobuf_is_read_as_json(lead: bytes) -> None:
         got = decode_spans(payload, None, MAX, PREFILTER)
         assert not got.verbatim and got.may_match
         assert [p.to_span() for p in got.spans] == [span]
+
+
+def test_an_overlong_tag_is_left_to_the_parser() -> None:
+    """The parser refuses a tag over 5 bytes even when its value fits: so must the fast path."""
+    payload = encode_otlp_protobuf([_span({"a": 1})])
+    assert payload[0] == 0x0A
+    overlong = b"\x8a\x80\x80\x80\x80\x00" + payload[1:]  # field 1, length-delimited, 6 bytes
+    assert fast_path("native")(overlong) is None
+    with pytest.raises(SpanDecodeError):
+        detect_and_decode(overlong, sc.CONTENT_TYPE_OTLP_PROTOBUF)
+    with pytest.raises(SpanDecodeError):
+        decode_record(overlong, None, MAX)
+
+
+def test_concurrent_decodes_keep_their_own_scan() -> None:
+    """Threads decoding at once each get the prefilter answer for their own record."""
+    import sys
+    import threading
+
+    # Several spans a record: a thread may switch while one span is built, and the
+    # texts of the next ones must still count for their own record.
+    plain = [_span({"note": f"nothing to see {i}"}) for i in range(4)]
+    secret = encode_otlp_protobuf([*plain, _span({"note": "mail ann@example.org now"})])
+    clean = encode_otlp_protobuf([*plain, _span({"note": "nothing to see"})])
+    decode_native = fast_path("native")
+    assert decode_native is not None
+    wrong: list[str] = []
+
+    def work(first: bytes, second: bytes, expected: tuple[bool, bool]) -> None:
+        for _ in range(1500):
+            for payload, want in zip((first, second), expected, strict=True):
+                got = decode_spans(payload, None, MAX, PREFILTER)
+                if got.may_match != want:
+                    wrong.append(f"{want} expected")
+                decode_native(payload)  # a plain decode in between: it scans nothing
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [
+            threading.Thread(target=work, args=(secret, clean, (True, False))),
+            threading.Thread(target=work, args=(clean, secret, (False, True))),
+            threading.Thread(target=work, args=(clean, clean, (False, False))),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []
