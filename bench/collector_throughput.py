@@ -33,6 +33,8 @@ import psutil
 
 from spanmill import semconv as sc
 from spanmill.collector.decode import FAST_PATH
+from spanmill.collector.service import fetch_options
+from spanmill.config import CollectorSettings
 from spanmill.spans import Span, encode_otlp_protobuf
 from spanmill.stack.ports import free_port
 from spanmill.stack.services import KafkaBroker
@@ -136,9 +138,8 @@ def consumer_options() -> dict[str, object]:
         "auto_offset_reset": "earliest",
         "session_timeout_ms": SESSION_TIMEOUT_MS,
         "heartbeat_interval_ms": SESSION_TIMEOUT_MS // 3,
-        "max_poll_records": 4 * 5000,
-        "max_partition_fetch_bytes": 8 * 1024 * 1024,
-        "fetch_max_bytes": 64 * 1024 * 1024,
+        # The collector's own fetch settings, as its default configuration sets them.
+        **fetch_options(CollectorSettings()),
     }
 
 
@@ -287,7 +288,7 @@ def main() -> None:
         raws.append(raw_consume(running.url, topic, SPANS))
         raw = statistics.median(raws)
         print(
-            "raw consume, three runs: "
+            f"raw consume, {len(raws)} runs: "
             + ", ".join(f"{r:,.0f}" for r in raws)
             + f" records/s; median {raw:,.0f}"
         )

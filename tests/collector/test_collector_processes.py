@@ -13,6 +13,7 @@ import psutil
 import pytest
 from collector_helpers import Topics, collector_process, llm_span, producer, wait_for
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from spanmill.collector.processes import merge, snapshot
 from spanmill.spans import encode_otlp_protobuf
@@ -23,10 +24,12 @@ RECORDS = 3000
 
 
 def _metric(text: str, name: str) -> float:
+    """A sample's value summed over its labels, from a /metrics page."""
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and not line.startswith("#")
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
     )
 
 

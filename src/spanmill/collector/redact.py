@@ -239,8 +239,9 @@ class Redactor:
             self.rules.append(Rule(name, compiled))
         self._allow = _globs(allow)
         self._deny = _globs(deny)
-        self._keep: dict[str, bool] = {}
-        self._kept: set[str] = set()  # the names keeps() said yes to, for a test in C
+        # The names keeps() has judged; the kept ones also serve one superset test in C.
+        self._kept: set[str] = set()
+        self._dropped: set[str] = set()
         self._prefilter = _prefilter(self.rules)
 
     @property
@@ -258,17 +259,18 @@ class Redactor:
 
     def keeps(self, key: str) -> bool:
         """Whether an attribute of this name survives the allow and deny lists."""
-        decision = self._keep.get(key)
-        if decision is None:
-            decision = (self._allow is None or self._allow.match(key) is not None) and (
-                self._deny is None or self._deny.match(key) is None
-            )
-            if len(self._keep) > 100_000:  # names are few; this bounds a pathological producer
-                self._keep.clear()
-                self._kept.clear()
-            self._keep[key] = decision
-            if decision:
-                self._kept.add(key)
+        if key in self._kept:
+            return True
+        if key in self._dropped:
+            return False
+        decision = (self._allow is None or self._allow.match(key) is not None) and (
+            self._deny is None or self._deny.match(key) is None
+        )
+        if len(self._kept) + len(self._dropped) > 100_000:
+            # Names are few; this bounds a pathological producer.
+            self._kept.clear()
+            self._dropped.clear()
+        (self._kept if decision else self._dropped).add(key)
         return decision
 
     def _filter(self, attributes: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:

@@ -76,6 +76,17 @@ def _content_type(headers: Iterable[tuple[str, bytes]] | None) -> str | None:
     return None
 
 
+def fetch_options(settings: CollectorSettings) -> dict[str, int]:
+    """How the collector's consumer fetches and polls (the bench's raw consumer uses them too)."""
+    return {
+        # A poll takes all that the last fetch brought, so the next fetch is under
+        # way while those records are written.
+        "max_poll_records": max(500, 4 * settings.batch_max_spans),
+        "max_partition_fetch_bytes": max(8 * 1024 * 1024, settings.kafka.max_message_bytes * 2),
+        "fetch_max_bytes": 64 * 1024 * 1024,
+    }
+
+
 @dataclass
 class PartitionBuffer:
     """Records of one partition taken but not yet handed to a batch."""
@@ -213,13 +224,7 @@ class Collector:
                 auto_offset_reset=settings.auto_offset_reset,
                 session_timeout_ms=session,
                 heartbeat_interval_ms=max(500, session // 3),
-                # A poll takes all that the last fetch brought, so the next fetch is
-                # under way while those records are written.
-                max_poll_records=max(500, 4 * settings.batch_max_spans),
-                max_partition_fetch_bytes=max(
-                    8 * 1024 * 1024, settings.kafka.max_message_bytes * 2
-                ),
-                fetch_max_bytes=64 * 1024 * 1024,
+                **fetch_options(settings),
                 reconnect_backoff_max_ms=5_000,
                 # A topic made by accident has the broker's default partitions; the
                 # collector waits for the real one instead.
