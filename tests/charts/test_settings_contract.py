@@ -36,9 +36,7 @@ SERVICES: dict[str, type[BaseSettings]] = {
 # Names the chart renders ahead of the code, each tolerated only while the module
 # that is to define it does not exist yet; once it does, the name must be real.
 PENDING_ENV: dict[str, str] = {}
-PENDING_COMMANDS: dict[tuple[str, ...], str] = {
-    ("pipeline", "upload"): "spanmill.cli.pipeline",
-}
+PENDING_COMMANDS: dict[tuple[str, ...], str] = {}
 
 # Variables read outside the settings models: spanmill.paths and the libraries the
 # services use (the AWS SDK behind s3fs and MLflow; Python itself).

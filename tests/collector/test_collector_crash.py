@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from collector_helpers import Topics, collector_process, llm_span, producer, wait_for
 
@@ -24,8 +25,15 @@ SPANS_PER_RECORD = 10
 KILLS = 4
 
 
-def _collector(topics: Topics, store: Path, log: Path) -> subprocess.Popen[bytes]:
-    return collector_process(topics, store, log, free_port(), batch_max_spans="500", workers="1")
+def _collector(topics: Topics, store: Path, log: Path, port: int) -> subprocess.Popen[bytes]:
+    return collector_process(topics, store, log, port, batch_max_spans="500", workers="1")
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_sigkill_while_producing_loses_nothing_and_duplicates_nothing(
@@ -66,7 +74,7 @@ def test_sigkill_while_producing_loses_nothing_and_duplicates_nothing(
 
     for _ in range(KILLS):
         before = files()
-        process = _collector(topics, store_dir, log)
+        process = _collector(topics, store_dir, log, free_port())
         try:
             # Kill only once it has joined and written: a member killed mid-join blocks
             # a tansu group for a minute.
@@ -76,8 +84,12 @@ def test_sigkill_while_producing_loses_nothing_and_duplicates_nothing(
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
 
-    final = _collector(topics, store_dir, log)
+    port = free_port()
+    final = _collector(topics, store_dir, log, port)
     try:
+        # Stopped only once it has joined: the last spans may already be in the store
+        # (written, not committed, by the collector killed last) before it has started.
+        wait_for(lambda: _ready(port), 90, "the last collector to join")
         wait_for(produced.is_set, 120, "the producer to finish")
         wait_for(lambda: store.count() >= TOTAL_SPANS, 120, "every span in the store")
     finally:

@@ -101,6 +101,7 @@ class ConsumerProcesses:
         self._processes: list[BaseProcess] = []
         self._readers: list[threading.Thread] = []
         self._pipes: list[Connection] = []
+        self._started = False
         for index in range(count):
             receive, send = context.Pipe(duplex=False)
             process = context.Process(
@@ -115,6 +116,7 @@ class ConsumerProcesses:
             self._pipes.append(send)
 
     def start(self) -> None:
+        self._started = True
         for process in self._processes:
             process.start()
         for pipe in self._pipes:
@@ -165,6 +167,8 @@ class ConsumerProcesses:
 
     def join(self, timeout: float) -> None:
         self.stop()
+        if not self._started:
+            return  # stopped before they were needed
         deadline = time.monotonic() + timeout
         for process in self._processes:
             process.join(max(0.0, deadline - time.monotonic()))

@@ -92,13 +92,6 @@ def run_collector(settings: CollectorSettings) -> None:
         ConsumerProcesses(settings, settings.processes - 1) if settings.processes > 1 else None
     )
     collector = Collector(settings)
-    collector.start()
-    health: Health = collector
-    metrics: Any = collector.metrics.registry
-    if children is not None:
-        children.start()
-        health = Supervised(collector, children)
-        metrics = MergedMetrics(collector.metrics.registry, children)
     failure: list[str] = []
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -106,6 +99,33 @@ def run_collector(settings: CollectorSettings) -> None:
         collector.stop()
         if children is not None:
             children.stop()
+
+    # Handled before connecting: a stop asked for while the collector starts (a pod
+    # deleted as it comes up) ends it cleanly once started, not by the default action.
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _serve(collector, children, settings, failure)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failure:
+        raise CollectorError(failure[0])
+
+
+def _serve(
+    collector: Collector,
+    children: ConsumerProcesses | None,
+    settings: CollectorSettings,
+    failure: list[str],
+) -> None:
+    collector.start()
+    health: Health = collector
+    metrics: Any = collector.metrics.registry
+    if children is not None:
+        if not collector.stopped:
+            children.start()
+        health = Supervised(collector, children)
+        metrics = MergedMetrics(collector.metrics.registry, children)
 
     def watch(children: ConsumerProcesses) -> None:
         while not collector.stopped:
@@ -118,7 +138,6 @@ def run_collector(settings: CollectorSettings) -> None:
                 return
             time.sleep(0.5)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         server, thread = _start_http(collector, settings, health, metrics)
         if children is not None:
@@ -131,10 +150,6 @@ def run_collector(settings: CollectorSettings) -> None:
     finally:
         if children is not None:
             children.join(timeout=settings.shutdown_timeout_s + 10)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if failure:
-        raise CollectorError(failure[0])
 
 
 def main() -> None:
