@@ -4,7 +4,8 @@ Everything real: a tansu broker, a topic of 3 partitions filled with ~1 KB LLM
 spans (OTLP protobuf, one span per record, keyed by trace id), then, in one run:
 
 - raw consume: kafka-python reading every record with the collector's consumer
-  settings and doing nothing with them;
+  settings and doing nothing with them, in a fresh process set up as the
+  collector's are (:mod:`spanmill.collector.tuning`);
 - the collector as its own process (``python -m spanmill.collector``), from the
   moment it is ready and has taken its first record to its last span durably
   written and counted, for each
@@ -34,6 +35,7 @@ import psutil
 from spanmill import semconv as sc
 from spanmill.collector.decode import FAST_PATH
 from spanmill.collector.service import fetch_options
+from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings
 from spanmill.spans import Span, encode_otlp_protobuf
 from spanmill.stack.ports import free_port
@@ -143,9 +145,33 @@ def consumer_options() -> dict[str, object]:
     }
 
 
-def raw_consume(bootstrap: str, topic: str, count: int) -> float:
+def raw_consume(bootstrap: str, topic: str, count: int, *, tuned: bool = True) -> float:
+    """kafka-python's rate over ``count`` records, in a process of its own.
+
+    The process is set up as each collector process is (fresh, with
+    :func:`~spanmill.collector.tuning.tune_process`): what those settings do for the
+    client alone is in the baseline too, and the ratio measures the collector's work.
+    ``tuned=False``: a process with the interpreter's and C library's defaults.
+    """
+    flag = "--raw" if tuned else "--raw-default"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.collector_throughput", flag, bootstrap, topic, str(count)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the raw consumer failed: {done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
+def _raw_consume_here(bootstrap: str, topic: str, count: int, tuned: bool) -> float:
     from kafka import KafkaConsumer
 
+    if tuned:
+        tune_process()
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=[bootstrap],
@@ -277,8 +303,12 @@ def main() -> None:
         )
         # The raw rate moves from run to run on a shared machine: it is measured before,
         # between and after the collector runs, and the ratios use the median.
+        default = raw_consume(running.url, topic, SPANS, tuned=False)
         raws = [raw_consume(running.url, topic, SPANS)]
-        print(f"raw consume (kafka-python, same settings): {raws[0]:,.0f} records/s")
+        print(
+            f"raw consume (kafka-python, same settings, same process set-up): {raws[0]:,.0f} "
+            f"records/s; in a process left at the defaults: {default:,.0f} records/s"
+        )
         rates = []
         for index, (processes, workers) in enumerate(SETUPS):
             rate, peak, share = collector_run(running.url, topic, SPANS, processes, workers)
@@ -303,4 +333,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] in (["--raw"], ["--raw-default"]):
+        tuned = sys.argv[1] == "--raw"
+        print(_raw_consume_here(sys.argv[2], sys.argv[3], int(sys.argv[4]), tuned))
+    else:
+        main()

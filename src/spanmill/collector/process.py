@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from spanmill.collector.decode import decode_spans
 from spanmill.collector.redact import Redactor
 from spanmill.collector.translate import Translation
+from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings
 from spanmill.spans.errors import SpanDecodeError
 from spanmill.store.layout import BatchId
@@ -229,6 +230,7 @@ def _watch_parent(parent: int) -> None:
 def _init_worker(config: ProcessingConfig, parent: int) -> None:
     global _worker
     _worker = BatchProcessor(config)
+    tune_process()
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
 

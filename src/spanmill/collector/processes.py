@@ -210,8 +210,10 @@ class Supervised:
 def _child(settings: CollectorSettings, send: Connection, parent: int) -> None:
     from spanmill.collector.run import configure_logging
     from spanmill.collector.service import Collector
+    from spanmill.collector.tuning import tune_process
 
     configure_logging()
+    tune_process()
     try:
         _consume(send, parent, Collector(settings))
     except SpanmillError as exc:

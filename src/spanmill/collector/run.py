@@ -15,6 +15,7 @@ from spanmill.collector.app import Health, create_app
 from spanmill.collector.processes import ConsumerProcesses, MergedMetrics, Supervised
 from spanmill.collector.receiver import OtlpReceiver
 from spanmill.collector.service import Collector, CollectorError
+from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings, load_settings
 from spanmill.errors import SpanmillError
 
@@ -91,6 +92,7 @@ def run_collector(settings: CollectorSettings) -> None:
     children = (
         ConsumerProcesses(settings, settings.processes - 1) if settings.processes > 1 else None
     )
+    tune_process()
     collector = Collector(settings)
     failure: list[str] = []
 
