@@ -18,8 +18,10 @@
  * be skipped for the record.
  *
  * append_row() is spanmill.store.rows.ColumnBuilder.append: one span's parts onto
- * the column lists of a store table, promoted attributes moved to their columns.
- * configure_rows() tells it the schema's columns and promoted attributes.
+ * the columns of a store table, promoted attributes moved to their columns. The
+ * columns are Arrow's buffers (columns()), from which the table is made without a
+ * Python object per value. configure_rows() tells it the schema's columns, their
+ * kinds and the promoted attributes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1021,6 +1023,339 @@ typedef struct {
     int kind;
 } PromotedSpec;
 
+/* ---- columns as Arrow buffers ------------------------------------------------
+ * A Columns object holds one batch's rows the way Arrow lays them out: values,
+ * offsets (strings, lists) and a validity bitmap per column, so a table is made
+ * from its buffers without looking at a Python object per value. Columns of kinds
+ * with no buffer layout here (rewards' structs) keep their values in a list.
+ */
+enum { A_STR = 0, A_I64 = 1, A_I32 = 2, A_F64 = 3, A_BOOL = 4, A_LIST_I64 = 5,
+       A_LIST_F64 = 6, A_OBJECT = 7 };
+
+typedef struct {
+    char *data;
+    Py_ssize_t size, capacity;
+} Bytes;
+
+typedef struct {
+    int kind;
+    Bytes values;   /* the values; of a list column, its items */
+    Bytes offsets;  /* int32 offsets, for strings and lists */
+    Bytes validity; /* one bit per row, set where the value is not null */
+    Py_ssize_t nulls, items;
+    PyObject *objects; /* A_OBJECT: the values, as a list */
+} Column;
+
+typedef struct {
+    Py_ssize_t values, offsets, validity, nulls, items, objects;
+} Mark;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t width, rows;
+    Column *columns;
+    Mark *marks; /* where each column stood before the row being appended */
+} ColumnsObject;
+
+static PyTypeObject ColumnsType;
+
+static int reserve(Bytes *b, Py_ssize_t more)
+{
+    if (b->size + more <= b->capacity)
+        return 0;
+    Py_ssize_t capacity = b->capacity ? b->capacity : 256;
+    while (capacity < b->size + more)
+        capacity *= 2;
+    char *data = PyMem_Realloc(b->data, (size_t)capacity);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->capacity = capacity;
+    return 0;
+}
+
+static int push(Bytes *b, const void *data, Py_ssize_t size)
+{
+    if (reserve(b, size) < 0)
+        return -1;
+    memcpy(b->data + b->size, data, (size_t)size);
+    b->size += size;
+    return 0;
+}
+
+static int push_bit(Bytes *bits, Py_ssize_t index, int set)
+{
+    if (index % 8 == 0) {
+        uint8_t zero = 0;
+        if (push(bits, &zero, 1) < 0)
+            return -1;
+    }
+    if (set)
+        bits->data[index / 8] |= (char)(1u << (index % 8));
+    return 0;
+}
+
+/* The next offset of a string or list column: ends past 2**31-1 are refused. */
+static int push_offset(Column *c, Py_ssize_t end)
+{
+    if (end > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError,
+                        "a column of one batch holds more than 2 GiB; lower "
+                        "SPANMILL_COLLECTOR_BATCH_MAX_BYTES");
+        return -1;
+    }
+    int32_t offset = (int32_t)end;
+    return push(&c->offsets, &offset, 4);
+}
+
+static int int64_of(PyObject *value, int64_t *out)
+{
+    if (!PyLong_Check(value) || PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "expected an int, not %.100s", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    long long number = PyLong_AsLongLong(value);
+    if (number == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)number;
+    return 0;
+}
+
+static int double_of(PyObject *value, double *out)
+{
+    if (PyFloat_CheckExact(value)) {
+        *out = PyFloat_AS_DOUBLE(value);
+        return 0;
+    }
+    if (!PyFloat_Check(value) && (!PyLong_Check(value) || PyBool_Check(value))) {
+        PyErr_Format(PyExc_TypeError, "expected a float, not %.100s", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(value);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* One row's value onto a column; None is null. */
+static int column_append(Column *c, Py_ssize_t row, PyObject *value)
+{
+    if (c->kind == A_OBJECT)
+        return PyList_Append(c->objects, value);
+    int present = value != Py_None;
+    if (!present)
+        c->nulls++;
+    if (push_bit(&c->validity, row, present) < 0)
+        return -1;
+    switch (c->kind) {
+    case A_STR: {
+        if (present) {
+            if (!PyUnicode_Check(value)) {
+                PyErr_Format(PyExc_TypeError, "expected a str, not %.100s",
+                             Py_TYPE(value)->tp_name);
+                return -1;
+            }
+            Py_ssize_t size;
+            const char *utf8 = PyUnicode_AsUTF8AndSize(value, &size);
+            if (utf8 == NULL || push(&c->values, utf8, size) < 0)
+                return -1;
+        }
+        return push_offset(c, c->values.size);
+    }
+    case A_I64:
+    case A_I32: {
+        int64_t number = 0;
+        if (present && int64_of(value, &number) < 0)
+            return -1;
+        if (c->kind == A_I64)
+            return push(&c->values, &number, 8);
+        if (number < INT32_MIN || number > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "value out of the int32 range");
+            return -1;
+        }
+        int32_t small = (int32_t)number;
+        return push(&c->values, &small, 4);
+    }
+    case A_F64: {
+        double number = 0.0;
+        if (present && double_of(value, &number) < 0)
+            return -1;
+        return push(&c->values, &number, 8);
+    }
+    case A_BOOL:
+        if (present && !PyBool_Check(value)) {
+            PyErr_Format(PyExc_TypeError, "expected a bool, not %.100s", Py_TYPE(value)->tp_name);
+            return -1;
+        }
+        return push_bit(&c->values, row, value == Py_True);
+    case A_LIST_I64:
+    case A_LIST_F64: {
+        if (present) {
+            if (!PyList_Check(value)) {
+                PyErr_Format(PyExc_TypeError, "expected a list, not %.100s",
+                             Py_TYPE(value)->tp_name);
+                return -1;
+            }
+            Py_ssize_t n = PyList_GET_SIZE(value);
+            if (reserve(&c->values, n * 8) < 0)
+                return -1;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                PyObject *item = PyList_GET_ITEM(value, i);
+                char *at = c->values.data + c->values.size + i * 8;
+                if (c->kind == A_LIST_I64) {
+                    int64_t number;
+                    if (int64_of(item, &number) < 0)
+                        return -1;
+                    memcpy(at, &number, 8);
+                } else {
+                    double number;
+                    if (double_of(item, &number) < 0)
+                        return -1;
+                    memcpy(at, &number, 8);
+                }
+            }
+            c->values.size += n * 8;
+            c->items += n;
+        }
+        return push_offset(c, c->items);
+    }
+    default:
+        PyErr_SetString(PyExc_SystemError, "unknown column kind");
+        return -1;
+    }
+}
+
+/* Note where every column stands, before a row. */
+static void columns_mark(ColumnsObject *self)
+{
+    for (Py_ssize_t i = 0; i < self->width; i++) {
+        Column *c = &self->columns[i];
+        self->marks[i] = (Mark){c->values.size, c->offsets.size, c->validity.size, c->nulls,
+                                c->items, c->objects ? PyList_GET_SIZE(c->objects) : 0};
+    }
+}
+
+/* Take back a row that failed part way: every column as it was at the mark. */
+static void columns_rollback(ColumnsObject *self)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback); /* the row's error, kept for the caller */
+    Py_ssize_t row = self->rows;
+    for (Py_ssize_t i = 0; i < self->width; i++) {
+        Column *c = &self->columns[i];
+        Mark *m = &self->marks[i];
+        c->values.size = m->values;
+        c->offsets.size = m->offsets;
+        c->validity.size = m->validity;
+        c->nulls = m->nulls;
+        c->items = m->items;
+        /* The bits of the row taken back, in a byte kept, are cleared again. */
+        if (row % 8 && c->validity.size > row / 8)
+            c->validity.data[row / 8] &= (char)((1u << (row % 8)) - 1);
+        if (c->kind == A_BOOL && row % 8 && c->values.size > row / 8)
+            c->values.data[row / 8] &= (char)((1u << (row % 8)) - 1);
+        if (c->objects && PyList_GET_SIZE(c->objects) > m->objects)
+            PyList_SetSlice(c->objects, m->objects, PyList_GET_SIZE(c->objects), NULL);
+    }
+    PyErr_Restore(type, value, traceback);
+}
+
+static void columns_dealloc(ColumnsObject *self)
+{
+    if (self->columns != NULL) {
+        for (Py_ssize_t i = 0; i < self->width; i++) {
+            Column *c = &self->columns[i];
+            PyMem_Free(c->values.data);
+            PyMem_Free(c->offsets.data);
+            PyMem_Free(c->validity.data);
+            Py_XDECREF(c->objects);
+        }
+        PyMem_Free(self->columns);
+    }
+    PyMem_Free(self->marks);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *bytes_of(const Bytes *b)
+{
+    return PyBytes_FromStringAndSize(b->data ? b->data : "", b->size);
+}
+
+/* finish() -> [list | (nulls, validity | None, offsets | None, values, items)] per column */
+static PyObject *columns_finish(ColumnsObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(self->width);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < self->width; i++) {
+        Column *c = &self->columns[i];
+        PyObject *item;
+        if (c->kind == A_OBJECT) {
+            item = PyList_GetSlice(c->objects, 0, PyList_GET_SIZE(c->objects));
+        } else {
+            int offsets = c->kind == A_STR || c->kind == A_LIST_I64 || c->kind == A_LIST_F64;
+            PyObject *validity = c->nulls ? bytes_of(&c->validity) : Py_NewRef(Py_None);
+            PyObject *offset_bytes = Py_None;
+            if (offsets) {
+                /* Arrow's offsets start with 0: one more than the rows. */
+                Bytes all = {NULL, 0, 0};
+                int32_t zero = 0;
+                if (push(&all, &zero, 4) < 0 || push(&all, c->offsets.data, c->offsets.size) < 0) {
+                    PyMem_Free(all.data);
+                    Py_XDECREF(validity);
+                    Py_DECREF(out);
+                    return NULL;
+                }
+                offset_bytes = bytes_of(&all);
+                PyMem_Free(all.data);
+            } else {
+                Py_INCREF(offset_bytes);
+            }
+            PyObject *values = bytes_of(&c->values);
+            item = validity && offset_bytes && values
+                       ? Py_BuildValue("(nOOOn)", c->nulls, validity, offset_bytes, values, c->items)
+                       : NULL;
+            Py_XDECREF(validity);
+            Py_XDECREF(offset_bytes);
+            Py_XDECREF(values);
+        }
+        if (item == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
+static PyObject *columns_rows(ColumnsObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->rows);
+}
+
+static PyMethodDef columns_methods[] = {
+    {"finish", (PyCFunction)columns_finish, METH_NOARGS,
+     "finish() -> per column, a list of its values (kinds kept as objects) or "
+     "(null count, validity bitmap or None, int32 offsets or None, values, list items)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef columns_getset[] = {
+    {"rows", (getter)columns_rows, NULL, "rows appended", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ColumnsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "spanmill._native.Columns",
+    .tp_basicsize = sizeof(ColumnsObject),
+    .tp_dealloc = (destructor)columns_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One store table's rows as Arrow buffers; made by columns(), filled by append_row().",
+    .tp_methods = columns_methods,
+    .tp_getset = columns_getset,
+};
+
 /* The plain columns append_row fills, by name; their indexes come from configure_rows. */
 static const char *const ROW_COLUMNS[] = {
     "rewards",        "model",          "episode_id",          "trace_id",
@@ -1049,6 +1384,7 @@ enum {
 static struct {
     int ready;
     Py_ssize_t width;
+    int *kinds; /* per column, A_* */
     Py_ssize_t index[C_COUNT];
     PromotedSpec promoted[MAX_PROMOTED];
     Py_ssize_t promoted_count;
@@ -1148,24 +1484,41 @@ static void clear_rows(void)
     Py_CLEAR(rows.k_attributes);
     Py_CLEAR(rows.k_trace);
     Py_CLEAR(rows.k_span);
+    PyMem_Free(rows.kinds);
+    rows.kinds = NULL;
     rows.promoted_count = rows.resource_count = 0;
     rows.ready = 0;
 }
 
-/* configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, encode) */
+/* configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, encode,
+ *                kinds) */
 static PyObject *configure_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[3])
-        || PyTuple_GET_SIZE(args[3]) != 5) {
+    if (nargs != 8 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[3])
+        || PyTuple_GET_SIZE(args[3]) != 5 || !PyTuple_Check(args[7])
+        || PyTuple_GET_SIZE(args[7]) != PyTuple_GET_SIZE(args[0])) {
         PyErr_SetString(PyExc_TypeError,
                         "configure_rows(columns, promoted, resource_promoted, "
                         "(response_model, request_model, episode_id, score, reward_name), "
-                        "reward_event, rewards, encode)");
+                        "reward_event, rewards, encode, kinds): a kind per column");
         return NULL;
     }
     clear_rows(); /* configured again (a module reloaded): the last call wins */
     PyObject *names = args[0];
     rows.width = PyTuple_GET_SIZE(names);
+    rows.kinds = PyMem_Calloc((size_t)rows.width, sizeof(int));
+    if (rows.kinds == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < rows.width; i++) {
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(args[7], i));
+        if (kind == -1 && PyErr_Occurred())
+            return NULL;
+        if (kind < A_STR || kind > A_OBJECT) {
+            PyErr_SetString(PyExc_ValueError, "kinds: unknown column kind");
+            return NULL;
+        }
+        rows.kinds[i] = (int)kind;
+    }
     for (int i = 0; i < C_COUNT; i++) {
         PyObject *name = PyUnicode_FromString(ROW_COLUMNS[i]);
         if (name == NULL)
@@ -1271,22 +1624,50 @@ static int may_reward(PyObject *attributes, PyObject *events)
 }
 
 /* Append `value` (a new reference, stolen; NULL means an error is set) to a column. */
-static int put(PyObject *columns, int column, PyObject *value)
-{
-    if (value == NULL)
-        return -1;
-    int status = PyList_Append(PyList_GET_ITEM(columns, rows.index[column]), value);
-    Py_DECREF(value);
-    return status;
-}
-
 static int put_at(PyObject *columns, Py_ssize_t index, PyObject *value)
 {
     if (value == NULL)
         return -1;
-    int status = PyList_Append(PyList_GET_ITEM(columns, index), value);
+    ColumnsObject *self = (ColumnsObject *)columns;
+    int status = column_append(&self->columns[index], self->rows, value);
     Py_DECREF(value);
     return status;
+}
+
+static int put(PyObject *columns, int column, PyObject *value)
+{
+    return put_at(columns, rows.index[column], value);
+}
+
+/* columns() -> Columns: an empty table's worth of columns, for append_row(). */
+static PyObject *new_columns(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    if (!rows.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_rows() was not called");
+        return NULL;
+    }
+    ColumnsObject *self = PyObject_New(ColumnsObject, &ColumnsType);
+    if (self == NULL)
+        return NULL;
+    self->width = rows.width;
+    self->rows = 0;
+    self->columns = PyMem_Calloc((size_t)rows.width, sizeof(Column));
+    self->marks = PyMem_Calloc((size_t)rows.width, sizeof(Mark));
+    if (self->columns == NULL || self->marks == NULL) {
+        PyMem_Free(self->columns);
+        self->columns = NULL;
+        self->width = 0;
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < rows.width; i++) {
+        self->columns[i].kind = rows.kinds[i];
+        if (rows.kinds[i] == A_OBJECT && (self->columns[i].objects = PyList_New(0)) == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    return (PyObject *)self;
 }
 
 /* append_row(columns, parts, topic, partition, offset, index, timestamp_ms) */
@@ -1299,12 +1680,15 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_RuntimeError, "configure_rows() was not called");
         return NULL;
     }
-    if (nargs != 7 || !PyList_Check(args[0]) || PyList_GET_SIZE(args[0]) != rows.width) {
+    if (nargs != 7 || !PyObject_TypeCheck(args[0], &ColumnsType)
+        || ((ColumnsObject *)args[0])->width != rows.width) {
         PyErr_SetString(PyExc_TypeError,
-                        "append_row(columns, parts, topic, partition, offset, index, timestamp)");
+                        "append_row(columns, parts, topic, partition, offset, index, timestamp): "
+                        "columns from columns() since the last configure_rows()");
         return NULL;
     }
     PyObject *columns = args[0], *parts = args[1];
+    columns_mark((ColumnsObject *)columns);
     for (int i = 0; i < P_COUNT; i++)
         if ((field[i] = PyObject_GetAttr(parts, rows.fields[i])) == NULL)
             goto done;
@@ -1405,8 +1789,11 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
     for (int i = 0; i < 5; i++)
         if (put(columns, C_TOPIC + i, Py_NewRef(args[2 + i])) < 0)
             goto done;
+    ((ColumnsObject *)columns)->rows++;
     result = Py_NewRef(Py_None);
 done:
+    if (result == NULL) /* no half rows: the columns stay as they were */
+        columns_rollback((ColumnsObject *)columns);
     for (int i = 0; i < P_COUNT; i++)
         Py_XDECREF(field[i]);
     for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
@@ -1446,7 +1833,10 @@ static PyMethodDef methods[] = {
      "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes)"},
     {"configure_rows", (PyCFunction)(void (*)(void))configure_rows, METH_FASTCALL,
      "configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, "
-     "encode): the store schema's columns and promoted attributes, for append_row()."},
+     "encode, kinds): the store schema's columns, each column's kind and the promoted "
+     "attributes, for append_row()."},
+    {"columns", (PyCFunction)new_columns, METH_NOARGS,
+     "columns() -> Columns: an empty table's columns as Arrow buffers, for append_row()."},
     {"append_row", (PyCFunction)(void (*)(void))append_row, METH_FASTCALL,
      "append_row(columns, parts, topic, partition, offset, index, timestamp_ms): "
      "ColumnBuilder.append, natively."},
@@ -1469,5 +1859,7 @@ PyMODINIT_FUNC PyInit__native(void)
     for (int i = 0; i < 3; i++)
         if ((cfg.statuses[i] = PyUnicode_InternFromString(statuses[i])) == NULL)
             return NULL;
+    if (PyType_Ready(&ColumnsType) < 0)
+        return NULL;
     return PyModule_Create(&module_def);
 }

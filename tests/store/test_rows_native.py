@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,20 +69,101 @@ def test_the_native_appender_is_in_use() -> None:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(parts(), min_size=1, max_size=4))
 def test_native_rows_match_python_rows(batch: list[SpanParts]) -> None:
-    native, python = ColumnBuilder(), ColumnBuilder()
+    native, python = ColumnBuilder(), ColumnBuilder(native=False)
     shared = batch[0].resource_attributes
     for index, span in enumerate(batch):
         if index % 2:
             span.resource_attributes = shared  # spans of one record share their resource
         twin = copy.deepcopy(span)
         native.append(span, "spans", 1, 100 + index, index, 1_750_000_000_000)
-        python.append_python(twin, "spans", 1, 100 + index, index, 1_750_000_000_000)
+        python.append(twin, "spans", 1, 100 + index, index, 1_750_000_000_000)
         # Both moved the same attributes out of the span, and left its resource alone.
         assert repr(span.attributes) == repr(twin.attributes)
         assert repr(span.resource_attributes) == repr(twin.resource_attributes)
     assert native.rows == python.rows == len(batch)
-    for name in native.columns:
-        assert repr(native.columns[name]) == repr(python.columns[name]), name
     left, right = native.to_table(), python.to_table()
-    assert left.equals(right)
+    left.validate(full=True)
     assert left.schema == right.schema and isinstance(left, pa.Table)
+    for name in left.column_names:
+        # Value for value, as Python sees them (repr tells -0.0 from 0.0).
+        assert repr(left.column(name).to_pylist()) == repr(right.column(name).to_pylist()), name
+    assert left.equals(right)
+
+
+def _same_tables(batch: list[SpanParts]) -> None:
+    native, python = ColumnBuilder(), ColumnBuilder(native=False)
+    for index, span in enumerate(batch):
+        twin = copy.deepcopy(span)
+        native.append(span, "spans", 3, 7 + index, index, 1_750_000_000_000 + index)
+        python.append(twin, "spans", 3, 7 + index, index, 1_750_000_000_000 + index)
+    left, right = native.to_table(), python.to_table()
+    left.validate(full=True)
+    for name in left.column_names:
+        assert repr(left.column(name).to_pylist()) == repr(right.column(name).to_pylist()), name
+    assert left.equals(right)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(parts(), min_size=9, max_size=40))
+def test_native_rows_match_python_rows_past_the_first_bitmap_bytes(
+    batch: list[SpanParts],
+) -> None:
+    # Validity and bool bitmaps hold eight rows a byte: batches longer than one.
+    _same_tables(batch)
+
+
+def _span(n: int, **attributes: Any) -> SpanParts:
+    return SpanParts(
+        f"{n + 1:032x}",
+        f"{n + 1:016x}",
+        None,
+        "chat",
+        "client",
+        1_750_000_000_000_000_000,
+        1_750_000_000_500_000_000,
+        "ok",
+        "",
+        dict(attributes),
+        {sc.SERVICE_NAME: "agent"},
+        "spanmill.sdk",
+        "0.1.0",
+        [],
+        [],
+    )
+
+
+def test_a_row_that_fails_part_way_leaves_the_columns_as_they_were() -> None:
+    good = [
+        _span(n, **{sc.GEN_AI_USAGE_INPUT_TOKENS: n, sc.SPANMILL_REWARD_PRIMARY: n % 2 == 0})
+        for n in range(11)
+    ]
+    # An int list whose first item is an int is moved to its column; a later str is
+    # refused there, after the row's earlier columns had their values.
+    # Its model and primary flag were set by then: their bits must go with it.
+    bad = _span(
+        99,
+        **{
+            sc.GEN_AI_REQUEST_MODEL: "smollm2",
+            sc.SPANMILL_REWARD_PRIMARY: True,
+            sc.SPANMILL_COMPLETION_TOKEN_IDS: [1, "two"],
+        },
+    )
+    native = ColumnBuilder()
+    for index, span in enumerate(copy.deepcopy(good[:9])):
+        native.append(span, "spans", 3, 7 + index, index, 1_750_000_000_000 + index)
+    with pytest.raises(TypeError, match="expected an int"):
+        native.append(bad, "spans", 3, 99, 0, 1_750_000_000_000)
+    for index, span in enumerate(copy.deepcopy(good[9:]), start=9):
+        native.append(span, "spans", 3, 7 + index, index, 1_750_000_000_000 + index)
+    python = ColumnBuilder(native=False)
+    for index, span in enumerate(copy.deepcopy(good)):
+        python.append(span, "spans", 3, 7 + index, index, 1_750_000_000_000 + index)
+    assert native.rows == python.rows == len(good)
+    left, right = native.to_table(), python.to_table()
+    left.validate(full=True)
+    assert left.equals(right)
+
+
+def test_a_builder_is_native_or_python_not_both() -> None:
+    with pytest.raises(RuntimeError, match="native"):
+        ColumnBuilder().append_python(_span(0), "spans", 0, 0, 0, 0)

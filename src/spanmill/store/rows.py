@@ -188,13 +188,17 @@ _PROMOTED_KEYS: Final = frozenset(_PROMOTED_BY_KEY)
 
 
 class ColumnBuilder:
-    """Rows of one Arrow table, gathered column by column."""
+    """Rows of one Arrow table, gathered column by column.
 
-    def __init__(self) -> None:
+    With the C extension (and ``native`` left true) the rows go straight into Arrow
+    buffers; otherwise into a list per column (:attr:`columns`), converted at the end.
+    """
+
+    def __init__(self, *, native: bool = True) -> None:
         self.columns: dict[str, list[Any]] = {name: [] for name in SPAN_SCHEMA.names}
         self.rows = 0
         self._promoted = [(p.column, self.columns[p.column]) for p in PROMOTED]
-        self._lists = [self.columns[name] for name in SPAN_SCHEMA.names]
+        self._native = _native_columns() if native else None
 
     def append(
         self,
@@ -206,8 +210,8 @@ class ColumnBuilder:
         timestamp_ms: int,
     ) -> None:
         """Add one span's row; ``parts.attributes`` loses the attributes moved to columns."""
-        if _native_append is not None:
-            _native_append(self._lists, parts, topic, partition, offset, index, timestamp_ms)
+        if self._native is not None:
+            _native_append(self._native, parts, topic, partition, offset, index, timestamp_ms)
             self.rows += 1
         else:
             self.append_python(parts, topic, partition, offset, index, timestamp_ms)
@@ -222,6 +226,8 @@ class ColumnBuilder:
         timestamp_ms: int,
     ) -> None:
         """:meth:`append` in Python: where the C extension is missing, and to test it against."""
+        if self._native is not None:
+            raise RuntimeError("this builder's rows are native: use append()")
         c = self.columns
         attributes = parts.attributes
         c["rewards"].append(_rewards(parts))
@@ -292,11 +298,54 @@ class ColumnBuilder:
         self.rows += 1
 
     def to_table(self) -> pa.Table:
-        arrays = [pa.array(self.columns[field.name], type=field.type) for field in SPAN_SCHEMA]
+        if self._native is not None:
+            arrays = [
+                _from_buffers(field.type, self.rows, column)
+                for field, column in zip(SPAN_SCHEMA, self._native.finish(), strict=True)
+            ]
+        else:
+            arrays = [pa.array(self.columns[field.name], type=field.type) for field in SPAN_SCHEMA]
         return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
 
 
+def _from_buffers(kind: pa.DataType, length: int, column: Any) -> pa.Array:
+    """An Arrow array from a native column: its values as a list, or its buffers."""
+    if isinstance(column, list):
+        return pa.array(column, type=kind)
+    nulls, validity, offsets, values, items = column
+    bitmap = pa.py_buffer(validity) if validity is not None else None
+    if pa.types.is_list(kind):
+        child = pa.Array.from_buffers(kind.value_type, items, [None, pa.py_buffer(values)])
+        return pa.Array.from_buffers(
+            kind, length, [bitmap, pa.py_buffer(offsets)], nulls, children=[child]
+        )
+    if offsets is not None:
+        return pa.Array.from_buffers(
+            kind, length, [bitmap, pa.py_buffer(offsets), pa.py_buffer(values)], nulls
+        )
+    return pa.Array.from_buffers(kind, length, [bitmap, pa.py_buffer(values)], nulls)
+
+
 _KIND_CODES: Final = {"str": 0, "int": 1, "float": 2, "bool": 3, "int_list": 4, "float_list": 5}
+
+
+def _column_kind(kind: pa.DataType) -> int:
+    """How the C extension lays a column out (its A_* codes); 7: as Python objects."""
+    if pa.types.is_string(kind):
+        return 0
+    if pa.types.is_int64(kind) or pa.types.is_timestamp(kind):
+        return 1
+    if pa.types.is_int32(kind):
+        return 2
+    if pa.types.is_float64(kind):
+        return 3
+    if pa.types.is_boolean(kind):
+        return 4
+    if pa.types.is_list(kind) and pa.types.is_int64(kind.value_type):
+        return 5
+    if pa.types.is_list(kind) and pa.types.is_float64(kind.value_type):
+        return 6
+    return 7
 
 
 def _configure_native() -> Any:
@@ -316,8 +365,14 @@ def _configure_native() -> Any:
         sc.GEN_AI_EVALUATION_RESULT_EVENT,
         _rewards,
         _JSON.encode,
+        tuple(_column_kind(field.type) for field in SPAN_SCHEMA),
     )
     return native.module.append_row
+
+
+def _native_columns() -> Any:
+    module = native.module
+    return module.columns() if module is not None and _native_append is not None else None
 
 
 # ColumnBuilder.append in C, where the package has its extension.
