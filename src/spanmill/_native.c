@@ -25,6 +25,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -44,8 +45,24 @@ typedef struct {
     Buf bytes;       /* WT_LEN */
 } Field;
 
+/* SpanParts' fields, in its constructor's order. */
+static const char *const PART_FIELDS[] = {
+    "trace_id",   "span_id",       "parent_span_id", "name",     "kind",
+    "start",      "end",           "status_code",    "status_message", "attributes",
+    "resource_attributes", "scope_name", "scope_version", "events", "links",
+};
+enum {
+    P_TRACE, P_SPAN, P_PARENT, P_NAME, P_KIND, P_START, P_END, P_STATUS, P_MESSAGE,
+    P_ATTRIBUTES, P_RESOURCE, P_SCOPE_NAME, P_SCOPE_VERSION, P_EVENTS, P_LINKS, P_COUNT
+};
+
 static struct {
     PyObject *parts_type;
+    /* Where the parts type keeps each field, when it is a class of plain __slots__
+     * whose __init__ only stores its arguments: its instances are then made and read
+     * here slot by slot. 0 in slots_known: made by calling the type, read by name. */
+    int slots_known;
+    Py_ssize_t slot[P_COUNT];
     Py_ssize_t max_name_chars;
     Py_ssize_t max_key_chars;
     Py_ssize_t max_value_bytes;
@@ -675,6 +692,31 @@ static int status_of(Buf bytes, PyObject **code, PyObject **message, Scan *scann
     return text(text_bytes, message);
 }
 
+/* A SpanParts of its fields (borrowed), in its constructor's order. */
+static PyObject *new_parts(PyObject *const *fields)
+{
+    if (!cfg.slots_known)
+        return PyObject_Vectorcall(cfg.parts_type, fields, P_COUNT, NULL);
+    PyTypeObject *type = (PyTypeObject *)cfg.parts_type;
+    PyObject *parts = type->tp_alloc(type, 0);
+    if (parts == NULL)
+        return NULL;
+    for (int i = 0; i < P_COUNT; i++)
+        *(PyObject **)((char *)parts + cfg.slot[i]) = Py_NewRef(fields[i]);
+    return parts;
+}
+
+/* A field of a SpanParts (a new reference), NULL with AttributeError where it is unset. */
+static PyObject *part_field(PyObject *parts, int index, PyObject *name)
+{
+    if (cfg.slots_known && Py_IS_TYPE(parts, (PyTypeObject *)cfg.parts_type)) {
+        PyObject *value = *(PyObject **)((char *)parts + cfg.slot[index]);
+        if (value != NULL)
+            return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(parts, name);
+}
+
 /* One Span as SpanParts, appended to `out`. */
 static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *scope_version,
                 PyObject *out, Scan *scanning)
@@ -803,7 +845,7 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
             end_obj,   code,     message,    attributes, resource,        scope_name,
             scope_version, events, links,
         };
-        PyObject *parts = PyObject_Vectorcall(cfg.parts_type, args, 15, NULL);
+        PyObject *parts = new_parts(args);
         if (parts == NULL || PyList_Append(out, parts) < 0)
             status = ERROR;
         Py_XDECREF(parts);
@@ -1370,16 +1412,6 @@ enum {
     C_STATUS, C_MESSAGE, C_ATTRIBUTES, C_RESOURCE, C_SCOPE_NAME, C_SCOPE_VERSION, C_EVENTS,
     C_LINKS, C_TOPIC, C_PARTITION, C_OFFSET, C_INDEX, C_TIMESTAMP, C_REWARD_VALUE, C_COUNT
 };
-/* The SpanParts fields, in its constructor's order. */
-static const char *const PART_FIELDS[] = {
-    "trace_id",   "span_id",       "parent_span_id", "name",     "kind",
-    "start",      "end",           "status_code",    "status_message", "attributes",
-    "resource_attributes", "scope_name", "scope_version", "events", "links",
-};
-enum {
-    P_TRACE, P_SPAN, P_PARENT, P_NAME, P_KIND, P_START, P_END, P_STATUS, P_MESSAGE,
-    P_ATTRIBUTES, P_RESOURCE, P_SCOPE_NAME, P_SCOPE_VERSION, P_EVENTS, P_LINKS, P_COUNT
-};
 
 static struct {
     int ready;
@@ -1690,7 +1722,7 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyObject *columns = args[0], *parts = args[1];
     columns_mark((ColumnsObject *)columns);
     for (int i = 0; i < P_COUNT; i++)
-        if ((field[i] = PyObject_GetAttr(parts, rows.fields[i])) == NULL)
+        if ((field[i] = part_field(parts, i, rows.fields[i])) == NULL)
             goto done;
     PyObject *attributes = field[P_ATTRIBUTES], *events = field[P_EVENTS];
     if (!PyDict_CheckExact(attributes) || !PyDict_CheckExact(field[P_RESOURCE])
@@ -1802,13 +1834,43 @@ done:
     return result;
 }
 
+/* cfg.slot from the parts type's member descriptors, where the type says its
+ * __init__ only stores its arguments (configure's fill_slots) and itself defines
+ * each field as a plain, writable object slot; otherwise the type is called. */
+static void find_slots(PyObject *type)
+{
+    if (!PyType_Check(type) || !PyType_HasFeature((PyTypeObject *)type, Py_TPFLAGS_HEAPTYPE))
+        return;
+    PyObject *own = ((PyTypeObject *)type)->tp_dict;
+    for (int i = 0; i < P_COUNT; i++) {
+        PyObject *descr = PyDict_GetItemString(own, PART_FIELDS[i]); /* borrowed */
+        if (descr == NULL)
+            return;
+        Py_INCREF(descr);
+        int plain = Py_IS_TYPE(descr, &PyMemberDescr_Type);
+        if (plain) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            plain = member->type == T_OBJECT_EX && !(member->flags & READONLY);
+            cfg.slot[i] = member->offset;
+        }
+        Py_DECREF(descr);
+        if (!plain)
+            return;
+    }
+    cfg.slots_known = 1;
+}
+
 static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
+    if (nargs != 4 && nargs != 5) {
         PyErr_SetString(PyExc_TypeError,
-                        "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes)");
+                        "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes"
+                        "[, fill_slots])");
         return NULL;
     }
+    int fill = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+    if (fill < 0)
+        return NULL;
     Py_ssize_t limits[3];
     for (int i = 0; i < 3; i++) {
         limits[i] = PyLong_AsSsize_t(args[i + 1]);
@@ -1816,6 +1878,9 @@ static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t n
             return NULL;
     }
     Py_XSETREF(cfg.parts_type, Py_NewRef(args[0]));
+    cfg.slots_known = 0;
+    if (fill)
+        find_slots(args[0]);
     cfg.max_name_chars = limits[0];
     cfg.max_key_chars = limits[1];
     cfg.max_value_bytes = limits[2];
@@ -1830,7 +1895,9 @@ static PyMethodDef methods[] = {
      "whether a text redaction reads holds a gate (literal, table of the bytes that may "
      "follow it, how many must) or a run of `digits` decimal digits."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
-     "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes)"},
+     "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes[, fill_slots]): "
+     "fill_slots true: the type's __init__ only stores its arguments, and its instances "
+     "may be made by filling the slots it defines."},
     {"configure_rows", (PyCFunction)(void (*)(void))configure_rows, METH_FASTCALL,
      "configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, "
      "encode, kinds): the store schema's columns, each column's kind and the promoted "

@@ -245,8 +245,9 @@ FastPath = Callable[[bytes], "list[SpanParts] | None"]
 
 
 if native.module is not None:
+    # SpanParts.__init__ only stores its arguments: instances are made slot by slot.
     native.module.configure(
-        SpanParts, MAX_NAME_CHARS, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES
+        SpanParts, MAX_NAME_CHARS, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES, True
     )
 NATIVE_FAST_PATH: Final[FastPath | None] = native.module.decode if native.module else None
 FAST_PATH: Final = "native" if NATIVE_FAST_PATH is not None else "python"

@@ -30,7 +30,11 @@ Link = tuple[str, str, dict[str, Any]]
 
 
 class SpanParts:
-    """One span as plain fields; attribute dicts are owned and may be changed in place."""
+    """One span as plain fields; attribute dicts are owned and may be changed in place.
+
+    ``__init__`` stores its arguments and does nothing else: the C extension makes
+    instances by filling their slots, without calling it.
+    """
 
     __slots__ = (
         "attributes",
