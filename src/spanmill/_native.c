@@ -1475,6 +1475,15 @@ static int parse_promoted(PyObject *specs, PyObject *names, PromotedSpec *out, P
             PyErr_SetString(PyExc_ValueError, "promoted: unknown kind");
             return -1;
         }
+        for (Py_ssize_t j = 0; j < i; j++) {
+            int same = PyUnicode_Compare(out[j].key, PyTuple_GET_ITEM(spec, 0));
+            if (same == -1 && PyErr_Occurred())
+                return -1;
+            if (same == 0) {
+                PyErr_SetString(PyExc_ValueError, "promoted: a key is given twice");
+                return -1;
+            }
+        }
         out[i].key = Py_NewRef(PyTuple_GET_ITEM(spec, 0));
         PyUnicode_InternInPlace(&out[i].key);
         out[i].column = column;
@@ -1748,6 +1757,7 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
         goto done;
     /* Promoted attributes move to their columns when their value has the column's type. */
     int has_reward_value = 0;
+    Py_ssize_t moving = 0;
     for (Py_ssize_t i = 0; i < rows.promoted_count; i++) {
         PromotedSpec *spec = &rows.promoted[i];
         PyObject *value = PyDict_GetItemWithError(attributes, spec->key);
@@ -1758,11 +1768,19 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
         }
         if (value != Py_None && kind_matches(spec->kind, value)) {
             moved[i] = Py_NewRef(value);
-            if (PyDict_DelItem(attributes, spec->key) < 0)
-                goto done;
+            moving++;
             if (spec->column == rows.index[C_REWARD_VALUE])
                 has_reward_value = 1;
         }
+    }
+    /* Keys are distinct (configure_rows checks): when every attribute moves, the
+     * dict is emptied at once (an LLM call's attributes often all have columns). */
+    if (moving > 0 && moving == PyDict_GET_SIZE(attributes)) {
+        PyDict_Clear(attributes);
+    } else {
+        for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
+            if (moved[i] != NULL && PyDict_DelItem(attributes, rows.promoted[i].key) < 0)
+                goto done;
     }
     PyObject *score = has_reward_value ? NULL : PyDict_GetItemWithError(attributes, rows.score);
     if (PyErr_Occurred())

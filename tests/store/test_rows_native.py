@@ -167,3 +167,18 @@ def test_a_row_that_fails_part_way_leaves_the_columns_as_they_were() -> None:
 def test_a_builder_is_native_or_python_not_both() -> None:
     with pytest.raises(RuntimeError, match="native"):
         ColumnBuilder().append_python(_span(0), "spans", 0, 0, 0, 0)
+
+
+def test_attributes_that_all_have_columns_leave_an_empty_dict_and_no_json() -> None:
+    every = {sc.GEN_AI_REQUEST_MODEL: "smollm2", sc.GEN_AI_USAGE_INPUT_TOKENS: 12}
+    some = {**every, "server.port": 8000}
+    spans = [_span(0, **every), _span(1, **some)]
+    _same_tables(copy.deepcopy(spans))
+    native = ColumnBuilder()
+    for index, span in enumerate(spans):
+        native.append(span, "spans", 0, index, 0, 0)
+    assert spans[0].attributes == {}
+    assert spans[1].attributes == {"server.port": 8000}
+    table = native.to_table()
+    assert table.column("attributes").to_pylist() == [None, '{"server.port":8000}']
+    assert table.column("input_tokens").to_pylist() == [12, 12]
