@@ -1082,7 +1082,7 @@ typedef struct {
 typedef struct {
     int kind;
     Bytes values;   /* the values; of a list column, its items */
-    Bytes offsets;  /* int32 offsets, for strings and lists */
+    Bytes offsets;  /* int32 offsets, for strings and lists: a 0, then each row's end */
     Bytes validity; /* one bit per row, set where the value is not null */
     Py_ssize_t nulls, items;
     PyObject *objects; /* A_OBJECT: the values, as a list */
@@ -1100,6 +1100,12 @@ typedef struct {
 } ColumnsObject;
 
 static PyTypeObject ColumnsType;
+
+/* Strings and lists have offsets; the other kinds are fixed-width or objects. */
+static int has_offsets(int kind)
+{
+    return kind == A_STR || kind == A_LIST_I64 || kind == A_LIST_F64;
+}
 
 static int reserve(Bytes *b, Py_ssize_t more)
 {
@@ -1152,12 +1158,17 @@ static int push_offset(Column *c, Py_ssize_t end)
     return push(&c->offsets, &offset, 4);
 }
 
+/* TypeError: a value of the wrong type for its column; returns -1. */
+static int wrong_type(const char *expected, PyObject *value)
+{
+    PyErr_Format(PyExc_TypeError, "expected %s, not %.100s", expected, Py_TYPE(value)->tp_name);
+    return -1;
+}
+
 static int int64_of(PyObject *value, int64_t *out)
 {
-    if (!PyLong_Check(value) || PyBool_Check(value)) {
-        PyErr_Format(PyExc_TypeError, "expected an int, not %.100s", Py_TYPE(value)->tp_name);
-        return -1;
-    }
+    if (!PyLong_Check(value) || PyBool_Check(value))
+        return wrong_type("an int", value);
     long long number = PyLong_AsLongLong(value);
     if (number == -1 && PyErr_Occurred())
         return -1;
@@ -1171,10 +1182,8 @@ static int double_of(PyObject *value, double *out)
         *out = PyFloat_AS_DOUBLE(value);
         return 0;
     }
-    if (!PyFloat_Check(value) && (!PyLong_Check(value) || PyBool_Check(value))) {
-        PyErr_Format(PyExc_TypeError, "expected a float, not %.100s", Py_TYPE(value)->tp_name);
-        return -1;
-    }
+    if (!PyFloat_Check(value) && (!PyLong_Check(value) || PyBool_Check(value)))
+        return wrong_type("a float", value);
     *out = PyFloat_AsDouble(value);
     return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
@@ -1192,11 +1201,8 @@ static int column_append(Column *c, Py_ssize_t row, PyObject *value)
     switch (c->kind) {
     case A_STR: {
         if (present) {
-            if (!PyUnicode_Check(value)) {
-                PyErr_Format(PyExc_TypeError, "expected a str, not %.100s",
-                             Py_TYPE(value)->tp_name);
-                return -1;
-            }
+            if (!PyUnicode_Check(value))
+                return wrong_type("a str", value);
             Py_ssize_t size;
             const char *utf8 = PyUnicode_AsUTF8AndSize(value, &size);
             if (utf8 == NULL || push(&c->values, utf8, size) < 0)
@@ -1225,19 +1231,14 @@ static int column_append(Column *c, Py_ssize_t row, PyObject *value)
         return push(&c->values, &number, 8);
     }
     case A_BOOL:
-        if (present && !PyBool_Check(value)) {
-            PyErr_Format(PyExc_TypeError, "expected a bool, not %.100s", Py_TYPE(value)->tp_name);
-            return -1;
-        }
+        if (present && !PyBool_Check(value))
+            return wrong_type("a bool", value);
         return push_bit(&c->values, row, value == Py_True);
     case A_LIST_I64:
     case A_LIST_F64: {
         if (present) {
-            if (!PyList_Check(value)) {
-                PyErr_Format(PyExc_TypeError, "expected a list, not %.100s",
-                             Py_TYPE(value)->tp_name);
-                return -1;
-            }
+            if (!PyList_Check(value))
+                return wrong_type("a list", value);
             Py_ssize_t n = PyList_GET_SIZE(value);
             if (reserve(&c->values, n * 8) < 0)
                 return -1;
@@ -1335,24 +1336,9 @@ static PyObject *columns_finish(ColumnsObject *self, PyObject *Py_UNUSED(ignored
         if (c->kind == A_OBJECT) {
             item = PyList_GetSlice(c->objects, 0, PyList_GET_SIZE(c->objects));
         } else {
-            int offsets = c->kind == A_STR || c->kind == A_LIST_I64 || c->kind == A_LIST_F64;
             PyObject *validity = c->nulls ? bytes_of(&c->validity) : Py_NewRef(Py_None);
-            PyObject *offset_bytes = Py_None;
-            if (offsets) {
-                /* Arrow's offsets start with 0: one more than the rows. */
-                Bytes all = {NULL, 0, 0};
-                int32_t zero = 0;
-                if (push(&all, &zero, 4) < 0 || push(&all, c->offsets.data, c->offsets.size) < 0) {
-                    PyMem_Free(all.data);
-                    Py_XDECREF(validity);
-                    Py_DECREF(out);
-                    return NULL;
-                }
-                offset_bytes = bytes_of(&all);
-                PyMem_Free(all.data);
-            } else {
-                Py_INCREF(offset_bytes);
-            }
+            PyObject *offset_bytes =
+                has_offsets(c->kind) ? bytes_of(&c->offsets) : Py_NewRef(Py_None);
             PyObject *values = bytes_of(&c->values);
             item = validity && offset_bytes && values
                        ? Py_BuildValue("(nOOOn)", c->nulls, validity, offset_bytes, values, c->items)
@@ -1702,10 +1688,18 @@ static PyObject *new_columns(PyObject *module, PyObject *Py_UNUSED(ignored))
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < rows.width; i++) {
-        self->columns[i].kind = rows.kinds[i];
-        if (rows.kinds[i] == A_OBJECT && (self->columns[i].objects = PyList_New(0)) == NULL) {
+        Column *c = &self->columns[i];
+        c->kind = rows.kinds[i];
+        if (c->kind == A_OBJECT && (c->objects = PyList_New(0)) == NULL) {
             Py_DECREF(self);
             return NULL;
+        }
+        if (has_offsets(c->kind)) {
+            int32_t zero = 0; /* Arrow's offsets start with the first row's start */
+            if (push(&c->offsets, &zero, 4) < 0) {
+                Py_DECREF(self);
+                return NULL;
+            }
         }
     }
     return (PyObject *)self;

@@ -89,6 +89,16 @@ def running(settings: CollectorSettings) -> AbstractContextManager[Collector]:
     return collector_thread(settings)
 
 
+def ready(port: int) -> bool:
+    """Whether the collector serving HTTP on ``port`` answers /readyz with 200."""
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -10,9 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from collector_helpers import Topics, collector_process, llm_span, producer, wait_for
+from collector_helpers import Topics, collector_process, llm_span, producer, ready, wait_for
 
 from spanmill.spans import encode_otlp_protobuf
 from spanmill.stack.ports import free_port
@@ -27,13 +26,6 @@ KILLS = 4
 
 def _collector(topics: Topics, store: Path, log: Path, port: int) -> subprocess.Popen[bytes]:
     return collector_process(topics, store, log, port, batch_max_spans="500", workers="1")
-
-
-def _ready(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_sigkill_while_producing_loses_nothing_and_duplicates_nothing(
@@ -89,7 +81,7 @@ def test_sigkill_while_producing_loses_nothing_and_duplicates_nothing(
     try:
         # Stopped only once it has joined: the last spans may already be in the store
         # (written, not committed, by the collector killed last) before it has started.
-        wait_for(lambda: _ready(port), 90, "the last collector to join")
+        wait_for(lambda: ready(port), 90, "the last collector to join")
         wait_for(produced.is_set, 120, "the producer to finish")
         wait_for(lambda: store.count() >= TOTAL_SPANS, 120, "every span in the store")
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -50,7 +51,7 @@ def test_sigterm_while_starting_stops_cleanly_and_starts_no_consumer_processes(
             children.update(child.pid for child in watched.children())
             try:
                 process.wait(timeout=0.1)
-            except Exception:
+            except subprocess.TimeoutExpired:
                 continue
     finally:
         if process.poll() is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from collector_helpers import Topics, collector_process, llm_span, wait_for
+from collector_helpers import Topics, collector_process, llm_span, ready, wait_for
 from fastapi.testclient import TestClient
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -147,14 +147,7 @@ def test_service_end_to_end_over_http(topics: Topics, tmp_path: Path) -> None:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, 60, "the collector to be ready")
+        wait_for(lambda: ready(port), 60, "the collector to be ready")
         spans = [llm_span(i) for i in range(25)]
         reply = httpx.post(
             f"{base}/v1/traces",
