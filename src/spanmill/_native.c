@@ -275,8 +275,11 @@ static int parse_gates(PyObject *gates, Gate *out, Py_ssize_t *count)
 
 static int gate_here(const Gate *gate, const uint8_t *p, const uint8_t *end)
 {
-    if (end - p < gate->length || memcmp(p, gate->literal, gate->length) != 0)
+    if (end - p < gate->length)
         return 0;
+    for (Py_ssize_t i = 1; i < gate->length; i++) /* the first byte is known to match */
+        if (p[i] != gate->literal[i])
+            return 0;
     const uint8_t *q = p + gate->length;
     Py_ssize_t run = 0;
     while (run < gate->need && q < end && gate->allowed[*q])
@@ -284,45 +287,61 @@ static int gate_here(const Gate *gate, const uint8_t *p, const uint8_t *end)
     return run >= gate->need;
 }
 
-/*
- * One pass over the bytes: at each byte that starts a gate's literal, that gate is
- * tried; and decimal digits (any script) are counted in runs, a single space or
- * dash allowed between two, until `need` of them (need 0: no run is looked for).
- */
 enum { PLAIN = 0, START = 1, DIGIT = 2, SEPARATOR = 4, WIDE = 8 };
 
-/* What each byte may begin: a literal (START), a digit, a separator, a longer character. */
-static void byte_kinds(uint8_t kind[256], const Gate *gates, Py_ssize_t count)
+/* The texts of the spans being decoded that redaction would read, and what is sought:
+ * gates, each byte's kind, and by first byte the gates that begin with it (first[c]:
+ * a gate's index plus one, 0 for none; then next[] along the gates that share it). */
+typedef struct {
+    Gate gates[MAX_GATES];
+    Py_ssize_t count;
+    Py_ssize_t need;
+    uint8_t kind[256];
+    uint8_t first[256];
+    uint8_t next[MAX_GATES];
+    int found;
+} Scan;
+
+/* What each byte may begin (a literal, a digit, a separator, a longer character), and
+ * the gates each byte begins. */
+static void byte_kinds(Scan *scanning)
 {
-    memset(kind, PLAIN, 128);
-    memset(kind + 128, WIDE, 128);
+    memset(scanning->kind, PLAIN, 128);
+    memset(scanning->kind + 128, WIDE, 128);
+    memset(scanning->first, 0, sizeof scanning->first);
     for (int c = '0'; c <= '9'; c++)
-        kind[c] = DIGIT;
-    kind[' '] = kind['-'] = SEPARATOR;
-    for (Py_ssize_t g = 0; g < count; g++)
-        kind[gates[g].literal[0]] |= START;
+        scanning->kind[c] = DIGIT;
+    scanning->kind[' '] = scanning->kind['-'] = SEPARATOR;
+    for (Py_ssize_t g = scanning->count - 1; g >= 0; g--) {
+        uint8_t lead = scanning->gates[g].literal[0];
+        scanning->kind[lead] |= START;
+        scanning->next[g] = scanning->first[lead];
+        scanning->first[lead] = (uint8_t)(g + 1);
+    }
 }
 
 /*
- * One pass over the bytes: at each byte that starts a gate's literal, that gate is
- * tried; and decimal digits (any script) are counted in runs, a single space or
- * dash allowed between two, until `need` of them (need 0: no run is looked for).
+ * One pass over the bytes: at each byte that starts a gate's literal, the gates it
+ * starts are tried; and decimal digits (any script) are counted in runs, a single
+ * space or dash allowed between two, until `need` of them (need 0: no run is looked for).
  */
-static int scan(const uint8_t *p, const uint8_t *end, const uint8_t kind[256],
-                const Gate *gates, Py_ssize_t count, Py_ssize_t need)
+static int scan(const uint8_t *p, const uint8_t *end, const Scan *s)
 {
-    Py_ssize_t digits = 0;
+    const uint8_t *kind = s->kind;
+    Py_ssize_t digits = 0, need = s->need;
     int separated = 0;
     while (p < end) {
         uint8_t c = *p, k = kind[c];
-        if (k == PLAIN) {
+        if (k == PLAIN) { /* most bytes: on to the next that is anything else */
+            do
+                p++;
+            while (p < end && kind[*p] == PLAIN);
             digits = separated = 0;
-            p++;
             continue;
         }
         if (k & START)
-            for (Py_ssize_t g = 0; g < count; g++)
-                if (gates[g].literal[0] == c && gate_here(&gates[g], p, end))
+            for (int g = s->first[c]; g; g = s->next[g - 1])
+                if (gate_here(&s->gates[g - 1], p, end))
                     return 1;
         int digit = k & DIGIT, size = 1;
         if (k & WIDE) {
@@ -347,23 +366,13 @@ static int scan(const uint8_t *p, const uint8_t *end, const uint8_t kind[256],
     return 0;
 }
 
-/* The texts of the spans being decoded that redaction would read, and what is sought. */
-typedef struct {
-    Gate gates[MAX_GATES];
-    Py_ssize_t count;
-    Py_ssize_t need;
-    uint8_t kind[256];
-    int found;
-} Scan;
-
 /* Scan one text for the decode() call's gates; `scanning` is NULL when it asked for none.
  * Each call has its own: Python code (SpanParts.__init__, a finalizer) may run, and let
  * another thread decode, while one is under way. */
 static void scan_text(Scan *scanning, Buf bytes)
 {
     if (scanning != NULL && !scanning->found)
-        scanning->found = scan(bytes.p, bytes.end, scanning->kind, scanning->gates,
-                               scanning->count, scanning->need);
+        scanning->found = scan(bytes.p, bytes.end, scanning);
 }
 
 /* The kinds of AnyValue the fast path keeps; anything else is for the authority. */
@@ -463,71 +472,133 @@ unusual:
 
 /*
  * Attribute keys repeat from span to span: a small cache maps a key's bytes to its
- * str, which then comes with its hash already computed. A slot holds the last key
- * that hashed to it; a miss decodes the key and takes the slot.
+ * str, which then comes with its hash already computed, and to what the key is to a
+ * store row (append_record's classes). A slot holds the last ASCII key that hashed to
+ * it; a miss decodes the key and takes the slot.
  */
 #define KEY_SLOTS 1024
 #define KEY_MAX_BYTES 64
 
-static PyObject *key_cache[KEY_SLOTS];
+typedef struct {
+    PyObject *key;
+    long what;                /* what the key is to a row, as of `generation` */
+    unsigned long generation; /* 0: not known */
+} KeySlot;
 
-static int cached_key(Buf bytes, PyObject **out)
+static KeySlot key_cache[KEY_SLOTS];
+
+/* A slot for these bytes (eight at a time, multiplied in); NULL for a key not cached. */
+static inline KeySlot *key_slot(Buf bytes)
 {
     Py_ssize_t size = bytes.end - bytes.p;
     if (size == 0 || size > KEY_MAX_BYTES)
-        return text(bytes, out);
-    uint32_t hash = 2166136261u; /* FNV-1a */
-    for (Py_ssize_t i = 0; i < size; i++)
-        hash = (hash ^ bytes.p[i]) * 16777619u;
-    PyObject **slot = &key_cache[hash & (KEY_SLOTS - 1)];
-    if (*slot != NULL && PyUnicode_IS_ASCII(*slot) && PyUnicode_GET_LENGTH(*slot) == size
-        && memcmp(PyUnicode_1BYTE_DATA(*slot), bytes.p, size) == 0) {
-        *out = Py_NewRef(*slot);
+        return NULL;
+    uint64_t hash = (uint64_t)size * 0x9E3779B97F4A7C15ULL;
+    for (const uint8_t *p = bytes.p; p < bytes.end; p += 8) {
+        uint64_t word = 0;
+        memcpy(&word, p, bytes.end - p >= 8 ? 8 : (size_t)(bytes.end - p));
+        hash = (hash ^ word) * 0xFF51AFD7ED558CCDULL;
+        hash ^= hash >> 32;
+    }
+    return &key_cache[hash & (KEY_SLOTS - 1)];
+}
+
+static inline int slot_holds(const KeySlot *slot, Buf bytes)
+{
+    Py_ssize_t size = bytes.end - bytes.p;
+    return slot->key != NULL && PyUnicode_GET_LENGTH(slot->key) == size
+           && memcmp(PyUnicode_1BYTE_DATA(slot->key), bytes.p, size) == 0;
+}
+
+/* The key of these bytes (a new reference), and its slot where it has one. */
+static int cached_key_slot(Buf bytes, PyObject **out, KeySlot **slot_out)
+{
+    KeySlot *slot = key_slot(bytes);
+    *slot_out = NULL;
+    if (slot != NULL && slot_holds(slot, bytes)) {
+        *out = Py_NewRef(slot->key);
+        *slot_out = slot;
         return OK;
     }
     int status = text(bytes, out);
-    if (status == OK && PyUnicode_IS_ASCII(*out)) {
+    if (status == OK && slot != NULL && PyUnicode_IS_ASCII(*out)) {
         (void)PyObject_Hash(*out); /* computed once, kept in the str */
-        Py_XSETREF(*slot, Py_NewRef(*out));
+        Py_XSETREF(slot->key, Py_NewRef(*out));
+        slot->generation = 0;
+        *slot_out = slot;
     }
+    return status;
+}
+
+static int cached_key(Buf bytes, PyObject **out)
+{
+    KeySlot *slot;
+    return cached_key_slot(bytes, out, &slot);
+}
+
+/* One KeyValue's key and value: each once, the value of a kind the store keeps. */
+static int key_and_value(Buf bytes, Buf *key, Field *value, int *kind)
+{
+    Field f = {0}, key_field = {0}, value_field = {0};
+    uint32_t seen = 0;
+    int more;
+    while ((more = next_field(&bytes, &f)) == 1) {
+        if ((f.number != 1 && f.number != 2) || f.wire != WT_LEN || !once(&seen, f.number))
+            return UNUSUAL;
+        if (f.number == 1)
+            key_field = f;
+        else
+            value_field = f;
+    }
+    if (more < 0 || seen != ((1u << 1) | (1u << 2)))
+        return UNUSUAL;
+    *kind = any_value(value_field.bytes, value);
+    if (*kind == V_NONE)
+        return UNUSUAL;
+    *key = key_field.bytes;
+    return OK;
+}
+
+/* A key decoded is within the record's limits; UNUSUAL (and the key let go) if not. */
+static int key_in_limits(PyObject **name)
+{
+    Py_ssize_t length = PyUnicode_GET_LENGTH(*name);
+    if (length == 0 || length > cfg.max_key_chars) {
+        Py_CLEAR(*name);
+        return UNUSUAL;
+    }
+    return OK;
+}
+
+/* A value as an attribute's, as SpanParts keeps it, into `*dict` (made if NULL). */
+static int kept_value(PyObject **dict, PyObject *name, int kind, const Field *value,
+                      Scan *scanning)
+{
+    PyObject *item;
+    int status = kind == V_ARRAY ? array(value->bytes, &item, scanning)
+                                 : scalar(kind, value, &item, scanning);
+    if (status != OK)
+        return status;
+    if (*dict == NULL && (*dict = PyDict_New()) == NULL)
+        status = ERROR;
+    else if (PyDict_SetItem(*dict, name, item) < 0)
+        status = ERROR;
+    Py_DECREF(item);
     return status;
 }
 
 /* One KeyValue into a dict: a plain key and a value of a kind the store keeps. */
 static int key_value(Buf bytes, PyObject *dict, Scan *scanning)
 {
-    Field f = {0}, key = {0}, value = {0}, one = {0};
-    uint32_t seen = 0;
-    int more, status;
-    while ((more = next_field(&bytes, &f)) == 1) {
-        if ((f.number != 1 && f.number != 2) || f.wire != WT_LEN || !once(&seen, f.number))
-            return UNUSUAL;
-        if (f.number == 1)
-            key = f;
-        else
-            value = f;
-    }
-    if (more < 0 || seen != ((1u << 1) | (1u << 2)))
-        return UNUSUAL;
-    int kind = any_value(value.bytes, &one);
-    if (kind == V_NONE)
-        return UNUSUAL;
-    PyObject *name, *item;
-    status = cached_key(key.bytes, &name);
-    if (status != OK)
+    Field value = {0};
+    Buf key;
+    int kind;
+    PyObject *name;
+    int status = key_and_value(bytes, &key, &value, &kind);
+    if (status != OK || (status = cached_key(key, &name)) != OK
+        || (status = key_in_limits(&name)) != OK)
         return status;
-    Py_ssize_t length = PyUnicode_GET_LENGTH(name);
-    if (length == 0 || length > cfg.max_key_chars) {
-        Py_DECREF(name);
-        return UNUSUAL;
-    }
-    status = kind == V_ARRAY ? array(one.bytes, &item, scanning)
-                             : scalar(kind, &one, &item, scanning);
-    if (status == OK) {
-        if (PyDict_SetItem(dict, name, item) < 0)
-            status = ERROR;
-        Py_DECREF(item);
-    }
+    status = kept_value(&dict, name, kind, &value, scanning);
     Py_DECREF(name);
     return status;
 }
@@ -663,33 +734,108 @@ static int link_of(Buf bytes, PyObject **out, Scan *scanning)
     return status;
 }
 
-/* Status: (code, message). */
-static int status_of(Buf bytes, PyObject **code, PyObject **message, Scan *scanning)
+static const uint8_t NOTHING[1] = {0};
+/* An empty text, or a field not given: p == end, and not NULL. */
+static const Buf NONE = {NOTHING, NOTHING};
+
+/* Status: its code and message's bytes (unchanged where not given). */
+static int status_texts(Buf bytes, uint64_t *code, Buf *message)
 {
     Field f = {0};
     uint32_t seen = 0;
-    uint64_t number = 0;
     int more;
-    Buf text_bytes = {NULL, NULL};
+    *code = 0;
     while ((more = next_field(&bytes, &f)) == 1) {
         if (!once(&seen, f.number))
             return UNUSUAL;
         if (f.number == 2 && f.wire == WT_LEN)
-            text_bytes = f.bytes;
+            *message = f.bytes;
         else if (f.number == 3 && f.wire == WT_VARINT)
-            number = f.varint;
+            *code = f.varint;
         else
             return UNUSUAL;
     }
-    if (more < 0 || number > 2)
-        return UNUSUAL;
+    return more < 0 || *code > 2 ? UNUSUAL : OK;
+}
+
+/* Status: (code, message). */
+static int status_of(Buf bytes, PyObject **code, PyObject **message, Scan *scanning)
+{
+    uint64_t number;
+    Buf text_bytes = NONE;
+    int status = status_texts(bytes, &number, &text_bytes);
+    if (status != OK)
+        return status;
     *code = cfg.statuses[number];
-    if (text_bytes.p == NULL) {
-        *message = PyUnicode_New(0, 0);
-        return *message ? OK : ERROR;
-    }
     scan_text(scanning, text_bytes);
     return text(text_bytes, message);
+}
+
+/* A Span's own fields, each given once with its wire type, as the parser takes them;
+ * `repeated` reads its attributes (9), events (11) and links (13). */
+typedef struct {
+    Buf trace, span_id, parent, name, status;
+    uint64_t kind, start, end;
+} SpanFields;
+
+typedef int (*Repeated)(const Field *f, void *context);
+
+static int span_fields(Buf bytes, SpanFields *out, Repeated repeated, void *context)
+{
+    Field f = {0};
+    uint32_t seen = 0;
+    int more = 0, status = OK;
+    Buf absent = {NULL, NULL};
+    *out = (SpanFields){NONE, NONE, NONE, absent, absent, 0, 0, 0};
+    while (status == OK && (more = next_field(&bytes, &f)) == 1) {
+        if (f.number != 9 && f.number != 11 && f.number != 13 && !once(&seen, f.number))
+            return UNUSUAL;
+        switch (f.number) {
+        case 1:
+        case 2:
+        case 4:
+        case 5:
+        case 15:
+            if (f.wire != WT_LEN)
+                return UNUSUAL;
+            *(f.number == 1   ? &out->trace
+              : f.number == 2 ? &out->span_id
+              : f.number == 4 ? &out->parent
+              : f.number == 5 ? &out->name
+                              : &out->status) = f.bytes;
+            break;
+        case 3:
+            status = skipped(&f, WT_LEN, 1);
+            break;
+        case 6:
+            status = f.wire == WT_VARINT ? OK : UNUSUAL;
+            out->kind = f.varint;
+            break;
+        case 7:
+        case 8:
+            status = f.wire == WT_I64 ? OK : UNUSUAL;
+            *(f.number == 7 ? &out->start : &out->end) = f.varint;
+            break;
+        case 9:
+        case 11:
+        case 13:
+            status = repeated(&f, context);
+            break;
+        case 10:
+        case 12:
+        case 14:
+            status = skipped(&f, WT_VARINT, 0);
+            break;
+        case 16:
+            status = skipped(&f, WT_I32, 0);
+            break;
+        default:
+            return UNUSUAL;
+        }
+    }
+    if (status == OK && (more < 0 || out->end < out->start || out->kind > 5))
+        status = UNUSUAL;
+    return status;
 }
 
 /* A SpanParts of its fields (borrowed), in its constructor's order. */
@@ -717,98 +863,46 @@ static PyObject *part_field(PyObject *parts, int index, PyObject *name)
     return PyObject_GetAttr(parts, name);
 }
 
+/* A Span's repeated fields, as SpanParts keeps them. */
+typedef struct {
+    PyObject *attributes, *events, *links;
+    Scan *scanning;
+} SpanLists;
+
+static int span_lists(const Field *f, void *context)
+{
+    SpanLists *lists = context;
+    PyObject *item = NULL;
+    if (f->number == 9)
+        return attributes_field(f, lists->attributes, lists->scanning);
+    if (f->wire != WT_LEN)
+        return UNUSUAL;
+    int status = f->number == 11 ? event_of(f->bytes, &item, lists->scanning)
+                                 : link_of(f->bytes, &item, lists->scanning);
+    if (status == OK && PyList_Append(f->number == 11 ? lists->events : lists->links, item) < 0)
+        status = ERROR;
+    Py_XDECREF(item);
+    return status;
+}
+
 /* One Span as SpanParts, appended to `out`. */
 static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *scope_version,
                 PyObject *out, Scan *scanning)
 {
-    Field f = {0};
-    uint32_t seen = 0;
-    uint64_t kind = 0, start = 0, end = 0;
-    int more = 0, status = OK;
-    Buf trace = {NULL, NULL}, span_id = {NULL, NULL}, parent = {NULL, NULL};
-    Buf name = {NULL, NULL}, status_bytes = {NULL, NULL};
+    SpanFields fields;
+    int status = OK;
     PyObject *attributes = PyDict_New(), *events = PyList_New(0), *links = PyList_New(0);
-    PyObject *item = NULL;
     PyObject *trace_hex = NULL, *span_hex = NULL, *parent_hex = NULL, *text_name = NULL;
     PyObject *code = NULL, *message = NULL, *start_obj = NULL, *end_obj = NULL;
+    SpanLists lists = {attributes, events, links, scanning};
     if (attributes == NULL || events == NULL || links == NULL) {
         status = ERROR;
         goto done;
     }
-    while (status == OK && (more = next_field(&bytes, &f)) == 1) {
-        if (f.number != 9 && f.number != 11 && f.number != 13 && !once(&seen, f.number)) {
-            status = UNUSUAL;
-            break;
-        }
-        switch (f.number) {
-        case 1:
-        case 2:
-        case 4:
-        case 5:
-        case 15:
-            if (f.wire != WT_LEN) {
-                status = UNUSUAL;
-                break;
-            }
-            if (f.number == 1)
-                trace = f.bytes;
-            else if (f.number == 2)
-                span_id = f.bytes;
-            else if (f.number == 4)
-                parent = f.bytes;
-            else if (f.number == 5)
-                name = f.bytes;
-            else
-                status_bytes = f.bytes;
-            break;
-        case 3:
-            status = skipped(&f, WT_LEN, 1);
-            break;
-        case 6:
-            status = f.wire == WT_VARINT ? OK : UNUSUAL;
-            kind = f.varint;
-            break;
-        case 7:
-        case 8:
-            status = f.wire == WT_I64 ? OK : UNUSUAL;
-            if (f.number == 7)
-                start = f.varint;
-            else
-                end = f.varint;
-            break;
-        case 9:
-            status = attributes_field(&f, attributes, scanning);
-            break;
-        case 10:
-        case 12:
-        case 14:
-            status = skipped(&f, WT_VARINT, 0);
-            break;
-        case 16:
-            status = skipped(&f, WT_I32, 0);
-            break;
-        case 11:
-        case 13:
-            if (f.wire != WT_LEN) {
-                status = UNUSUAL;
-                break;
-            }
-            status = f.number == 11 ? event_of(f.bytes, &item, scanning)
-                                    : link_of(f.bytes, &item, scanning);
-            if (status == OK) {
-                if (PyList_Append(f.number == 11 ? events : links, item) < 0)
-                    status = ERROR;
-                Py_CLEAR(item);
-            }
-            break;
-        default:
-            status = UNUSUAL;
-        }
-    }
-    if (status == OK && more < 0)
-        status = UNUSUAL;
-    if (status == OK && (end < start || kind > 5))
-        status = UNUSUAL;
+    status = span_fields(bytes, &fields, span_lists, &lists);
+    Buf trace = fields.trace, span_id = fields.span_id, parent = fields.parent;
+    Buf name = fields.name, status_bytes = fields.status;
+    uint64_t kind = fields.kind, start = fields.start, end = fields.end;
     if (status == OK)
         status = hex_id(trace, 16, &trace_hex);
     if (status == OK)
@@ -864,32 +958,35 @@ done:
     return status;
 }
 
-/* InstrumentationScope: name and version; scope attributes are left to the authority. */
-static int scope(Buf bytes, PyObject **name, PyObject **version)
+/* InstrumentationScope: the bytes of its name and version; its attributes are left to
+ * the authority. */
+static int scope_texts(Buf bytes, Buf *name, Buf *version)
 {
     Field f = {0};
     uint32_t seen = 0;
-    int more = 0, status = OK;
-    Buf name_bytes = {NULL, NULL}, version_bytes = {NULL, NULL};
+    int more;
+    *name = *version = NONE;
     while ((more = next_field(&bytes, &f)) == 1) {
         if (!once(&seen, f.number))
             return UNUSUAL;
         if (f.number == 1 && f.wire == WT_LEN)
-            name_bytes = f.bytes;
+            *name = f.bytes;
         else if (f.number == 2 && f.wire == WT_LEN)
-            version_bytes = f.bytes;
-        else if (f.number == 4 && f.wire == WT_VARINT)
-            continue;
-        else
+            *version = f.bytes;
+        else if (!(f.number == 4 && f.wire == WT_VARINT))
             return UNUSUAL;
     }
-    if (more < 0)
-        return UNUSUAL;
-    Buf empty = {(const uint8_t *)"", (const uint8_t *)""};
-    status = text(name_bytes.p ? name_bytes : empty, name);
-    if (status != OK)
+    return more < 0 ? UNUSUAL : OK;
+}
+
+/* InstrumentationScope: name and version. */
+static int scope(Buf bytes, PyObject **name, PyObject **version)
+{
+    Buf name_bytes, version_bytes;
+    int status = scope_texts(bytes, &name_bytes, &version_bytes);
+    if (status != OK || (status = text(name_bytes, name)) != OK)
         return status;
-    status = text(version_bytes.p ? version_bytes : empty, version);
+    status = text(version_bytes, version);
     if (status != OK)
         Py_CLEAR(*name);
     return status;
@@ -940,8 +1037,7 @@ static int scope_spans(Buf bytes, PyObject *resource, PyObject *out, Scan *scann
     PyObject *name = NULL, *version = NULL;
     if (status != OK)
         return status;
-    Buf empty = {(const uint8_t *)"", (const uint8_t *)""};
-    status = scope(header.p ? header : empty, &name, &version);
+    status = scope(header.p ? header : NONE, &name, &version);
     if (status != OK)
         return status;
     while (status == OK && (more = next_field(&rest, &f)) == 1)
@@ -982,6 +1078,34 @@ static int resource_spans(Buf bytes, PyObject *out, Scan *scanning)
     return status;
 }
 
+/* A call's scan state for these gates and digit run. The same gates come with every
+ * call: they are parsed once and kept, with a reference, for the calls after. */
+static int scan_setup(PyObject *gates, PyObject *digits, Scan *state)
+{
+    static PyObject *parsed_gates = NULL;
+    static Scan parsed;
+    if (!PyTuple_Check(gates)) {
+        PyErr_SetString(PyExc_TypeError, "gates must be a tuple");
+        return -1;
+    }
+    Py_ssize_t need = PyLong_AsSsize_t(digits);
+    if (need == -1 && PyErr_Occurred())
+        return -1;
+    if (gates == parsed_gates) {
+        memcpy(state, &parsed, sizeof *state);
+    } else {
+        /* Parsed into this call's own state first: parsing may run Python code. */
+        if (parse_gates(gates, state->gates, &state->count) < 0)
+            return -1;
+        byte_kinds(state);
+        memcpy(&parsed, state, sizeof parsed);
+        Py_XSETREF(parsed_gates, Py_NewRef(gates));
+    }
+    state->need = need;
+    state->found = 0;
+    return 0;
+}
+
 static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
@@ -996,30 +1120,8 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
         return NULL;
     }
-    if (nargs == 3) {
-        if (!PyTuple_Check(args[1])) {
-            PyErr_SetString(PyExc_TypeError, "gates must be a tuple");
-            return NULL;
-        }
-        /* The same gates come with every call: parsed once, kept with a reference. */
-        static PyObject *parsed_gates = NULL;
-        static Scan parsed;
-        Py_ssize_t need = PyLong_AsSsize_t(args[2]);
-        if (need == -1 && PyErr_Occurred())
-            return NULL;
-        if (args[1] == parsed_gates) {
-            memcpy(&scan_state, &parsed, sizeof scan_state);
-        } else {
-            /* Parsed into this call's own state first: parsing may run Python code. */
-            if (parse_gates(args[1], scan_state.gates, &scan_state.count) < 0)
-                return NULL;
-            byte_kinds(scan_state.kind, scan_state.gates, scan_state.count);
-            memcpy(&parsed, &scan_state, sizeof parsed);
-            Py_XSETREF(parsed_gates, Py_NewRef(args[1]));
-        }
-        scan_state.need = need;
-        scan_state.found = 0;
-    }
+    if (nargs == 3 && scan_setup(args[1], args[2], &scan_state) < 0)
+        return NULL;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     Buf bytes = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
@@ -1096,7 +1198,8 @@ typedef struct {
     PyObject_HEAD
     Py_ssize_t width, rows;
     Column *columns;
-    Mark *marks; /* where each column stood before the row being appended */
+    Mark *marks;  /* where each column stood before the row being appended */
+    Mark *record; /* and before the record being appended (append_record) */
 } ColumnsObject;
 
 static PyTypeObject ColumnsType;
@@ -1188,6 +1291,19 @@ static int double_of(PyObject *value, double *out)
     return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* An int onto an int64 or int32 column's values; OverflowError where it does not fit. */
+static int push_int(Column *c, int64_t number)
+{
+    if (c->kind == A_I64)
+        return push(&c->values, &number, 8);
+    if (number < INT32_MIN || number > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "value out of the int32 range");
+        return -1;
+    }
+    int32_t small = (int32_t)number;
+    return push(&c->values, &small, 4);
+}
+
 /* One row's value onto a column; None is null. */
 static int column_append(Column *c, Py_ssize_t row, PyObject *value)
 {
@@ -1215,14 +1331,7 @@ static int column_append(Column *c, Py_ssize_t row, PyObject *value)
         int64_t number = 0;
         if (present && int64_of(value, &number) < 0)
             return -1;
-        if (c->kind == A_I64)
-            return push(&c->values, &number, 8);
-        if (number < INT32_MIN || number > INT32_MAX) {
-            PyErr_SetString(PyExc_OverflowError, "value out of the int32 range");
-            return -1;
-        }
-        int32_t small = (int32_t)number;
-        return push(&c->values, &small, 4);
+        return push_int(c, number);
     }
     case A_F64: {
         double number = 0.0;
@@ -1268,25 +1377,26 @@ static int column_append(Column *c, Py_ssize_t row, PyObject *value)
     }
 }
 
-/* Note where every column stands, before a row. */
-static void columns_mark(ColumnsObject *self)
+/* Note where every column stands, before a row (marks) or a record's rows (record). */
+static void columns_mark(ColumnsObject *self, Mark *marks)
 {
     for (Py_ssize_t i = 0; i < self->width; i++) {
         Column *c = &self->columns[i];
-        self->marks[i] = (Mark){c->values.size, c->offsets.size, c->validity.size, c->nulls,
-                                c->items, c->objects ? PyList_GET_SIZE(c->objects) : 0};
+        marks[i] = (Mark){c->values.size, c->offsets.size, c->validity.size, c->nulls,
+                          c->items, c->objects ? PyList_GET_SIZE(c->objects) : 0};
     }
 }
 
-/* Take back a row that failed part way: every column as it was at the mark. */
-static void columns_rollback(ColumnsObject *self)
+/* Take back rows that failed part way: every column as it was at the mark, when the
+ * columns held `row` rows. */
+static void columns_rollback(ColumnsObject *self, const Mark *marks, Py_ssize_t row)
 {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback); /* the row's error, kept for the caller */
-    Py_ssize_t row = self->rows;
+    self->rows = row;
     for (Py_ssize_t i = 0; i < self->width; i++) {
         Column *c = &self->columns[i];
-        Mark *m = &self->marks[i];
+        const Mark *m = &marks[i];
         c->values.size = m->values;
         c->offsets.size = m->offsets;
         c->validity.size = m->validity;
@@ -1316,6 +1426,7 @@ static void columns_dealloc(ColumnsObject *self)
         PyMem_Free(self->columns);
     }
     PyMem_Free(self->marks);
+    PyMem_Free(self->record);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1415,7 +1526,19 @@ static struct {
     PyObject *rewards;               /* rewards(parts) -> list | None, in Python */
     PyObject *encode;                /* encode(value) -> str: the store's JSON */
     PyObject *k_name, *k_time, *k_attributes, *k_trace, *k_span; /* event and link keys */
+    int fused; /* the columns are laid out as append_record writes them */
 } rows;
+
+static struct {
+    PyObject *fallback; /* the keys the caller gave that send a record back to it */
+    PyObject *keeps;    /* keeps(key) -> bool: whether the attribute lists keep a key;
+                           None: they keep every key */
+    PyObject *classes;  /* key -> what it is to a row (R_* and a promoted index), for
+                           promoted, role and fallback keys; other keys are plain */
+    unsigned long generation; /* of classes and keeps, as the key cache's slots know them */
+} fused = {NULL, NULL, NULL, 1};
+
+static int fused_layout_ok(void);
 
 static int kind_matches(int kind, PyObject *value)
 {
@@ -1513,6 +1636,10 @@ static void clear_rows(void)
     Py_CLEAR(rows.k_span);
     PyMem_Free(rows.kinds);
     rows.kinds = NULL;
+    Py_CLEAR(fused.classes);
+    Py_CLEAR(fused.fallback);
+    Py_CLEAR(fused.keeps);
+    fused.generation++;
     rows.promoted_count = rows.resource_count = 0;
     rows.ready = 0;
 }
@@ -1576,6 +1703,7 @@ static PyObject *configure_rows(PyObject *module, PyObject *const *args, Py_ssiz
         || (rows.k_trace = PyUnicode_InternFromString("trace_id")) == NULL
         || (rows.k_span = PyUnicode_InternFromString("span_id")) == NULL)
         return NULL;
+    rows.fused = fused_layout_ok();
     rows.ready = 1;
     Py_RETURN_NONE;
 }
@@ -1680,7 +1808,8 @@ static PyObject *new_columns(PyObject *module, PyObject *Py_UNUSED(ignored))
     self->rows = 0;
     self->columns = PyMem_Calloc((size_t)rows.width, sizeof(Column));
     self->marks = PyMem_Calloc((size_t)rows.width, sizeof(Mark));
-    if (self->columns == NULL || self->marks == NULL) {
+    self->record = PyMem_Calloc((size_t)rows.width, sizeof(Mark));
+    if (self->columns == NULL || self->marks == NULL || self->record == NULL) {
         PyMem_Free(self->columns);
         self->columns = NULL;
         self->width = 0;
@@ -1723,7 +1852,7 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     PyObject *columns = args[0], *parts = args[1];
-    columns_mark((ColumnsObject *)columns);
+    columns_mark((ColumnsObject *)columns, ((ColumnsObject *)columns)->marks);
     for (int i = 0; i < P_COUNT; i++)
         if ((field[i] = part_field(parts, i, rows.fields[i])) == NULL)
             goto done;
@@ -1837,13 +1966,720 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
     result = Py_NewRef(Py_None);
 done:
     if (result == NULL) /* no half rows: the columns stay as they were */
-        columns_rollback((ColumnsObject *)columns);
+        columns_rollback((ColumnsObject *)columns, ((ColumnsObject *)columns)->marks,
+                         ((ColumnsObject *)columns)->rows);
     for (int i = 0; i < P_COUNT; i++)
         Py_XDECREF(field[i]);
     for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
         Py_XDECREF(moved[i]);
     Py_XDECREF(resource);
     return result;
+}
+
+/* ---- wire bytes straight into store columns --------------------------------
+ * append_record() is decode() then ColumnBuilder.append for each span, fused: a
+ * span's ids, names, times and promoted attributes go from the payload's bytes into
+ * the columns' buffers with no Python object between. Only what the store keeps as
+ * JSON (attributes without a column, the resource's) is built as objects, and
+ * encoded by the store's encoder, so each row is byte for byte what the two steps
+ * give. It answers None, every column as it was, for any record the steps would
+ * treat otherwise: what decode() defers; a scan that finds what redaction looks
+ * for; an attribute the attribute lists drop, that asks for translation or carries a
+ * reward; a key given
+ * twice where the columns would have to know which value stands; events or links;
+ * spans of more than one hour; an end time past what the store holds. The caller
+ * then takes those steps.
+ */
+#define NS_PER_HOUR 3600000000000ULL
+
+/* What an attribute key is to a span row: the index of its promoted column plus one
+ * (0: none) in the low byte, and roles in the bits above. */
+enum { R_RESPONSE_MODEL = 1 << 8, R_REQUEST_MODEL = 1 << 9, R_EPISODE = 1 << 10,
+       R_FALLBACK = 1 << 11, R_DROPPED = 1 << 12 };
+enum { KEPT = 2 }; /* a value whose kind is not its column's: it stays an attribute */
+
+/* Whether the schema's columns are laid out as append_record writes them. */
+static int fused_layout_ok(void)
+{
+    static const int texts[] = {C_MODEL, C_EPISODE, C_TRACE, C_SPAN, C_PARENT, C_NAME, C_KIND,
+                                C_STATUS, C_MESSAGE, C_ATTRIBUTES, C_RESOURCE, C_SCOPE_NAME,
+                                C_SCOPE_VERSION, C_TOPIC};
+    static const int numbers[] = {C_START, C_END, C_PARTITION, C_OFFSET, C_INDEX, C_TIMESTAMP};
+    /* K_STR, K_INT, K_FLOAT, K_BOOL, K_INT_LIST, K_FLOAT_LIST */
+    static const int layout[] = {A_STR, A_I64, A_F64, A_BOOL, A_LIST_I64, A_LIST_F64};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        if (rows.kinds[rows.index[texts[i]]] != A_STR)
+            return 0;
+    for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
+        int kind = rows.kinds[rows.index[numbers[i]]];
+        if (kind != A_I64 && kind != A_I32)
+            return 0;
+    }
+    for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
+        if (rows.kinds[rows.promoted[i].column] != layout[rows.promoted[i].kind])
+            return 0;
+    for (Py_ssize_t i = 0; i < rows.resource_count; i++)
+        if (rows.kinds[rows.resource[i].column] != layout[rows.resource[i].kind])
+            return 0;
+    return 1;
+}
+
+/* Whether the bytes are strict UTF-8, as Python's decoder takes it; *chars: how many
+ * characters they hold. */
+static int utf8_valid(Buf bytes, Py_ssize_t *chars)
+{
+    const uint8_t *p = bytes.p;
+    Py_ssize_t extra = 0; /* the bytes after the first of each longer character */
+    while (p < bytes.end) {
+        if (bytes.end - p >= 8) {
+            uint64_t word;
+            memcpy(&word, p, 8);
+            if (!(word & 0x8080808080808080ULL)) {
+                p += 8;
+                continue;
+            }
+        }
+        if (*p < 0x80) {
+            p++;
+            continue;
+        }
+        Py_UCS4 cp;
+        int size = utf8_at(p, bytes.end, &cp);
+        if (size == 0)
+            return 0;
+        extra += size - 1;
+        p += size;
+    }
+    if (chars != NULL)
+        *chars = (bytes.end - bytes.p) - extra;
+    return 1;
+}
+
+/* A text about to be stored: valid UTF-8, scanned; UNUSUAL once the scan finds. */
+static int checked_text(Buf bytes, Scan *scanning)
+{
+    if (!utf8_valid(bytes, NULL))
+        return UNUSUAL;
+    scan_text(scanning, bytes);
+    return scanning != NULL && scanning->found ? UNUSUAL : OK;
+}
+
+static int col_bytes(Column *c, Py_ssize_t row, const void *data, Py_ssize_t size)
+{
+    if (push_bit(&c->validity, row, 1) < 0 || push(&c->values, data, size) < 0)
+        return -1;
+    return push_offset(c, c->values.size);
+}
+
+static int col_str(Column *c, Py_ssize_t row, PyObject *text)
+{
+    Py_ssize_t size;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &size);
+    return utf8 == NULL ? -1 : col_bytes(c, row, utf8, size);
+}
+
+static int col_int(Column *c, Py_ssize_t row, int64_t number)
+{
+    return push_bit(&c->validity, row, 1) < 0 ? -1 : push_int(c, number);
+}
+
+static int col_hex(Column *c, Py_ssize_t row, Buf id)
+{
+    Py_ssize_t size = id.end - id.p;
+    if (reserve(&c->values, 2 * size) < 0)
+        return -1;
+    char *at = c->values.data + c->values.size;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        at[2 * i] = HEX[id.p[i] >> 4];
+        at[2 * i + 1] = HEX[id.p[i] & 15];
+    }
+    c->values.size += 2 * size;
+    if (push_bit(&c->validity, row, 1) < 0)
+        return -1;
+    return push_offset(c, c->values.size);
+}
+
+/* The kind all of an ArrayValue's items hold (V_NONE when it has none) and how many
+ * there are; UNUSUAL where decode's array() defers (mixed, nested, odd items). */
+static int array_kind(Buf bytes, int *kind, Py_ssize_t *count)
+{
+    Field f = {0}, item = {0};
+    int more;
+    *kind = V_NONE;
+    *count = 0;
+    while ((more = next_field(&bytes, &f)) == 1) {
+        if (f.number != 1 || f.wire != WT_LEN)
+            return UNUSUAL;
+        int one = any_value(f.bytes, &item);
+        if (one == V_NONE || one == V_ARRAY || (*kind != V_NONE && one != *kind))
+            return UNUSUAL;
+        *kind = one;
+        (*count)++;
+    }
+    return more < 0 ? UNUSUAL : OK;
+}
+
+/* Whether a value of this wire kind goes to a column of this promoted kind, as
+ * kind_matches() judges the value decode() would make of it; `items`: an array's. */
+static int value_fits(int column_kind, int kind, const Field *value, Py_ssize_t *items)
+{
+    int items_kind, status;
+    switch (column_kind) {
+    case K_STR:
+        return kind == V_STRING ? OK : KEPT;
+    case K_INT:
+        return kind == V_INT ? OK : KEPT;
+    case K_FLOAT:
+        return kind == V_DOUBLE ? OK : KEPT;
+    case K_BOOL:
+        return kind == V_BOOL ? OK : KEPT;
+    case K_INT_LIST:
+    case K_FLOAT_LIST:
+        if (kind != V_ARRAY)
+            return KEPT;
+        if ((status = array_kind(value->bytes, &items_kind, items)) != OK)
+            return status;
+        if (*items == 0)
+            return OK; /* an empty list is a list of either */
+        return items_kind == (column_kind == K_INT_LIST ? V_INT : V_DOUBLE) ? OK : KEPT;
+    default:
+        return KEPT;
+    }
+}
+
+/* A value value_fits() took, checked (a text's size, UTF-8 and scan) ... */
+static int value_checked(int column_kind, const Field *value, Scan *scanning)
+{
+    if (column_kind != K_STR)
+        return OK;
+    if (value->bytes.end - value->bytes.p > cfg.max_value_bytes)
+        return UNUSUAL;
+    return checked_text(value->bytes, scanning);
+}
+
+/* ... and onto its column. */
+static int value_written(Column *c, Py_ssize_t row, int column_kind, const Field *value,
+                         Py_ssize_t items)
+{
+    double number;
+    switch (column_kind) {
+    case K_STR:
+        return col_bytes(c, row, value->bytes.p, value->bytes.end - value->bytes.p);
+    case K_INT:
+        return col_int(c, row, (int64_t)value->varint);
+    case K_FLOAT:
+        memcpy(&number, &value->varint, 8);
+        return push_bit(&c->validity, row, 1) < 0 ? -1 : push(&c->values, &number, 8);
+    case K_BOOL:
+        if (push_bit(&c->validity, row, 1) < 0)
+            return -1;
+        return push_bit(&c->values, row, value->varint != 0);
+    default: { /* lists of int64 or float64: each item's 8 bytes */
+        Field f = {0}, item = {0};
+        Buf bytes = value->bytes;
+        if (reserve(&c->values, items * 8) < 0)
+            return -1;
+        while (next_field(&bytes, &f) == 1) {
+            any_value(f.bytes, &item);
+            memcpy(c->values.data + c->values.size, &item.varint, 8);
+            c->values.size += 8;
+        }
+        c->items += items;
+        if (push_bit(&c->validity, row, 1) < 0)
+            return -1;
+        return push_offset(c, c->items);
+    }
+    }
+}
+
+/* A span attribute's key as a str, and what it is to a row (fused.classes). */
+static int span_key(Buf bytes, PyObject **name, long *what)
+{
+    KeySlot *slot;
+    int status = cached_key_slot(bytes, name, &slot);
+    if (status != OK || (status = key_in_limits(name)) != OK)
+        return status;
+    if (slot != NULL && slot->generation == fused.generation) {
+        *what = slot->what;
+        return OK;
+    }
+    PyObject *found = PyDict_GetItemWithError(fused.classes, *name);
+    *what = found != NULL ? PyLong_AsLong(found) : 0;
+    if (!PyErr_Occurred() && fused.keeps != Py_None) {
+        PyObject *kept = PyObject_CallOneArg(fused.keeps, *name);
+        int keep = kept != NULL ? PyObject_IsTrue(kept) : -1;
+        Py_XDECREF(kept);
+        if (keep == 0)
+            *what |= R_DROPPED;
+    }
+    if (PyErr_Occurred()) {
+        Py_CLEAR(*name);
+        return ERROR;
+    }
+    if (slot != NULL) {
+        slot->what = *what;
+        slot->generation = fused.generation;
+    }
+    return OK;
+}
+
+/* key -> class, for the promoted keys, the keys append_row reads, and `fallback`;
+ * and the attribute lists' judge. */
+static int fused_classes(PyObject *fallback, PyObject *keeps)
+{
+    if (keeps != fused.keeps) {
+        Py_XSETREF(fused.keeps, Py_NewRef(keeps));
+        fused.generation++;
+    }
+    if (fused.classes != NULL && fallback == fused.fallback)
+        return 0;
+    PyObject *classes = PyDict_New();
+    if (classes == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < rows.promoted_count; i++) {
+        PyObject *code = PyLong_FromSsize_t(i + 1);
+        int failed = code == NULL || PyDict_SetItem(classes, rows.promoted[i].key, code) < 0;
+        Py_XDECREF(code);
+        if (failed)
+            goto error;
+    }
+    struct {
+        PyObject *key;
+        long role;
+    } roles[] = {
+        {rows.response_model, R_RESPONSE_MODEL}, {rows.request_model, R_REQUEST_MODEL},
+        {rows.episode_id, R_EPISODE}, {rows.reward_name, R_FALLBACK}, {rows.score, R_FALLBACK},
+    };
+    PyObject *iterator = PyObject_GetIter(fallback), *key;
+    if (iterator == NULL)
+        goto error;
+    for (size_t i = 0;; i++) {
+        if (i < sizeof roles / sizeof roles[0]) {
+            key = Py_NewRef(roles[i].key);
+        } else if ((key = PyIter_Next(iterator)) == NULL) {
+            break;
+        }
+        long role = i < sizeof roles / sizeof roles[0] ? roles[i].role : R_FALLBACK;
+        PyObject *was = PyDict_GetItemWithError(classes, key), *code;
+        long before = was != NULL ? PyLong_AsLong(was) : 0;
+        int failed = PyErr_Occurred() != NULL || !PyUnicode_Check(key)
+                     || (code = PyLong_FromLong(before | role)) == NULL;
+        if (!failed) {
+            failed = PyDict_SetItem(classes, key, code) < 0;
+            Py_DECREF(code);
+        }
+        Py_DECREF(key);
+        if (failed) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "fallback keys must be str");
+            Py_DECREF(iterator);
+            goto error;
+        }
+    }
+    Py_DECREF(iterator);
+    if (PyErr_Occurred())
+        goto error;
+    Py_XSETREF(fused.classes, classes);
+    Py_XSETREF(fused.fallback, Py_NewRef(fallback));
+    fused.generation++;
+    return 0;
+error:
+    Py_DECREF(classes);
+    return -1;
+}
+
+/* The resource of the spans being appended: its promoted values, its other
+ * attributes' JSON. */
+typedef struct {
+    Field value[MAX_PROMOTED];
+    Py_ssize_t items[MAX_PROMOTED];
+    uint64_t present; /* a bit per resource column whose value the resource gives */
+    PyObject *json;   /* a str, or None */
+} Resource;
+
+typedef struct {
+    PyObject *hours, *make;  /* hour -> Columns; make(hour) adds and gives one */
+    ColumnsObject *columns;  /* the record's hour's, once its first span is read */
+    uint64_t hour;
+    Py_ssize_t rows;         /* theirs, before the record */
+    Scan *scanning;
+    const Resource *resource;
+    Buf scope_name, scope_version;
+    Buf topic;
+    int64_t partition, offset, timestamp;
+    Py_ssize_t spans;        /* appended so far: the next span's index in the record */
+} Record;
+
+static int resource_of(Buf header, Resource *out, Scan *scanning)
+{
+    Field f = {0}, value = {0};
+    PyObject *kept = NULL;
+    uint64_t seen = 0;
+    int more = 0, status = OK, kind;
+    Buf key;
+    out->present = 0;
+    out->json = NULL;
+    while (header.p != NULL && status == OK && (more = next_field(&header, &f)) == 1) {
+        if (f.number == 2) {
+            status = skipped(&f, WT_VARINT, 0);
+            continue;
+        }
+        if (f.number != 1 || f.wire != WT_LEN) {
+            status = UNUSUAL;
+            break;
+        }
+        PyObject *name = NULL;
+        long what;
+        if ((status = key_and_value(f.bytes, &key, &value, &kind)) != OK
+            || (status = span_key(key, &name, &what)) != OK)
+            break;
+        if (what & R_DROPPED) { /* the attribute lists drop it: redaction's to do */
+            Py_DECREF(name);
+            status = UNUSUAL;
+            break;
+        }
+        Py_ssize_t which = -1;
+        for (Py_ssize_t i = 0; i < rows.resource_count && which < 0; i++) {
+            int same = PyUnicode_Compare(name, rows.resource[i].key);
+            if (same == 0)
+                which = i;
+        }
+        status = KEPT;
+        if (which >= 0) {
+            if (seen & (1ULL << which)) {
+                status = UNUSUAL; /* given twice: decode()'s dict knows which stands */
+            } else {
+                seen |= 1ULL << which;
+                status = value_fits(rows.resource[which].kind, kind, &value, &out->items[which]);
+                if (status == OK)
+                    status = value_checked(rows.resource[which].kind, &value, scanning);
+                if (status == OK) {
+                    out->value[which] = value;
+                    out->present |= 1ULL << which;
+                }
+            }
+        }
+        if (status == KEPT)
+            status = kept_value(&kept, name, kind, &value, scanning);
+        Py_DECREF(name);
+    }
+    if (status == OK && more < 0)
+        status = UNUSUAL;
+    if (status == OK)
+        status = (out->json = json_or_none(kept, kept ? PyDict_GET_SIZE(kept) : 0)) ? OK : ERROR;
+    Py_XDECREF(kept);
+    return status;
+}
+
+/* A trace or span id: exactly `size` bytes, not all zero. */
+static int id_ok(Buf bytes, Py_ssize_t size)
+{
+    int nonzero = 0;
+    if (bytes.end - bytes.p != size)
+        return 0;
+    for (Py_ssize_t i = 0; i < size; i++)
+        nonzero |= bytes.p[i];
+    return nonzero != 0;
+}
+
+/* The record's hour's columns: found or made for its first span; the same for the rest. */
+static int record_columns(Record *record, uint64_t hour)
+{
+    if (record->columns != NULL)
+        return hour == record->hour ? OK : UNUSUAL;
+    PyObject *key = PyLong_FromUnsignedLongLong(hour), *columns;
+    if (key == NULL)
+        return ERROR;
+    columns = PyDict_GetItemWithError(record->hours, key);
+    if (columns != NULL)
+        Py_INCREF(columns);
+    else if (!PyErr_Occurred())
+        columns = PyObject_CallOneArg(record->make, key);
+    Py_DECREF(key);
+    if (columns == NULL)
+        return ERROR;
+    if (!PyObject_TypeCheck(columns, &ColumnsType)
+        || ((ColumnsObject *)columns)->width != rows.width) {
+        Py_DECREF(columns);
+        PyErr_SetString(PyExc_TypeError, "hours must give Columns from columns()");
+        return ERROR;
+    }
+    record->columns = (ColumnsObject *)columns;
+    record->hour = hour;
+    record->rows = record->columns->rows;
+    columns_mark(record->columns, record->columns->record);
+    return OK;
+}
+
+/* A span's promoted, model and episode columns, from its attributes; the rest as JSON. */
+typedef struct {
+    Buf role[3]; /* response model, request model, episode id: the last value given,
+                    where it is a non-empty text */
+    uint64_t seen, written; /* bits per promoted key: given, and put in its column */
+    PyObject *kept;         /* the attributes without a column, or NULL */
+} SpanAttributes;
+
+static int span_attribute(Buf bytes, ColumnsObject *columns, SpanAttributes *span,
+                          Scan *scanning)
+{
+    Field value = {0};
+    Buf key;
+    int kind, status = key_and_value(bytes, &key, &value, &kind);
+    PyObject *name = NULL;
+    long what;
+    if (status != OK || (status = span_key(key, &name, &what)) != OK)
+        return status;
+    if (what & (R_FALLBACK | R_DROPPED)) {
+        Py_DECREF(name);
+        return UNUSUAL;
+    }
+    static const long ROLES[3] = {R_RESPONSE_MODEL, R_REQUEST_MODEL, R_EPISODE};
+    for (int r = 0; r < 3; r++)
+        if (what & ROLES[r])
+            span->role[r] = kind == V_STRING ? value.bytes : NONE;
+    status = KEPT;
+    Py_ssize_t index = (what & 0xFF) - 1, items = 0;
+    if (index >= 0) {
+        const PromotedSpec *spec = &rows.promoted[index];
+        if (span->seen & (1ULL << index)) {
+            status = UNUSUAL; /* given twice: decode()'s dict knows which stands */
+        } else {
+            span->seen |= 1ULL << index;
+            status = value_fits(spec->kind, kind, &value, &items);
+            if (status == OK)
+                status = value_checked(spec->kind, &value, scanning);
+            if (status == OK) {
+                status = value_written(&columns->columns[spec->column], columns->rows,
+                                       spec->kind, &value, items) < 0 ? ERROR : OK;
+                span->written |= 1ULL << index;
+            }
+        }
+    }
+    if (status == KEPT)
+        status = kept_value(&span->kept, name, kind, &value, scanning);
+    Py_DECREF(name);
+    return status;
+}
+
+/* Attributes are read once the span's hour is known; events and links go back. */
+static int attributes_later(const Field *f, void *context)
+{
+    return f->number == 9 && f->wire == WT_LEN ? OK : UNUSUAL;
+}
+
+/* One Span as one row of its hour's columns. */
+static int fused_span(Buf bytes, Record *record)
+{
+    SpanFields fields;
+    Field f = {0};
+    uint64_t code = 0;
+    Buf all = bytes, message = NONE;
+    Py_ssize_t name_chars = 0;
+    int status = span_fields(bytes, &fields, attributes_later, NULL);
+    if (status != OK)
+        return status;
+    Buf trace = fields.trace, span_id = fields.span_id, parent = fields.parent;
+    Buf name = fields.name, status_bytes = fields.status;
+    uint64_t kind = fields.kind, start = fields.start, end = fields.end;
+    /* The record's rules (decode), then the store's: an end it can hold (check_storable). */
+    if (end > (uint64_t)INT64_MAX || !id_ok(trace, 16) || !id_ok(span_id, 8)
+        || (parent.p != parent.end && !id_ok(parent, 8)) || name.p == NULL
+        || !utf8_valid(name, &name_chars) || name_chars == 0 || name_chars > cfg.max_name_chars)
+        return UNUSUAL;
+    scan_text(record->scanning, name);
+    if (status_bytes.p != NULL
+        && ((status = status_texts(status_bytes, &code, &message)) != OK
+            || (status = checked_text(message, record->scanning)) != OK))
+        return status;
+    if (record->scanning != NULL && record->scanning->found)
+        return UNUSUAL;
+    if ((status = record_columns(record, start / NS_PER_HOUR)) != OK)
+        return status;
+
+    ColumnsObject *columns = record->columns;
+    Column *c = columns->columns;
+    Py_ssize_t row = columns->rows;
+    SpanAttributes attributes = {{NONE, NONE, NONE}, 0, 0, NULL};
+    while (status == OK && next_field(&all, &f) == 1)
+        if (f.number == 9)
+            status = span_attribute(f.bytes, columns, &attributes, record->scanning);
+    if (status == OK && record->scanning != NULL && record->scanning->found)
+        status = UNUSUAL; /* a text without a column holds what redaction looks for */
+    if (status != OK)
+        goto done;
+    status = ERROR; /* from here on, only a failing write stops the row */
+    for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
+        if (!(attributes.written & (1ULL << i))
+            && column_append(&c[rows.promoted[i].column], row, Py_None) < 0)
+            goto done;
+    for (Py_ssize_t i = 0; i < rows.resource_count; i++) {
+        const Resource *resource = record->resource;
+        Column *column = &c[rows.resource[i].column];
+        if (resource->present & (1ULL << i)
+                ? value_written(column, row, rows.resource[i].kind, &resource->value[i],
+                                resource->items[i]) < 0
+                : column_append(column, row, Py_None) < 0)
+            goto done;
+    }
+    Buf *model = attributes.role[0].p != attributes.role[0].end ? &attributes.role[0]
+                 : attributes.role[1].p != attributes.role[1].end ? &attributes.role[1]
+                                                                  : NULL;
+    Buf episode = attributes.role[2];
+    PyObject *json = json_or_none(attributes.kept,
+                                  attributes.kept ? PyDict_GET_SIZE(attributes.kept) : 0);
+    if (json == NULL)
+        goto done;
+    int failed = json == Py_None ? column_append(&c[rows.index[C_ATTRIBUTES]], row, Py_None)
+                                 : col_str(&c[rows.index[C_ATTRIBUTES]], row, json);
+    Py_DECREF(json);
+    if (failed < 0
+        || column_append(&c[rows.index[C_REWARDS]], row, Py_None) < 0
+        || (model ? col_bytes(&c[rows.index[C_MODEL]], row, model->p, model->end - model->p)
+                  : column_append(&c[rows.index[C_MODEL]], row, Py_None)) < 0
+        || (episode.p != episode.end
+                ? col_bytes(&c[rows.index[C_EPISODE]], row, episode.p, episode.end - episode.p)
+                : col_hex(&c[rows.index[C_EPISODE]], row, trace)) < 0
+        || col_hex(&c[rows.index[C_TRACE]], row, trace) < 0
+        || col_hex(&c[rows.index[C_SPAN]], row, span_id) < 0
+        || (parent.p != parent.end ? col_hex(&c[rows.index[C_PARENT]], row, parent)
+                                   : column_append(&c[rows.index[C_PARENT]], row, Py_None)) < 0
+        || col_bytes(&c[rows.index[C_NAME]], row, name.p, name.end - name.p) < 0
+        || col_str(&c[rows.index[C_KIND]], row, cfg.kinds[kind]) < 0
+        || col_int(&c[rows.index[C_START]], row, (int64_t)start) < 0
+        || col_int(&c[rows.index[C_END]], row, (int64_t)end) < 0
+        || col_str(&c[rows.index[C_STATUS]], row, cfg.statuses[code]) < 0
+        || col_bytes(&c[rows.index[C_MESSAGE]], row, message.p, message.end - message.p) < 0
+        || (record->resource->json == Py_None
+                ? column_append(&c[rows.index[C_RESOURCE]], row, Py_None)
+                : col_str(&c[rows.index[C_RESOURCE]], row, record->resource->json)) < 0
+        || col_bytes(&c[rows.index[C_SCOPE_NAME]], row, record->scope_name.p,
+                     record->scope_name.end - record->scope_name.p) < 0
+        || col_bytes(&c[rows.index[C_SCOPE_VERSION]], row, record->scope_version.p,
+                     record->scope_version.end - record->scope_version.p) < 0
+        || column_append(&c[rows.index[C_EVENTS]], row, Py_None) < 0
+        || column_append(&c[rows.index[C_LINKS]], row, Py_None) < 0
+        || col_bytes(&c[rows.index[C_TOPIC]], row, record->topic.p,
+                     record->topic.end - record->topic.p) < 0
+        || col_int(&c[rows.index[C_PARTITION]], row, record->partition) < 0
+        || col_int(&c[rows.index[C_OFFSET]], row, record->offset) < 0
+        || col_int(&c[rows.index[C_INDEX]], row, record->spans) < 0
+        || col_int(&c[rows.index[C_TIMESTAMP]], row, record->timestamp) < 0)
+        goto done;
+    columns->rows++;
+    record->spans++;
+    status = OK;
+done:
+    Py_XDECREF(attributes.kept);
+    return status;
+}
+
+static int fused_scope_spans(Buf bytes, Record *record)
+{
+    Buf header, rest = bytes;
+    Field f = {0};
+    int status = find_header(bytes, &SCOPE_SPANS, &header), more;
+    if (status == OK)
+        status = scope_texts(header.p ? header : NONE, &record->scope_name,
+                             &record->scope_version);
+    if (status == OK
+        && (!utf8_valid(record->scope_name, NULL) || !utf8_valid(record->scope_version, NULL)))
+        status = UNUSUAL;
+    while (status == OK && (more = next_field(&rest, &f)) == 1)
+        if (f.number == SCOPE_SPANS.items)
+            status = fused_span(f.bytes, record);
+    return status;
+}
+
+static int fused_resource_spans(Buf bytes, Record *record)
+{
+    Buf header, rest = bytes;
+    Field f = {0};
+    Resource resource;
+    int status = find_header(bytes, &RESOURCE_SPANS, &header), more;
+    if (status != OK || (status = resource_of(header, &resource, record->scanning)) != OK)
+        return status;
+    if (record->scanning != NULL && record->scanning->found)
+        status = UNUSUAL;
+    record->resource = &resource;
+    while (status == OK && (more = next_field(&rest, &f)) == 1)
+        if (f.number == RESOURCE_SPANS.items)
+            status = fused_scope_spans(f.bytes, record);
+    record->resource = NULL;
+    Py_DECREF(resource.json);
+    return status;
+}
+
+static int int64_arg(PyObject *value, int64_t *out)
+{
+    long long number = PyLong_AsLongLong(value);
+    if (number == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)number;
+    return 0;
+}
+
+/* append_record(hours, make, payload, gates, digits, fallback, keeps, topic, partition,
+ *               offset, timestamp_ms) -> int | None */
+static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Field f = {0};
+    Scan scan_state;
+    Record record = {0};
+    int more = 0, status = OK, found = 0;
+    if (!rows.ready || cfg.parts_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() and configure_rows() were not called");
+        return NULL;
+    }
+    if (!rows.fused) {
+        PyErr_SetString(PyExc_TypeError,
+                        "the store's columns are not laid out as append_record writes them");
+        return NULL;
+    }
+    if (nargs != 11 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1])
+        || (args[6] != Py_None && !PyCallable_Check(args[6])) || !PyUnicode_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "append_record(hours: dict, make, payload, gates | None, digits, "
+                        "fallback_keys, keeps | None, topic: str, partition, offset, "
+                        "timestamp_ms)");
+        return NULL;
+    }
+    if (args[3] != Py_None) {
+        if (scan_setup(args[3], args[4], &scan_state) < 0)
+            return NULL;
+        record.scanning = &scan_state;
+    }
+    Py_ssize_t topic_size;
+    const char *topic = PyUnicode_AsUTF8AndSize(args[7], &topic_size);
+    if (topic == NULL || fused_classes(args[5], args[6]) < 0
+        || int64_arg(args[8], &record.partition) < 0 || int64_arg(args[9], &record.offset) < 0
+        || int64_arg(args[10], &record.timestamp) < 0)
+        return NULL;
+    record.topic = (Buf){(const uint8_t *)topic, (const uint8_t *)topic + topic_size};
+    record.hours = args[0];
+    record.make = args[1];
+    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Buf bytes = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
+    while (status == OK && (more = next_field(&bytes, &f)) == 1) {
+        if (f.number != 1 || f.wire != WT_LEN) {
+            status = UNUSUAL;
+            break;
+        }
+        found = 1;
+        status = fused_resource_spans(f.bytes, &record);
+    }
+    if (status == OK && (more < 0 || !found))
+        status = UNUSUAL;
+    PyBuffer_Release(&view);
+    if (status != OK && record.columns != NULL) /* no rows of a record taken back */
+        columns_rollback(record.columns, record.columns->record, record.rows);
+    Py_XDECREF(record.columns);
+    if (status == ERROR)
+        return NULL;
+    if (status != OK)
+        Py_RETURN_NONE;
+    return PyLong_FromSsize_t(record.spans);
 }
 
 /* cfg.slot from the parts type's member descriptors, where the type says its
@@ -1919,6 +2755,13 @@ static PyMethodDef methods[] = {
     {"append_row", (PyCFunction)(void (*)(void))append_row, METH_FASTCALL,
      "append_row(columns, parts, topic, partition, offset, index, timestamp_ms): "
      "ColumnBuilder.append, natively."},
+    {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
+     "append_record(hours, make, payload, gates, digits, fallback_keys, keeps, topic, "
+     "partition, offset, timestamp_ms) -> int | None: decode(payload) and append_row() for "
+     "each span, fused, into hours[hour] (made by make(hour) where missing); the spans "
+     "appended, or None, every column as it was, where the record must take those steps "
+     "instead. gates None: no scan; fallback_keys: span attribute keys that send a record "
+     "back; keeps(key) false: a span or resource attribute key that does (None: none)."},
     {NULL, NULL, 0, NULL},
 };
 

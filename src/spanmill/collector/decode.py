@@ -282,19 +282,8 @@ def decode_spans(
     ``prefilter``: the gates and digit run of :attr:`Redactor.prefilter`, to scan for.
     """
     if 0 < len(payload) <= max_bytes:
-        try:
-            form = format_from_content_type(content_type) if content_type else None
-        except ValueError:
-            form = None  # the authority raises the precise error below
-        # "\n{" also begins a protobuf export whose first field is 123 bytes long. JSON
-        # text cannot pass the native path's strict reading of the wire (its first
-        # characters are fields OTLP does not have), so that path may try it; the
-        # Python one keeps unknown fields and must not.
         native_path = _fast_path is NATIVE_FAST_PATH
-        sniffed_protobuf = content_type is None and (
-            (native_path and payload[:1] == b"\n") or not _looks_like_json(payload)
-        )
-        if form is SpanFormat.OTLP_PROTOBUF or sniffed_protobuf:
+        if _fast_path_may_read(payload, content_type, native_path):
             if prefilter is not None and native_path and native.module is not None:
                 scanned = native.module.decode(payload, *prefilter)
                 if scanned is not None:
@@ -305,6 +294,32 @@ def decode_spans(
                     return Decoded(fast, True)
     spans = detect_and_decode(payload, content_type, max_bytes=max_bytes)
     return Decoded([SpanParts.from_span(span) for span in spans], False)
+
+
+def _fast_path_may_read(payload: bytes, content_type: str | None, native_path: bool) -> bool:
+    """Whether a record's value is for a fast path (labelled or sniffed OTLP protobuf)."""
+    try:
+        form = format_from_content_type(content_type) if content_type else None
+    except ValueError:
+        form = None  # the authority raises the precise error
+    if form is SpanFormat.OTLP_PROTOBUF:
+        return True
+    # "\n{" also begins a protobuf export whose first field is 123 bytes long. JSON
+    # text cannot pass the native path's strict reading of the wire (its first
+    # characters are fields OTLP does not have), so that path may try it; the
+    # Python one keeps unknown fields and must not.
+    return content_type is None and (
+        (native_path and payload[:1] == b"\n") or not _looks_like_json(payload)
+    )
+
+
+def native_may_read(payload: bytes, content_type: str | None, max_bytes: int) -> bool:
+    """Whether the native decoder may read this record's value (it then reads or defers)."""
+    return (
+        NATIVE_FAST_PATH is not None
+        and 0 < len(payload) <= max_bytes
+        and _fast_path_may_read(payload, content_type, True)
+    )
 
 
 def decode_record(payload: bytes, content_type: str | None, max_bytes: int) -> list[SpanParts]:

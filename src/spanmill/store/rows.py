@@ -199,10 +199,23 @@ class ColumnBuilder:
     """
 
     def __init__(self, *, native: bool = True) -> None:
-        self.columns: dict[str, list[Any]] = {name: [] for name in SPAN_SCHEMA.names}
-        self.rows = 0
-        self._promoted = [(p.column, self.columns[p.column]) for p in PROMOTED]
         self._native = _native_columns() if native else None
+        self.columns: dict[str, list[Any]] = (
+            {name: [] for name in SPAN_SCHEMA.names} if self._native is None else {}
+        )
+        self._rows = 0
+        self._promoted = (
+            [(p.column, self.columns[p.column]) for p in PROMOTED] if self.columns else []
+        )
+
+    @property
+    def rows(self) -> int:
+        return self._native.rows if self._native is not None else self._rows
+
+    @property
+    def native_columns(self) -> Any:
+        """The native columns the rows go to (``spanmill._native.Columns``), or None."""
+        return self._native
 
     def append(
         self,
@@ -216,7 +229,6 @@ class ColumnBuilder:
         """Add one span's row; ``parts.attributes`` loses the attributes moved to columns."""
         if self._native is not None:
             _native_append(self._native, parts, topic, partition, offset, index, timestamp_ms)
-            self.rows += 1
         else:
             self.append_python(parts, topic, partition, offset, index, timestamp_ms)
 
@@ -299,7 +311,7 @@ class ColumnBuilder:
         c["kafka_offset"].append(offset)
         c["kafka_index"].append(index)
         c["kafka_timestamp"].append(timestamp_ms)
-        self.rows += 1
+        self._rows += 1
 
     def to_table(self) -> pa.Table:
         if self._native is not None:
@@ -381,6 +393,8 @@ def _native_columns() -> Any:
 
 # ColumnBuilder.append in C, where the package has its extension.
 _native_append = _configure_native()
+# Whether ColumnBuilder's rows go to native columns (HourlyColumns.native_hours).
+NATIVE_ROWS: Final = _native_append is not None
 
 
 class HourlyColumns:
@@ -388,7 +402,23 @@ class HourlyColumns:
 
     def __init__(self) -> None:
         self.hours: dict[int, ColumnBuilder] = {}
+        # Each hour's native columns, for the collector's fused decoder (which adds rows
+        # itself, and counts them into ``rows``).
+        self.native_hours: dict[int, Any] = {}
         self.rows = 0
+
+    def builder(self, hour: int) -> ColumnBuilder:
+        """The hour's builder, made if new."""
+        builder = self.hours.get(hour)
+        if builder is None:
+            builder = self.hours[hour] = ColumnBuilder()
+            if builder.native_columns is not None:
+                self.native_hours[hour] = builder.native_columns
+        return builder
+
+    def native_columns(self, hour: int) -> Any:
+        """The hour's native columns, its builder made if new."""
+        return self.builder(hour).native_columns
 
     def append(
         self,
@@ -399,15 +429,17 @@ class HourlyColumns:
         index: int,
         timestamp_ms: int,
     ) -> None:
-        hour = hour_key(parts.start)
-        builder = self.hours.get(hour)
-        if builder is None:
-            builder = self.hours[hour] = ColumnBuilder()
-        builder.append(parts, topic, partition, offset, index, timestamp_ms)
+        self.builder(hour_key(parts.start)).append(
+            parts, topic, partition, offset, index, timestamp_ms
+        )
         self.rows += 1
 
     def tables(self) -> dict[int, pa.Table]:
-        return {hour: builder.to_table() for hour, builder in sorted(self.hours.items())}
+        """A table per hour that holds rows (a record the fused decoder gave back may have
+        left an hour's builder empty)."""
+        return {
+            hour: builder.to_table() for hour, builder in sorted(self.hours.items()) if builder.rows
+        }
 
 
 def table_from_spans(

@@ -1,0 +1,262 @@
+"""The fused native path writes the rows the decode-translate-redact-append steps write.
+
+``BatchProcessor`` hands each OTLP protobuf record to ``append_record`` first, which
+reads it from the wire bytes straight into its hour's columns, or gives it back
+untouched. Both processors here see the same batches; one takes the steps for every
+record. Their Parquet files, dead letters and counts must be the same.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from spanmill import native
+from spanmill import semconv as sc
+from spanmill.collector.process import BatchJob, BatchProcessor, ProcessingConfig
+from spanmill.collector.translate import Translation
+from spanmill.spans import Span, encode_otlp_protobuf
+from spanmill.store.layout import BatchId
+from spanmill.store.rows import HourlyColumns
+from spanmill.store.schema import PROMOTED
+
+HOUR = 3_600_000_000_000
+START = 1_750_000_000_000_000_000
+FALLBACK = sorted(Translation().signature)[:4]
+# Keys of every sort a row treats apart: promoted, read for the model or episode,
+# sending the record back (translation, rewards), and plain.
+KEYS = st.sampled_from(
+    [p.key for p in PROMOTED]
+    + [sc.SPANMILL_EPISODE_ID, sc.SERVICE_NAME, "plain", "app.note", "é.key"]
+    + FALLBACK
+)
+text = st.one_of(
+    st.text(max_size=10),
+    st.sampled_from(["", "smollm2", "ops@example.com", "sk-" + "a1" * 12, "4111 1111 1111 1111"]),
+)
+integers = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+value = st.one_of(
+    text,
+    st.booleans(),
+    integers,
+    st.floats(allow_nan=False),
+    st.lists(integers, max_size=3),
+    st.lists(st.floats(allow_nan=False), max_size=3),
+    st.lists(text, max_size=3),
+    st.lists(st.booleans(), max_size=2),
+)
+attributes = st.dictionaries(KEYS, value, max_size=8)
+hex16 = st.integers(min_value=1, max_value=2**64 - 1).map(lambda n: f"{n:016x}")
+
+
+@st.composite
+def spans(draw: Any) -> Span:
+    # Mostly one hour; now and then the next, so some records hold two.
+    start = START + draw(st.sampled_from([0, 1, 2, HOUR]))
+    return Span(
+        trace_id=draw(hex16) + draw(hex16),
+        span_id=draw(hex16),
+        parent_span_id=draw(st.none() | hex16),
+        name=draw(st.sampled_from(["chat", "tool", "a" * 40, "é"])),
+        kind=draw(st.sampled_from(["internal", "server", "client"])),
+        start_time_unix_nano=start,
+        end_time_unix_nano=start + draw(st.integers(min_value=0, max_value=10**9)),
+        status_code=draw(st.sampled_from(["unset", "ok", "error"])),
+        status_message=draw(text),
+        attributes=draw(attributes),
+        resource_attributes=draw(
+            st.dictionaries(st.sampled_from([sc.SERVICE_NAME, "host", "rank"]), value, max_size=3)
+        ),
+        scope_name=draw(st.sampled_from(["", "spanmill.sdk"])),
+        scope_version=draw(st.sampled_from(["", "0.1.0"])),
+        events=draw(
+            st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "name": st.just("log"),
+                        "time_unix_nano": st.just(START),
+                        "attributes": attributes,
+                    }
+                ),
+                max_size=1,
+            )
+        )
+        if draw(st.integers(0, 4)) == 0
+        else [],
+    )
+
+
+def _written(processor: BatchProcessor, values: list[bytes]) -> tuple[Any, dict[str, pa.Table]]:
+    count = len(values)
+    batch = BatchId("spans", 2, 10, 10 + count - 1, "f")
+    outcome = processor.process(
+        BatchJob(batch, list(range(10, 10 + count)), [1_750_000_000_000] * count, values,
+                 [None] * count)
+    )  # fmt: skip
+    root = Path(processor.config.store_url)
+    tables = {str(path.relative_to(root)): pq.read_table(path) for path in root.rglob("*.parquet")}
+    return outcome, tables
+
+
+# Redaction set-ups: the default rules; attribute lists that drop a span key, a resource
+# key, or all but some; no rules at all (nothing to scan for).
+CONFIGS: list[dict[str, Any]] = [
+    {},
+    {"attributes_deny": ("plain", "host")},
+    {"attributes_allow": ("gen_ai.*", "spanmill.*", "service.*", "rank")},
+    {"redact_rules": ()},
+]
+
+
+def _processors(config: dict[str, Any]) -> tuple[BatchProcessor, BatchProcessor]:
+    fused = BatchProcessor(ProcessingConfig(store_url=tempfile.mkdtemp(), **config))
+    steps = BatchProcessor(ProcessingConfig(store_url=tempfile.mkdtemp(), **config), fused=False)
+    assert fused._fused is not None, "the C extension spanmill._native is not built"
+    return fused, steps
+
+
+def _same_rows(values: list[bytes], config: dict[str, Any] | None = None) -> None:
+    fused, steps = _processors(config or {})
+    got, got_tables = _written(fused, values)
+    expected, expected_tables = _written(steps, values)
+    assert got.spans == expected.spans
+    assert got.dead == expected.dead
+    assert got.redactions == expected.redactions
+    assert got.translations == expected.translations
+    assert got.files == expected.files
+    assert got_tables.keys() == expected_tables.keys()
+    for name, table in expected_tables.items():
+        assert got_tables[name].equals(table), name
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(spans(), min_size=1, max_size=3), min_size=1, max_size=4),
+    st.sampled_from(CONFIGS),
+)
+def test_fused_rows_match_the_steps(records: list[list[Span]], config: dict[str, Any]) -> None:
+    _same_rows([encode_otlp_protobuf(spans) for spans in records], config)
+
+
+def _mutations(payload: bytes) -> st.SearchStrategy[bytes]:
+    at = st.integers(min_value=0, max_value=len(payload) - 1)
+    byte = st.integers(min_value=0, max_value=255)
+    return st.one_of(
+        at.map(lambda i: payload[:i]),
+        st.tuples(at, byte).map(lambda c: payload[: c[0]] + bytes([c[1]]) + payload[c[0] + 1 :]),
+        at.map(lambda i: payload[:i] + payload[i + 1 :]),
+    )
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_damaged_records_take_the_same_way(data: st.DataObject) -> None:
+    """Broken anywhere, a record is stored or refused exactly as the steps do it."""
+    payload = encode_otlp_protobuf(data.draw(st.lists(spans(), min_size=1, max_size=2)))
+    _same_rows([data.draw(_mutations(payload)), payload], data.draw(st.sampled_from(CONFIGS)))
+
+
+def _set(pb: Any, value: str | int) -> None:
+    if isinstance(value, str):
+        pb.string_value = value
+    else:
+        pb.int_value = value
+
+
+def _request(
+    *pairs: tuple[str, str | int], resource: tuple[tuple[str, str | int], ...] = (), end: int = 0
+) -> bytes:
+    """One span's export, its attributes given as they come (keys may repeat)."""
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    for key, item in resource:
+        _set(resource_spans.resource.attributes.add(key=key).value, item)
+    pb = resource_spans.scope_spans.add().spans.add()
+    pb.trace_id, pb.span_id, pb.name = b"\x01" * 16, b"\x02" * 8, "chat"
+    pb.start_time_unix_nano, pb.end_time_unix_nano = START, end or START
+    for key, item in pairs:
+        _set(pb.attributes.add(key=key).value, item)
+    return request.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        # A promoted key given twice: the last value stands, at the first one's place.
+        _request((sc.GEN_AI_REQUEST_MODEL, "a"), ("plain", "x"), (sc.GEN_AI_REQUEST_MODEL, "b")),
+        _request((sc.GEN_AI_REQUEST_MODEL, "a"), (sc.GEN_AI_REQUEST_MODEL, 5)),
+        # A plain key given twice, and the episode key: the last value is the episode.
+        _request(("plain", "a"), (sc.SPANMILL_EPISODE_ID, ""), ("plain", "b")),
+        _request((sc.SPANMILL_EPISODE_ID, "e1"), (sc.SPANMILL_EPISODE_ID, "")),
+        _request((sc.SPANMILL_EPISODE_ID, "e1"), (sc.SPANMILL_EPISODE_ID, 5)),
+        # The promoted resource key given twice, the second time of another type.
+        _request(
+            ("plain", "a"), resource=((sc.SERVICE_NAME, "a"), ("host", "h"), (sc.SERVICE_NAME, 5))
+        ),
+        _request(resource=((sc.SERVICE_NAME, "a"), (sc.SERVICE_NAME, "b"))),
+        # An end the store cannot hold: a dead letter either way.
+        _request(("plain", "a"), end=2**63 + 5),
+    ],
+)
+def test_records_out_of_the_ordinary_match_the_steps(payload: bytes) -> None:
+    _same_rows([payload, _request(("plain", "b"))])
+
+
+def _append(hourly: HourlyColumns, payload: bytes, fallback: frozenset[str] = frozenset()) -> Any:
+    assert native.module is not None
+    processor = BatchProcessor(ProcessingConfig(store_url=tempfile.mkdtemp()))
+    assert processor._fused is not None
+    _, gates, digits, _, _ = processor._fused
+    return native.module.append_record(
+        hourly.native_hours, hourly.native_columns, payload, gates, digits, fallback, None,
+        "spans", 0, 7, 1_750_000_000_000,
+    )  # fmt: skip
+
+
+def _span(start: int = START, **attributes: Any) -> Span:
+    return Span(
+        trace_id="1" * 32, span_id="2" * 16, name="chat", start_time_unix_nano=start,
+        end_time_unix_nano=start + 5, attributes=attributes,
+    )  # fmt: skip
+
+
+def test_a_plain_record_is_fused() -> None:
+    hourly = HourlyColumns()
+    payload = encode_otlp_protobuf([_span(**{sc.GEN_AI_REQUEST_MODEL: "m"}), _span(plain=1)])
+    assert _append(hourly, payload) == 2
+    (table,) = hourly.tables().values()
+    assert table.column("request_model").to_pylist() == ["m", None]
+    assert table.column("attributes").to_pylist() == [None, '{"plain":1}']
+    assert table.column("kafka_index").to_pylist() == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("second", "fallback"),
+    [
+        (_span(note="write to ops@example.com"), frozenset()),  # redaction's to run
+        (_span(start=START + HOUR), frozenset()),  # another hour
+        (_span(**{"gen_ai.system": "openai"}), frozenset({"gen_ai.system"})),  # translation's
+        (_span(**{sc.GEN_AI_EVALUATION_NAME: "exact"}), frozenset()),  # a reward
+    ],
+)
+def test_a_record_given_back_leaves_every_column_as_it_was(
+    second: Span, fallback: frozenset[str]
+) -> None:
+    hourly = HourlyColumns()
+    assert _append(hourly, encode_otlp_protobuf([_span(x=1)]), fallback) == 1
+    (columns,) = hourly.native_hours.values()
+    before = columns.finish()
+    # The first span of the record is written before the second sends it back.
+    assert _append(hourly, encode_otlp_protobuf([_span(y=2), second]), fallback) is None
+    assert columns.rows == 1
+    assert columns.finish() == before
+    # An hour made for a record given back holds no rows and gets no file.
+    assert list(hourly.tables()) == [START // HOUR]
