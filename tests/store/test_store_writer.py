@@ -9,11 +9,13 @@ import time
 import uuid
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from store_samples import span
 
 from spanmill.store import BatchId, SpanStore, StoreWriter, fingerprint, parse_file_name
 from spanmill.store.layout import hour_dir, hour_key
 from spanmill.store.rows import HourlyColumns, SpanParts
+from spanmill.store.schema import DICTIONARY_COLUMNS, STATISTICS_COLUMNS
 
 
 def _tables(count: int, offset: int = 0) -> dict[int, object]:
@@ -38,6 +40,26 @@ def test_batch_files_are_named_for_the_batch_and_written_whole(tmp_path: Path) -
     store = SpanStore(str(tmp_path))
     assert store.count() == 60
     assert store.duplicates() == 0
+
+
+def test_only_few_valued_columns_get_dictionaries_and_only_filtered_ones_statistics(
+    tmp_path: Path,
+) -> None:
+    writer = StoreWriter(str(tmp_path))
+    batch = BatchId("t", 0, 0, 59, fingerprint(1, b"k", b"v"))
+    (relative, *_) = writer.write_batch(batch, _tables(60))
+    group = pq.ParquetFile(tmp_path / relative).metadata.row_group(0)
+    columns = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    dictionary = {name for name, c in columns.items() if "RLE_DICTIONARY" in c.encodings}
+    with_statistics = {name for name, c in columns.items() if c.is_stats_set}
+    assert dictionary == set(DICTIONARY_COLUMNS)
+    assert with_statistics == set(STATISTICS_COLUMNS)
+    # Readers still find spans by what they filter on.
+    store = SpanStore(str(tmp_path))
+    assert store.count(trace_id=span(3).trace_id) == 1
+    service = span(3).resource_attributes["service.name"]
+    expected = [i for i in range(60) if span(i).resource_attributes["service.name"] == service]
+    assert store.count(service=service) == len(expected) > 0
 
 
 def test_names_parse_back_and_fingerprints_tell_logs_apart() -> None:

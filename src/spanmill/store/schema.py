@@ -152,3 +152,40 @@ def _build_schema() -> pa.Schema:
 
 SPAN_SCHEMA: Final = _build_schema()
 COLUMNS: Final = tuple(SPAN_SCHEMA.names)
+
+# Columns of few distinct values, dictionary-encoded in Parquet. Ids, texts, times and
+# numbers are not: a dictionary of mostly distinct values costs a hash per value and
+# is dropped for plain encoding anyway.
+DICTIONARY_COLUMNS: Final = (
+    "name",
+    "kind",
+    "status_code",
+    "service_name",
+    "agent_name",
+    "operation_name",
+    "model",
+    "request_model",
+    "response_model",
+    "model_version",
+    "task_id",
+    "prompt_name",
+    "prompt_version",
+    "reward_name",
+    "resource_attributes",
+    "scope_name",
+    "scope_version",
+    "kafka_topic",
+    "kafka_partition",
+)
+# Columns with min/max statistics in Parquet: those the store's readers filter on
+# (row groups are skipped on them), and the end time. Long texts' statistics would
+# cost a comparison per value and skip nothing.
+STATISTICS_COLUMNS: Final = (
+    "start_time",
+    "end_time",
+    "service_name",
+    "agent_name",
+    "operation_name",
+    "trace_id",
+    "episode_id",
+)

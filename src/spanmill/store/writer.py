@@ -67,6 +67,7 @@ from spanmill.store.layout import (
     ledger_dir,
     ledger_name,
 )
+from spanmill.store.schema import DICTIONARY_COLUMNS, STATISTICS_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -122,14 +123,19 @@ class StoreWriter:
 
     # -- data files ------------------------------------------------------------------
 
-    def _parquet_bytes(self, table: pa.Table) -> bytes:
-        sink = pa.BufferOutputStream()
+    def _write_parquet(self, table: pa.Table, sink: Any) -> None:
         pq.write_table(
             table,
             sink,
             compression=self.compression,
             compression_level=self.compression_level,
+            use_dictionary=[name for name in DICTIONARY_COLUMNS if name in table.column_names],
+            write_statistics=[name for name in STATISTICS_COLUMNS if name in table.column_names],
         )
+
+    def _parquet_bytes(self, table: pa.Table) -> bytes:
+        sink = pa.BufferOutputStream()
+        self._write_parquet(table, sink)
         return sink.getvalue().to_pybytes()
 
     def write_batch(self, batch: BatchId, tables: Mapping[int, pa.Table]) -> list[str]:
@@ -165,12 +171,7 @@ class StoreWriter:
         temp = os.path.join(folder, f".{os.path.basename(final)}.{uuid.uuid4().hex}.tmp")
         try:
             with open(temp, "wb") as file:
-                pq.write_table(
-                    table,
-                    file,
-                    compression=self.compression,
-                    compression_level=self.compression_level,
-                )
+                self._write_parquet(table, file)
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temp, final)
