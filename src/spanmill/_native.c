@@ -331,12 +331,19 @@ static int scan(const uint8_t *p, const uint8_t *end, const Scan *s)
     Py_ssize_t digits = 0, need = s->need;
     int separated = 0;
     while (p < end) {
-        uint8_t c = *p, k = kind[c];
-        if (k == PLAIN) { /* most bytes: on to the next that is anything else */
-            do
+        if (digits == 0) {
+            /* No run under way: on to the next byte that may start a literal, a digit or
+             * a longer character (most bytes start none). */
+            while (p < end && !(kind[*p] & (START | DIGIT | WIDE)))
                 p++;
-            while (p < end && kind[*p] == PLAIN);
+            if (p == end)
+                break;
+            separated = 0;
+        }
+        uint8_t c = *p, k = kind[c];
+        if (k == PLAIN) {
             digits = separated = 0;
+            p++;
             continue;
         }
         if (k & START)
@@ -483,6 +490,8 @@ typedef struct {
     PyObject *key;
     long what;                /* what the key is to a row, as of `generation` */
     unsigned long generation; /* 0: not known */
+    Py_ssize_t size;          /* the key's bytes, kept here: a lookup reads this slot alone */
+    uint8_t bytes[KEY_MAX_BYTES];
 } KeySlot;
 
 static KeySlot key_cache[KEY_SLOTS];
@@ -493,21 +502,28 @@ static inline KeySlot *key_slot(Buf bytes)
     Py_ssize_t size = bytes.end - bytes.p;
     if (size == 0 || size > KEY_MAX_BYTES)
         return NULL;
-    uint64_t hash = (uint64_t)size * 0x9E3779B97F4A7C15ULL;
-    for (const uint8_t *p = bytes.p; p < bytes.end; p += 8) {
-        uint64_t word = 0;
-        memcpy(&word, p, bytes.end - p >= 8 ? 8 : (size_t)(bytes.end - p));
+    uint64_t hash = (uint64_t)size * 0x9E3779B97F4A7C15ULL, word = 0;
+    const uint8_t *p = bytes.p;
+    for (; bytes.end - p > 8; p += 8) {
+        memcpy(&word, p, 8);
         hash = (hash ^ word) * 0xFF51AFD7ED558CCDULL;
         hash ^= hash >> 32;
     }
+    if (size >= 8) { /* the last eight bytes, overlapping the words before */
+        memcpy(&word, bytes.end - 8, 8);
+    } else {
+        for (Py_ssize_t i = 0; i < size; i++)
+            word |= (uint64_t)p[i] << (8 * i);
+    }
+    hash = (hash ^ word) * 0xFF51AFD7ED558CCDULL;
+    hash ^= hash >> 32;
     return &key_cache[hash & (KEY_SLOTS - 1)];
 }
 
 static inline int slot_holds(const KeySlot *slot, Buf bytes)
 {
     Py_ssize_t size = bytes.end - bytes.p;
-    return slot->key != NULL && PyUnicode_GET_LENGTH(slot->key) == size
-           && memcmp(PyUnicode_1BYTE_DATA(slot->key), bytes.p, size) == 0;
+    return slot->key != NULL && slot->size == size && memcmp(slot->bytes, bytes.p, size) == 0;
 }
 
 /* The key of these bytes (a new reference), and its slot where it has one. */
@@ -525,6 +541,8 @@ static int cached_key_slot(Buf bytes, PyObject **out, KeySlot **slot_out)
         (void)PyObject_Hash(*out); /* computed once, kept in the str */
         Py_XSETREF(slot->key, Py_NewRef(*out));
         slot->generation = 0;
+        slot->size = bytes.end - bytes.p;
+        memcpy(slot->bytes, bytes.p, slot->size);
         *slot_out = slot;
     }
     return status;

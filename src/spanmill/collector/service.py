@@ -376,16 +376,21 @@ class Collector:
             buffer = self._buffers[partition] = PartitionBuffer()
         if not buffer.offsets:
             buffer.since = now
-        # Column by column: this runs for every record, on the consumer's core.
-        values = [record.value if record.value is not None else b"" for record in records]
-        buffer.offsets += [record.offset for record in records]
-        buffer.timestamps += [record.timestamp for record in records]
-        buffer.keys += [record.key for record in records]
-        buffer.headers += [record.headers for record in records]
+        if not records:
+            return
+        # Column by column, the poll's records (named tuples) transposed in C: this
+        # runs for every record, on the consumer's core.
+        columns = dict(zip(type(records[0])._fields, zip(*records, strict=True), strict=True))
+        values = columns["value"]
+        if None in values:
+            values = tuple(value if value is not None else b"" for value in values)
+        buffer.offsets += columns["offset"]
+        buffer.timestamps += columns["timestamp"]
+        buffer.keys += columns["key"]
+        buffer.headers += columns["headers"]
         buffer.values += values
         buffer.size += sum(map(len, values))
-        if records:
-            self._next_offset[partition] = records[-1].offset + 1
+        self._next_offset[partition] = records[-1].offset + 1
         self.metrics.records_consumed.labels(str(partition)).inc(len(records))
 
     # -- batches -----------------------------------------------------------------------
@@ -449,7 +454,9 @@ class Collector:
             offsets=taken["offsets"],
             timestamps=taken["timestamps"],
             values=taken["values"],
-            content_types=[_content_type(headers) for headers in taken["headers"]],
+            content_types=[
+                _content_type(headers) if headers else None for headers in taken["headers"]
+            ],
         )
         self._inflight.append(
             InFlight(
