@@ -2002,11 +2002,10 @@ done:
  * encoded by the store's encoder, so each row is byte for byte what the two steps
  * give. It answers None, every column as it was, for any record the steps would
  * treat otherwise: what decode() defers; a scan that finds what redaction looks
- * for; an attribute the attribute lists drop, that asks for translation or carries a
- * reward; a key given
- * twice where the columns would have to know which value stands; events or links;
- * spans of more than one hour; an end time past what the store holds. The caller
- * then takes those steps.
+ * for; an attribute the attribute lists drop, that translation looks for or that
+ * carries a reward; a key given twice where the columns would have to know which
+ * value stands; events or links; spans of more than one hour; an end time past what
+ * the store holds. The caller then takes those steps.
  */
 #define NS_PER_HOUR 3600000000000ULL
 
@@ -2234,7 +2233,9 @@ static int span_key(Buf bytes, PyObject **name, long *what)
         Py_CLEAR(*name);
         return ERROR;
     }
-    if (slot != NULL) {
+    /* keeps() ran Python code, in which another thread may have decoded and taken
+     * the slot for another key. */
+    if (slot != NULL && slot->key == *name) {
         slot->what = *what;
         slot->generation = fused.generation;
     }
@@ -2649,11 +2650,8 @@ static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_RuntimeError, "configure() and configure_rows() were not called");
         return NULL;
     }
-    if (!rows.fused) {
-        PyErr_SetString(PyExc_TypeError,
-                        "the store's columns are not laid out as append_record writes them");
-        return NULL;
-    }
+    if (!rows.fused) /* the store's columns are not laid out as it writes them */
+        Py_RETURN_NONE;
     if (nargs != 11 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1])
         || (args[6] != Py_None && !PyCallable_Check(args[6])) || !PyUnicode_Check(args[7])) {
         PyErr_SetString(PyExc_TypeError,
