@@ -116,17 +116,13 @@ CONFIGS: list[dict[str, Any]] = [
 ]
 
 
-def _processors(config: dict[str, Any]) -> tuple[BatchProcessor, BatchProcessor]:
-    fused = BatchProcessor(ProcessingConfig(store_url=tempfile.mkdtemp(), **config))
-    steps = BatchProcessor(ProcessingConfig(store_url=tempfile.mkdtemp(), **config), fused=False)
-    assert fused._fused is not None, "the C extension spanmill._native is not built"
-    return fused, steps
-
-
 def _same_rows(values: list[bytes], config: dict[str, Any] | None = None) -> None:
-    fused, steps = _processors(config or {})
-    got, got_tables = _written(fused, values)
-    expected, expected_tables = _written(steps, values)
+    with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
+        fused = BatchProcessor(ProcessingConfig(store_url=first, **(config or {})))
+        steps = BatchProcessor(ProcessingConfig(store_url=second, **(config or {})), fused=False)
+        assert fused._fused is not None, "the C extension spanmill._native is not built"
+        got, got_tables = _written(fused, values)
+        expected, expected_tables = _written(steps, values)
     assert got.spans == expected.spans
     assert got.dead == expected.dead
     assert got.redactions == expected.redactions
@@ -212,7 +208,8 @@ def test_records_out_of_the_ordinary_match_the_steps(payload: bytes) -> None:
 
 def _append(hourly: HourlyColumns, payload: bytes, fallback: frozenset[str] = frozenset()) -> Any:
     assert native.module is not None
-    processor = BatchProcessor(ProcessingConfig(store_url=tempfile.mkdtemp()))
+    with tempfile.TemporaryDirectory() as store:
+        processor = BatchProcessor(ProcessingConfig(store_url=store))
     assert processor._fused is not None
     _, gates, digits, _, _ = processor._fused
     return native.module.append_record(
