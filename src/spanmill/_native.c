@@ -161,52 +161,6 @@ static int text(Buf bytes, PyObject **out)
     return ERROR;
 }
 
-/* A string field that is not kept must still be valid UTF-8, as the parser demands. */
-static int valid_text(Buf bytes)
-{
-    PyObject *value;
-    int status = text(bytes, &value);
-    Py_XDECREF(value);
-    return status;
-}
-
-static int bounded_name(Buf bytes, PyObject **out)
-{
-    int status = text(bytes, out);
-    if (status != OK)
-        return status;
-    Py_ssize_t length = PyUnicode_GET_LENGTH(*out);
-    if (length == 0 || length > cfg.max_name_chars) {
-        Py_CLEAR(*out);
-        return UNUSUAL;
-    }
-    return OK;
-}
-
-static const char HEX[] = "0123456789abcdef";
-
-/* A trace or span id as lowercase hex: exactly `size` bytes, not all zero. */
-static int hex_id(Buf bytes, Py_ssize_t size, PyObject **out)
-{
-    Py_ssize_t length = bytes.end - bytes.p;
-    int nonzero = 0;
-    if (length != size)
-        return UNUSUAL;
-    for (Py_ssize_t i = 0; i < size; i++)
-        nonzero |= bytes.p[i];
-    if (!nonzero)
-        return UNUSUAL;
-    *out = PyUnicode_New(2 * size, 127);
-    if (*out == NULL)
-        return ERROR;
-    Py_UCS1 *data = PyUnicode_1BYTE_DATA(*out);
-    for (Py_ssize_t i = 0; i < size; i++) {
-        data[2 * i] = HEX[bytes.p[i] >> 4];
-        data[2 * i + 1] = HEX[bytes.p[i] & 15];
-    }
-    return OK;
-}
-
 /* The length of the valid UTF-8 sequence at p and its code point; 0 if none starts there. */
 static int utf8_at(const uint8_t *p, const uint8_t *end, Py_UCS4 *cp)
 {
@@ -233,6 +187,89 @@ static int utf8_at(const uint8_t *p, const uint8_t *end, Py_UCS4 *cp)
         return 0;
     *cp = value;
     return size;
+}
+
+/* Whether the bytes are strict UTF-8, as Python's decoder takes it; *chars: how many
+ * characters they hold. */
+static int utf8_valid(Buf bytes, Py_ssize_t *chars)
+{
+    const uint8_t *p = bytes.p;
+    Py_ssize_t extra = 0; /* the bytes after the first of each longer character */
+    while (p < bytes.end) {
+        if (bytes.end - p >= 8) {
+            uint64_t word;
+            memcpy(&word, p, 8);
+            if (!(word & 0x8080808080808080ULL)) {
+                p += 8;
+                continue;
+            }
+        }
+        if (*p < 0x80) {
+            p++;
+            continue;
+        }
+        Py_UCS4 cp;
+        int size = utf8_at(p, bytes.end, &cp);
+        if (size == 0)
+            return 0;
+        extra += size - 1;
+        p += size;
+    }
+    if (chars != NULL)
+        *chars = (bytes.end - bytes.p) - extra;
+    return 1;
+}
+
+/* A string field that is not kept must still be valid UTF-8, as the parser demands. */
+static int valid_text(Buf bytes)
+{
+    return utf8_valid(bytes, NULL) ? OK : UNUSUAL;
+}
+
+static int bounded_name(Buf bytes, PyObject **out)
+{
+    int status = text(bytes, out);
+    if (status != OK)
+        return status;
+    Py_ssize_t length = PyUnicode_GET_LENGTH(*out);
+    if (length == 0 || length > cfg.max_name_chars) {
+        Py_CLEAR(*out);
+        return UNUSUAL;
+    }
+    return OK;
+}
+
+/* A trace or span id: exactly `size` bytes, not all zero. */
+static int id_ok(Buf bytes, Py_ssize_t size)
+{
+    int nonzero = 0;
+    if (bytes.end - bytes.p != size)
+        return 0;
+    for (Py_ssize_t i = 0; i < size; i++)
+        nonzero |= bytes.p[i];
+    return nonzero != 0;
+}
+
+/* An id's bytes as lowercase hex, two characters a byte, at `out`. */
+static void write_hex(Buf id, char *out)
+{
+    static const char HEX[] = "0123456789abcdef";
+    for (Py_ssize_t i = 0; i < id.end - id.p; i++) {
+        out[2 * i] = HEX[id.p[i] >> 4];
+        out[2 * i + 1] = HEX[id.p[i] & 15];
+    }
+}
+
+/* A trace or span id as lowercase hex: exactly `size` bytes, not all zero. */
+static int hex_id(Buf bytes, Py_ssize_t size, PyObject **out)
+{
+    if (!id_ok(bytes, size))
+        return UNUSUAL;
+    *out = PyUnicode_New(2 * size, 127);
+    if (*out == NULL)
+        return ERROR;
+    write_hex(bytes, (char *)PyUnicode_1BYTE_DATA(*out));
+    return OK;
 }
 
 typedef struct {
@@ -790,7 +827,9 @@ static int status_of(Buf bytes, PyObject **code, PyObject **message, Scan *scann
 }
 
 /* A Span's own fields, each given once with its wire type, as the parser takes them;
- * `repeated` reads its attributes (9), events (11) and links (13). */
+ * `repeated` reads its attributes (9), events (11) and links (13). A field not given
+ * reads as empty: an empty name is refused all the same, and a status not given is
+ * an unset one with no message. */
 typedef struct {
     Buf trace, span_id, parent, name, status;
     uint64_t kind, start, end;
@@ -803,8 +842,7 @@ static int span_fields(Buf bytes, SpanFields *out, Repeated repeated, void *cont
     Field f = {0};
     uint32_t seen = 0;
     int more = 0, status = OK;
-    Buf absent = {NULL, NULL};
-    *out = (SpanFields){NONE, NONE, NONE, absent, absent, 0, 0, 0};
+    *out = (SpanFields){NONE, NONE, NONE, NONE, NONE, 0, 0, 0};
     while (status == OK && (more = next_field(&bytes, &f)) == 1) {
         if (f.number != 9 && f.number != 11 && f.number != 13 && !once(&seen, f.number))
             return UNUSUAL;
@@ -926,25 +964,17 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
     if (status == OK)
         status = hex_id(span_id, 8, &span_hex);
     if (status == OK) {
-        if (parent.p == NULL || parent.p == parent.end)
+        if (parent.p == parent.end)
             parent_hex = Py_NewRef(Py_None);
         else
             status = hex_id(parent, 8, &parent_hex);
     }
     if (status == OK) {
-        status = name.p == NULL ? UNUSUAL : bounded_name(name, &text_name);
+        status = bounded_name(name, &text_name);
         scan_text(scanning, name);
     }
-    if (status == OK) {
-        if (status_bytes.p == NULL) {
-            code = cfg.statuses[0];
-            message = PyUnicode_New(0, 0);
-            if (message == NULL)
-                status = ERROR;
-        } else {
-            status = status_of(status_bytes, &code, &message, scanning);
-        }
-    }
+    if (status == OK)
+        status = status_of(status_bytes, &code, &message, scanning);
     if (status == OK) {
         start_obj = PyLong_FromUnsignedLongLong(start);
         end_obj = PyLong_FromUnsignedLongLong(end);
@@ -2041,37 +2071,6 @@ static int fused_layout_ok(void)
     return 1;
 }
 
-/* Whether the bytes are strict UTF-8, as Python's decoder takes it; *chars: how many
- * characters they hold. */
-static int utf8_valid(Buf bytes, Py_ssize_t *chars)
-{
-    const uint8_t *p = bytes.p;
-    Py_ssize_t extra = 0; /* the bytes after the first of each longer character */
-    while (p < bytes.end) {
-        if (bytes.end - p >= 8) {
-            uint64_t word;
-            memcpy(&word, p, 8);
-            if (!(word & 0x8080808080808080ULL)) {
-                p += 8;
-                continue;
-            }
-        }
-        if (*p < 0x80) {
-            p++;
-            continue;
-        }
-        Py_UCS4 cp;
-        int size = utf8_at(p, bytes.end, &cp);
-        if (size == 0)
-            return 0;
-        extra += size - 1;
-        p += size;
-    }
-    if (chars != NULL)
-        *chars = (bytes.end - bytes.p) - extra;
-    return 1;
-}
-
 /* A text about to be stored: valid UTF-8, scanned; UNUSUAL once the scan finds. */
 static int checked_text(Buf bytes, Scan *scanning)
 {
@@ -2088,13 +2087,6 @@ static int col_bytes(Column *c, Py_ssize_t row, const void *data, Py_ssize_t siz
     return push_offset(c, c->values.size);
 }
 
-static int col_str(Column *c, Py_ssize_t row, PyObject *text)
-{
-    Py_ssize_t size;
-    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &size);
-    return utf8 == NULL ? -1 : col_bytes(c, row, utf8, size);
-}
-
 static int col_int(Column *c, Py_ssize_t row, int64_t number)
 {
     return push_bit(&c->validity, row, 1) < 0 ? -1 : push_int(c, number);
@@ -2105,11 +2097,7 @@ static int col_hex(Column *c, Py_ssize_t row, Buf id)
     Py_ssize_t size = id.end - id.p;
     if (reserve(&c->values, 2 * size) < 0)
         return -1;
-    char *at = c->values.data + c->values.size;
-    for (Py_ssize_t i = 0; i < size; i++) {
-        at[2 * i] = HEX[id.p[i] >> 4];
-        at[2 * i + 1] = HEX[id.p[i] & 15];
-    }
+    write_hex(id, c->values.data + c->values.size);
     c->values.size += 2 * size;
     if (push_bit(&c->validity, row, 1) < 0)
         return -1;
@@ -2390,17 +2378,6 @@ static int resource_of(Buf header, Resource *out, Scan *scanning)
     return status;
 }
 
-/* A trace or span id: exactly `size` bytes, not all zero. */
-static int id_ok(Buf bytes, Py_ssize_t size)
-{
-    int nonzero = 0;
-    if (bytes.end - bytes.p != size)
-        return 0;
-    for (Py_ssize_t i = 0; i < size; i++)
-        nonzero |= bytes.p[i];
-    return nonzero != 0;
-}
-
 /* The record's hour's columns: found or made for its first span; the same for the rest. */
 static int record_columns(Record *record, uint64_t hour)
 {
@@ -2502,13 +2479,12 @@ static int fused_span(Buf bytes, Record *record)
     uint64_t kind = fields.kind, start = fields.start, end = fields.end;
     /* The record's rules (decode), then the store's: an end it can hold (check_storable). */
     if (end > (uint64_t)INT64_MAX || !id_ok(trace, 16) || !id_ok(span_id, 8)
-        || (parent.p != parent.end && !id_ok(parent, 8)) || name.p == NULL
+        || (parent.p != parent.end && !id_ok(parent, 8))
         || !utf8_valid(name, &name_chars) || name_chars == 0 || name_chars > cfg.max_name_chars)
         return UNUSUAL;
     scan_text(record->scanning, name);
-    if (status_bytes.p != NULL
-        && ((status = status_texts(status_bytes, &code, &message)) != OK
-            || (status = checked_text(message, record->scanning)) != OK))
+    if ((status = status_texts(status_bytes, &code, &message)) != OK
+        || (status = checked_text(message, record->scanning)) != OK)
         return status;
     if (record->scanning != NULL && record->scanning->found)
         return UNUSUAL;
@@ -2548,8 +2524,7 @@ static int fused_span(Buf bytes, Record *record)
                                   attributes.kept ? PyDict_GET_SIZE(attributes.kept) : 0);
     if (json == NULL)
         goto done;
-    int failed = json == Py_None ? column_append(&c[rows.index[C_ATTRIBUTES]], row, Py_None)
-                                 : col_str(&c[rows.index[C_ATTRIBUTES]], row, json);
+    int failed = column_append(&c[rows.index[C_ATTRIBUTES]], row, json);
     Py_DECREF(json);
     if (failed < 0
         || column_append(&c[rows.index[C_REWARDS]], row, Py_None) < 0
@@ -2563,14 +2538,12 @@ static int fused_span(Buf bytes, Record *record)
         || (parent.p != parent.end ? col_hex(&c[rows.index[C_PARENT]], row, parent)
                                    : column_append(&c[rows.index[C_PARENT]], row, Py_None)) < 0
         || col_bytes(&c[rows.index[C_NAME]], row, name.p, name.end - name.p) < 0
-        || col_str(&c[rows.index[C_KIND]], row, cfg.kinds[kind]) < 0
+        || column_append(&c[rows.index[C_KIND]], row, cfg.kinds[kind]) < 0
         || col_int(&c[rows.index[C_START]], row, (int64_t)start) < 0
         || col_int(&c[rows.index[C_END]], row, (int64_t)end) < 0
-        || col_str(&c[rows.index[C_STATUS]], row, cfg.statuses[code]) < 0
+        || column_append(&c[rows.index[C_STATUS]], row, cfg.statuses[code]) < 0
         || col_bytes(&c[rows.index[C_MESSAGE]], row, message.p, message.end - message.p) < 0
-        || (record->resource->json == Py_None
-                ? column_append(&c[rows.index[C_RESOURCE]], row, Py_None)
-                : col_str(&c[rows.index[C_RESOURCE]], row, record->resource->json)) < 0
+        || column_append(&c[rows.index[C_RESOURCE]], row, record->resource->json) < 0
         || col_bytes(&c[rows.index[C_SCOPE_NAME]], row, record->scope_name.p,
                      record->scope_name.end - record->scope_name.p) < 0
         || col_bytes(&c[rows.index[C_SCOPE_VERSION]], row, record->scope_version.p,

@@ -369,6 +369,27 @@ def test_wire_forms_the_parser_accepts() -> None:
         assert exact(decode_record(payload, None, MAX)) == expected
 
 
+@pytest.mark.parametrize("field", ["trace_state", "schema_url"])
+def test_a_text_field_not_kept_must_still_be_utf8(field: str, path: str) -> None:
+    """The fast paths check texts they drop as the parser does: invalid UTF-8 is refused."""
+    request = ExportTraceServiceRequest.FromString(encode_otlp_protobuf([_span({"a": 1})]))
+    holder = (
+        request.resource_spans[0].scope_spans[0].spans[0]
+        if field == "trace_state"
+        else request.resource_spans[0]
+    )
+    setattr(holder, field, "ab")
+    good = request.SerializeToString()
+    assert good.count(b"\x02ab") == 1
+    payload = good.replace(b"\x02ab", b"\x02\xff\xfe")
+    with pytest.raises(SpanDecodeError) as expected:
+        detect_and_decode(payload)
+    assert fast_path(path)(payload) is None
+    with pytest.raises(SpanDecodeError) as got:
+        decode_record(payload, None, MAX)
+    assert got.value.reason == expected.value.reason
+
+
 @pytest.mark.parametrize("lead", [b"\n", b"\n  ", b"\n\n"])
 def test_json_that_starts_like_protobuf_is_read_as_json(lead: bytes) -> None:
     """A newline then "{" also begins a protobuf export: the native path must refuse it."""
