@@ -71,13 +71,13 @@ bench: install
 	$(BIN)/python -m bench
 
 lint: $(VENV_STAMP)
-	$(BIN)/ruff check src tests bench infra components pipelines services
-	$(BIN)/ruff format --check src tests bench infra components pipelines services
+	$(BIN)/ruff check src tests bench infra components pipelines services examples
+	$(BIN)/ruff format --check src tests bench infra components pipelines services examples
 	$(BIN)/mypy src
 
 format: $(VENV_STAMP)
-	$(BIN)/ruff check --fix src tests bench infra components pipelines services
-	$(BIN)/ruff format src tests bench infra components pipelines services
+	$(BIN)/ruff check --fix src tests bench infra components pipelines services examples
+	$(BIN)/ruff format src tests bench infra components pipelines services examples
 
 # Each chart: helm lint --strict and helm template (Kubernetes 1.30) for every value
 # set in its ci/ folder, then kubernetes-validate --strict of everything rendered.

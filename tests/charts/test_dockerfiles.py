@@ -180,6 +180,22 @@ def test_pipeline_image_carries_the_pipeline_the_upload_job_reads(chart_values: 
     assert ["pipelines/flywheel.yaml", chart_values["pipelineUpload"]["file"]] in copies
 
 
+def test_pipeline_image_installs_the_task_plugins_its_entry_points_name() -> None:
+    # The evaluate step finds an agent's task by entry point; the package must be there.
+    image = dockerfile("pipeline")
+    sources = [
+        Path(arg.split()[0])
+        for stage in image.stages
+        for op, arg in stage.instructions
+        if op == "COPY" and not arg.startswith("--from")
+    ]
+    where = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["where"]
+    for value in PYPROJECT["project"]["entry-points"]["spanmill.tasks"].values():
+        package = value.split(":")[0].split(".")[0]
+        (folder,) = [Path(w) / package for w in where if (ROOT / w / package).is_dir()]
+        assert any(folder == s or s in folder.parents for s in sources), f"no COPY of {folder}"
+
+
 def test_mlflow_image_matches_the_mlflow_spanmill_uses() -> None:
     install = _pip_installs(dockerfile("mlflow"))[0]
     pinned = re.search(r'"mlflow==([\d.]+)"', install)

@@ -28,7 +28,6 @@ from spanmill.spans import Span, SpanEvent
 from spanmill.store import BatchId, hour_dir, table_from_spans
 from spanmill.store.layout import hour_key
 from spanmill.tasks import get_task
-from spanmill.train.reference import reference_transcript
 
 # Training and evaluating the real model: minutes on two cores, more when they are busy.
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -43,7 +42,7 @@ def recorded_episodes(n: int) -> list[Span]:
         root = new_span_id()
         start = t0 + i * 10**9
         opening = task.messages(instance, "few_shot")[:-1]
-        transcript = reference_transcript(task, instance)
+        transcript = task.reference_transcript(instance)
         for turn, message in enumerate(transcript):
             if message["role"] != "assistant":
                 continue

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from spanmill_examples.calculator import tool_call_content
+
 from spanmill.evaluate.episodes import answer_samples, play_episodes
 from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult
 from spanmill.tasks import TaskInstance, get_task
-from spanmill.tasks.calculator import tool_call_content
 
 TASK = get_task("calculator")
 

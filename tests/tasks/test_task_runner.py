@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import uvicorn
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from spanmill_examples.calculator import tool_call_content
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -29,7 +30,6 @@ from spanmill.config import KafkaSettings
 from spanmill.spans import Span, detect_and_decode
 from spanmill.stack.ports import free_port
 from spanmill.tasks import TaskInstance, get_task
-from spanmill.tasks.calculator import tool_call_content
 from spanmill.tasks.runner import AgentRunError, run_agent
 
 TASK = get_task("calculator")

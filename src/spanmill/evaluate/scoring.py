@@ -20,7 +20,6 @@ from statistics import fmean
 from typing import Any
 
 from spanmill.tasks.base import Message, Task, ToolError, extract_tool_call
-from spanmill.tasks.calculator import parse_answer
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ def score_reply(task: Task, reply: str, reference: str) -> tuple[bool, bool, str
         return False, False, "empty reply"
     number = _number(reference)
     if number is not None:
-        same = parse_answer(reply) == number
+        same = task.same_answer(reply, reference) is True
         return same, True, "same number" if same else "another number"
     same = reply.strip() == reference.strip()
     return same, True, "same text" if same else "another text"

@@ -1,11 +1,13 @@
-"""Sample agent tasks: problems, prompts, tools and verifiers, and a runner for them.
+"""Agent tasks: problems, prompts, tools and verifiers, and a runner for them.
 
-Importing the package registers every task with :func:`get_task`. The runner
+Tasks are plugins: an installed distribution lists its Task classes in the
+``spanmill.tasks`` entry-point group, and :func:`get_task` finds them by name (the
+calculator, in ``examples/spanmill_examples``, is one). The runner
 (:mod:`spanmill.tasks.runner`) needs the OpenAI client and is imported on its own.
 """
 
-from spanmill.tasks import calculator
 from spanmill.tasks.base import (
+    ENTRY_POINT_GROUP,
     TASKS,
     Score,
     Task,
@@ -13,10 +15,13 @@ from spanmill.tasks.base import (
     TaskInstance,
     ToolError,
     Verdict,
+    find_task,
     get_task,
+    register,
 )
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "TASKS",
     "Score",
     "Task",
@@ -24,6 +29,7 @@ __all__ = [
     "TaskInstance",
     "ToolError",
     "Verdict",
-    "calculator",
+    "find_task",
     "get_task",
+    "register",
 ]

@@ -1,4 +1,8 @@
-"""What a sample agent task is: instances, prompts, tools and a verifier with named rewards.
+"""What an agent task is: instances, prompts, tools and a verifier with named rewards.
+
+Tasks are plugins: a distribution lists its Task classes in the ``spanmill.tasks``
+entry-point group and :data:`TASKS`, :func:`get_task` and :func:`find_task` find them
+by name, loading each only when it is asked for. The core imports none of them.
 
 Messages are OpenAI chat messages as plain dicts. A few-shot example turn carries
 ``"spanmill.message.example": true`` (:data:`spanmill.semconv.SPANMILL_MESSAGE_EXAMPLE`)
@@ -15,8 +19,10 @@ import hashlib
 import json
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, ClassVar, Final, Literal, TypeVar
 
 from spanmill import semconv as sc
@@ -29,6 +35,8 @@ Message = dict[str, Any]
 SPLITS: Final[tuple[Split, ...]] = ("train", "heldout")
 PROMPT_STYLES: Final[tuple[PromptStyle, ...]] = ("zero_shot", "few_shot")
 DEFAULT_HELDOUT_PERCENT: Final = 20
+# Installed distributions list their tasks here: ``name = "module:TaskClass"``.
+ENTRY_POINT_GROUP: Final = "spanmill.tasks"
 
 
 class TaskError(SpanmillError):
@@ -116,6 +124,14 @@ def message_text(message: Mapping[str, Any]) -> str:
             if isinstance(part, Mapping) and isinstance(part.get("text"), str)
         )
     return ""
+
+
+def plain_number(text: str) -> Fraction | None:
+    """The number a text is, commas and surrounding spaces aside, or None."""
+    try:
+        return Fraction(text.strip().replace(",", ""))
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def _strip_fence(text: str) -> str:
@@ -238,6 +254,29 @@ class Task(ABC):
     def verify(self, instance: TaskInstance, transcript: Sequence[Mapping[str, Any]]) -> Verdict:
         """Judge an episode's messages (examples and system turns are ignored)."""
 
+    def reference_transcript(self, instance: TaskInstance) -> list[Message]:
+        """The question and the turns that solve it, as an agent following the
+        protocol would: what reference datasets, demos and tests are made of.
+
+        Optional: a task without reference solutions raises TaskError.
+        """
+        raise TaskError(
+            f"task {self.name!r} has no reference solutions; its Task class does not "
+            "implement reference_transcript"
+        )
+
+    def same_answer(self, reply: str, reference: str) -> bool | None:
+        """Whether a final reply gives the answer ``reference`` gives; None when the
+        task cannot tell, and the caller compares the texts its own way.
+
+        The default reads only plain numbers (``12.50`` is ``12.5``, ``1,250`` is
+        ``1250``): a task overrides it to read answers as its verifier does.
+        """
+        wanted = plain_number(reference)
+        if wanted is None:
+            return None
+        return plain_number(reply) == wanted
+
     def prompt_name(self, style: PromptStyle) -> str:
         return f"{self.name}.{style}"
 
@@ -254,23 +293,146 @@ class Task(ABC):
         return opening
 
 
-TASKS: dict[str, type[Task]] = {}
+class TaskRegistry(Mapping[str, type[Task]]):
+    """Every task by name: the ``spanmill.tasks`` entry points of the installed
+    distributions, and the tasks defined in-process with :func:`register` (tests).
+
+    The entry points are listed on first use and each is loaded when its task is
+    first asked for, so a broken plugin fails only the lookups that need it, with a
+    TaskError naming it.
+    """
+
+    def __init__(self, group: str = ENTRY_POINT_GROUP) -> None:
+        self.group = group
+        self._registered: dict[str, type[Task]] = {}
+        self._entry_points: dict[str, EntryPoint] | None = None
+        self._loaded: dict[str, type[Task]] = {}
+        self._clashes: dict[str, list[EntryPoint]] = {}
+
+    def register(self, cls: type[Task]) -> None:
+        taken = self._registered.get(cls.name)
+        if taken is not None and taken is not cls:
+            raise ValueError(f"task name {cls.name!r} is taken by {taken.__qualname__}")
+        found = self.entry_points().get(cls.name)
+        if found is not None and found.value != f"{cls.__module__}:{cls.__qualname__}":
+            raise ValueError(
+                f"task name {cls.name!r} is taken by the installed plugin {found.value} "
+                f"(entry point group {self.group!r})"
+            )
+        self._registered[cls.name] = cls
+
+    def entry_points(self) -> dict[str, EntryPoint]:
+        if self._entry_points is None:
+            # Distributions come unique by name, so an editable install seen twice on
+            # sys.path lists each task once; two distributions may still claim a name.
+            found: dict[str, EntryPoint] = {}
+            for entry in entry_points(group=self.group):
+                if entry.name in found and found[entry.name].value != entry.value:
+                    self._clashes[entry.name] = [found[entry.name], entry]
+                found[entry.name] = entry
+            self._entry_points = found
+        return self._entry_points
+
+    def installed(self) -> str:
+        """The task names, for an error message."""
+        return ", ".join(sorted(self)) or "none"
+
+    def __getitem__(self, name: str) -> type[Task]:
+        if name in self._registered:
+            return self._registered[name]
+        if name in self._loaded:
+            return self._loaded[name]
+        found = self.entry_points()[name]
+        if name in self._clashes:
+            claims = " and ".join(f"{_distribution(e)} ({e.value})" for e in self._clashes[name])
+            raise TaskError(
+                f"task {name!r} is claimed by {claims} in entry point group {self.group!r}; "
+                "uninstall one or rename its entry point"
+            )
+        self._loaded[name] = self._load(found)
+        return self._loaded[name]
+
+    def _load(self, found: EntryPoint) -> type[Task]:
+        where = f"task {found.name!r} ({self.group} entry point {found.value!r})"
+        try:
+            cls = found.load()
+        except Exception as exc:
+            raise TaskError(
+                f"{where} failed to load: {type(exc).__name__}: {exc}; is the distribution "
+                f"that provides it installed with its dependencies? Installed tasks: "
+                f"{self.installed()}"
+            ) from exc
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TaskError(f"{where} names {cls!r}, which is not a Task subclass")
+        if cls.name != found.name:
+            raise TaskError(
+                f"{where} names {cls.__qualname__}, whose name is {cls.name!r}; the entry "
+                "point's name must be the task's name"
+            )
+        return cls
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted({*self.entry_points(), *self._registered}))
+
+    def __len__(self) -> int:
+        return len({*self.entry_points(), *self._registered})
+
+
+def _distribution(entry: EntryPoint) -> str:
+    return entry.dist.name if entry.dist is not None else "an unnamed distribution"
+
+
+TASKS: Final = TaskRegistry()
 
 T = TypeVar("T", bound=type[Task])
 
 
 def register(cls: T) -> T:
-    """Class decorator: make a task available to :func:`get_task` under its name."""
-    if cls.name in TASKS and TASKS[cls.name] is not cls:
-        raise ValueError(f"task name {cls.name!r} is taken by {TASKS[cls.name].__qualname__}")
-    TASKS[cls.name] = cls
+    """Class decorator: make a task defined in-process available to :func:`get_task`.
+
+    Installed tasks need no decorator: their distribution lists them in the
+    ``spanmill.tasks`` entry-point group.
+    """
+    TASKS.register(cls)
     return cls
 
 
 def get_task(name: str) -> Task:
-    """The registered task called ``name``."""
+    """A new instance of the task called ``name``, installed or registered in-process."""
     try:
-        return TASKS[name]()
+        cls = TASKS[name]
     except KeyError:
-        known = ", ".join(sorted(TASKS)) or "none"
-        raise TaskError(f"unknown task {name!r}; known tasks: {known}") from None
+        raise TaskError(
+            f"unknown task {name!r}; installed tasks: {TASKS.installed()}. A task is a "
+            f"Task subclass listed in the {ENTRY_POINT_GROUP!r} entry-point group of an "
+            "installed distribution"
+        ) from None
+    return cls()
+
+
+def find_task(agent: str) -> Task | None:
+    """A new instance of the task whose agent is ``agent``, or None when no task has it.
+
+    Every task is loaded to read its agent's name. A plugin that fails to load is
+    passed over while another task has the agent; when none does, the failure is
+    raised, since the broken plugin may be the one.
+    """
+    playing: list[str] = []
+    broken: list[TaskError] = []
+    for name in TASKS:
+        try:
+            cls = TASKS[name]
+        except TaskError as exc:
+            broken.append(exc)
+            continue
+        if cls.agent_name == agent:
+            playing.append(name)
+    if len(playing) > 1:
+        raise TaskError(
+            f"tasks {', '.join(playing)} all have the agent {agent!r}; name the one to use"
+        )
+    if playing:
+        return get_task(playing[0])
+    if broken:
+        raise TaskError(f"cannot tell whether agent {agent!r} has a task: {broken[0]}")
+    return None

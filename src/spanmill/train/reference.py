@@ -21,33 +21,22 @@ from spanmill.dataset.build import histogram
 from spanmill.dataset.layout import CARD_FILE, EVAL_FILE, TRAIN_FILE
 from spanmill.dataset.output import SCHEMAS
 from spanmill.messages import to_model_messages
-from spanmill.tasks.base import Message, PromptStyle, Task, TaskError, TaskInstance
-from spanmill.tasks.calculator import TOOL_NAME, CalculatorTask, tool_call_content
+from spanmill.tasks.base import PromptStyle, Task, TaskInstance
 
 REFERENCE_MODEL = "reference"
-
-
-def reference_transcript(task: Task, instance: TaskInstance) -> list[Message]:
-    """The question and the turns that solve it, as an agent following the protocol would."""
-    if task.name != CalculatorTask.name:
-        raise TaskError(f"task {task.name!r} has no reference solutions")
-    expression = str(instance.data["expression"])
-    result = task.run_tool(TOOL_NAME, {"expression": expression})
-    return [
-        {"role": "user", "content": instance.question},
-        {"role": "assistant", "content": tool_call_content(expression)},
-        {"role": "tool", "content": result},
-        {"role": "assistant", "content": result},
-    ]
 
 
 def reference_rows(
     task: Task, instances: Sequence[TaskInstance], prompt_style: PromptStyle = "zero_shot"
 ) -> list[dict[str, Any]]:
-    """One sft row per assistant turn of each instance's reference solution."""
+    """One sft row per assistant turn of each instance's reference solution.
+
+    The solutions are the task's own (:meth:`Task.reference_transcript`); a task
+    without them raises TaskError.
+    """
     rows = []
     for instance in instances:
-        transcript = reference_transcript(task, instance)
+        transcript = task.reference_transcript(instance)
         opening = task.messages(instance, prompt_style)[:-1]
         episode_id = hashlib.sha256(instance.id.encode()).hexdigest()[:16]
         for turn, message in enumerate(transcript):

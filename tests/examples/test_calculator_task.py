@@ -9,11 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from spanmill import semconv as sc
-from spanmill.tasks import TaskError, ToolError, get_task
-from spanmill.tasks.base import extract_tool_call, split_of
-from spanmill.tasks.calculator import (
+from spanmill_examples.calculator import (
     FEW_SHOT_EXAMPLES,
     TEMPLATES,
     CalculatorTask,
@@ -25,6 +21,10 @@ from spanmill.tasks.calculator import (
     tool_call_content,
 )
 
+from spanmill import semconv as sc
+from spanmill.tasks import TaskError, ToolError, get_task
+from spanmill.tasks.base import extract_tool_call, split_of
+
 TASK = CalculatorTask()
 
 
@@ -33,7 +33,7 @@ TASK = CalculatorTask()
 
 def test_the_registry_knows_the_calculator() -> None:
     assert isinstance(get_task("calculator"), CalculatorTask)
-    with pytest.raises(TaskError, match="known tasks: calculator"):
+    with pytest.raises(TaskError, match=r"installed tasks: .*calculator"):
         get_task("sql")
 
 
@@ -342,3 +342,33 @@ def test_tool_calls_are_read_in_both_forms() -> None:
     )
     assert extract_tool_call(assistant("39")) is None
     assert extract_tool_call(tool_calls("", arguments="not json")) is None
+
+
+# -- what the core asks of a task beyond playing it ----------------------------------
+
+
+def test_the_reference_solution_follows_the_protocol_and_passes_the_verifier() -> None:
+    for instance in TASK.instances("heldout", 20, seed=2):
+        transcript = TASK.reference_transcript(instance)
+        assert [m["role"] for m in transcript] == ["user", "assistant", "tool", "assistant"]
+        assert transcript[1]["content"] == tool_call_content(instance.data["expression"])
+        assert transcript[-1]["content"] == instance.answer
+        assert TASK.verify(instance, transcript)["success"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("reply", "reference", "same"),
+    [
+        ("39", "39", True),
+        ("The answer is 39.", "39", True),
+        ("$8.75", "8.75", True),
+        ("1,250", "1250", True),
+        ("40", "39", False),
+        ("no idea", "39", False),
+        ("39", "no number here", None),
+    ],
+)
+def test_answers_are_compared_as_the_verifier_reads_them(
+    reply: str, reference: str, same: bool | None
+) -> None:
+    assert TASK.same_answer(reply, reference) is same

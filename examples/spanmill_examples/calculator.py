@@ -1,5 +1,8 @@
 """The calculator agent: arithmetic word problems solved with one calculator call.
 
+An example task plugin: spanmill finds it through the ``spanmill.tasks`` entry point
+``calculator`` (pyproject.toml) and never imports it.
+
 The protocol, two turns:
 
 1. the agent calls the tool, as JSON content
@@ -44,7 +47,6 @@ from spanmill.tasks.base import (
     extract_tool_call,
     is_example,
     message_text,
-    register,
 )
 
 TOOL_NAME: Final = "calculator"
@@ -652,7 +654,6 @@ def tool_call_content(expression: str) -> str:
     return json.dumps({"tool": TOOL_NAME, "expression": expression})
 
 
-@register
 class CalculatorTask(Task):
     """Arithmetic word problems with 2-3 operations, solved with one calculator call."""
 
@@ -712,6 +713,23 @@ class CalculatorTask(Task):
         if not isinstance(expression, str):
             raise ToolError('the calculator needs {"expression": "<arithmetic expression>"}')
         return format_number(evaluate(expression))
+
+    def reference_transcript(self, instance: TaskInstance) -> list[Message]:
+        expression = str(instance.data["expression"])
+        result = self.run_tool(TOOL_NAME, {"expression": expression})
+        return [
+            {"role": "user", "content": instance.question},
+            {"role": "assistant", "content": tool_call_content(expression)},
+            {"role": "tool", "content": result},
+            {"role": "assistant", "content": result},
+        ]
+
+    def same_answer(self, reply: str, reference: str) -> bool | None:
+        # As the verifier reads a final answer: "$8.75" and "The answer is 42." count.
+        wanted = parse_answer(reference)
+        if wanted is None:
+            return None
+        return parse_answer(reply) == wanted
 
     def verify(self, instance: TaskInstance, transcript: Sequence[Mapping[str, Any]]) -> Verdict:
         turns = [m for m in transcript if m.get("role") == "assistant" and not is_example(m)]
