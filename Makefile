@@ -43,6 +43,9 @@ $(VENV_STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all,dev]'
 	$(BIN)/python -m pip check
+	# The editable build leaves spanmill.egg-info in the checkout; run from here, Python
+	# would read its entry points (tasks, evaluators) instead of the installed ones.
+	rm -rf spanmill.egg-info
 	rm -f $(VENV)/.installed-*
 	touch $@
 

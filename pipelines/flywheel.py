@@ -33,6 +33,10 @@ S3_ENV = {
     "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
 }
 
+# The LLM judge's endpoint key, for the evaluate step only.
+JUDGE_SECRET = "spanmill-judge"
+JUDGE_ENV = {"api-key": "SPANMILL_EVAL_JUDGE_API_KEY"}
+
 
 def _credentials(task: dsl.PipelineTask) -> dsl.PipelineTask:
     kubernetes.use_secret_as_env(task, MLFLOW_SECRET, MLFLOW_ENV, optional=True)
@@ -64,6 +68,10 @@ def flywheel(
     max_length: int = 1024,
     precision: str = "auto",
     eval_instances: int = 100,
+    evaluators: str = "tool_calls,reference",
+    gate_metric: str = "auto",
+    judge_url: str = "",
+    judge_model: str = "",
     margin: float = 0.05,
     num_threads: int = 0,
     flavour: str = "python",
@@ -95,11 +103,14 @@ def flywheel(
 
     judged = evaluate(
         dataset=data.outputs["dataset"], model=trained.outputs["model"], agent=agent,
-        base_model=base_model, margin=margin, instances=eval_instances,
-        num_threads=num_threads, tracking_uri=tracking_uri,
+        base_model=base_model, margin=margin, instances=eval_instances, evaluators=evaluators,
+        gate_metric=gate_metric, judge_url=judge_url, judge_model=judge_model,
+        num_threads=num_threads, triton_url=triton_url, model_repository=model_repository,
+        tracking_uri=tracking_uri,
     )  # fmt: skip
     judged.set_caching_options(False)
     _credentials(judged)
+    kubernetes.use_secret_as_env(judged, JUDGE_SECRET, JUDGE_ENV, optional=True)
 
     with dsl.If(judged.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
         registered = register_model(

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spanmill.evaluate import GatePolicy, Interval, Summary, bootstrap_difference, decide
-from spanmill.evaluate.scoring import Outcome, per_item, score_reply
-from spanmill.tasks import get_task
+from spanmill.evaluate.scoring import Outcome, per_item
 
 
 def summary(success: float, valid: float = 1.0, n: int = 100) -> Summary:
@@ -93,43 +92,22 @@ def test_summaries_and_per_item_values_agree() -> None:
     assert Summary.of([]).n == 0
 
 
-@pytest.mark.parametrize(
-    ("reply", "reference", "match", "valid"),
-    [
-        (
-            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
-            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
-            True,
-            True,
+def test_evaluator_metrics_are_averaged_over_the_items_they_apply_to() -> None:
+    outcomes = [
+        Outcome("a", 1.0, True, True, 5, 1, scores={"tool_calls.name": 1.0, "judge.preference": 1}),
+        Outcome("b", 0.0, False, True, 5, 1, scores={"judge.preference": 0.5}),
+        Outcome(
+            "c", 0.0, False, True, 5, 1, scores={"tool_calls.name": 0.0, "judge.preference": 0}
         ),
-        (
-            '{"tool": "calculator", "expression": "12 * 4 - 9"}',
-            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
-            True,
-            True,
-        ),
-        (
-            '{"tool": "calculator", "expression": "4 * 12"}',
-            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
-            False,
-            True,
-        ),
-        (
-            '{"tool": "calculator", "expression": "4 ** 12"}',
-            '{"tool": "calculator", "expression": "4 * 12 - 9"}',
-            False,
-            False,
-        ),
-        ("The answer is 39.", '{"tool": "calculator", "expression": "4 * 12 - 9"}', False, False),
-        ("39", "39", True, True),
-        ("The answer is 39.", "39", True, True),
-        ("40", "39", False, True),
-        ('{"tool": "calculator", "expression": "39"}', "39", False, False),
-        ("", "39", False, False),
-    ],
-)
-def test_replies_are_scored_against_the_recorded_completion(
-    reply: str, reference: str, match: bool, valid: bool
-) -> None:
-    got_match, got_valid, why = score_reply(get_task("calculator"), reply, reference)
-    assert (got_match, got_valid) == (match, valid), why
+    ]
+    s = Summary.of(outcomes)
+    assert s.scores == {"tool_calls.name": 0.5, "judge.preference": 0.5}
+    assert s.metric("tool_calls.name") == 0.5 and s.metric("success_rate") == 1 / 3
+    assert per_item(outcomes, "tool_calls.name") == [1.0, 0.0]
+    decision = decide(s, summary(0.0), interval(0.5), GatePolicy(metric="tool_calls.name"))
+    assert decision.promote and decision.metric == "tool_calls.name"
+
+
+def test_the_gate_metric_is_checked_when_the_policy_is_made() -> None:
+    with pytest.raises(ValueError, match="metric"):
+        GatePolicy(metric="no such metric")

@@ -7,7 +7,9 @@ from typing import Any
 
 from spanmill_examples.calculator import tool_call_content
 
-from spanmill.evaluate.episodes import answer_samples, play_episodes
+from spanmill.evaluate.episodes import play_episodes
+from spanmill.evaluate.evaluators import ReplayItem, ToolCallsEvaluator
+from spanmill.evaluate.replay import answer, score
 from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult
 from spanmill.tasks import TaskInstance, get_task
 
@@ -61,20 +63,28 @@ def test_episodes_follow_the_protocol_in_lockstep_batches() -> None:
     assert first[2]["content"] == instances[0].answer
 
 
-def test_samples_are_answered_and_compared_with_their_reference() -> None:
-    instances = TASK.instances("heldout", 2, seed=4)
+def test_replayed_calls_are_answered_in_batches_and_scored() -> None:
+    instances = TASK.instances("heldout", 3, seed=4)
     model = ScriptedModel(instances, {instances[0].id})
-    samples = [
-        (
+    items = [
+        ReplayItem(
             f"s{i}",
             TASK.messages(instance, "zero_shot"),
             tool_call_content(str(instance.data["expression"])),
         )
         for i, instance in enumerate(instances)
     ]
-    outcomes = answer_samples(model, TASK, samples, batch_size=8)
-    assert [(o.success, o.format_valid) for o in outcomes] == [(True, True), (False, False)]
-    assert model.batches == [2]
+    texts, tokens = answer(model, items, max_new_tokens=32, batch_size=2)
+    assert model.batches == [2, 1]
+    assert all(tokens)
+    outcomes = score(items, {"challenger": texts}, {"challenger": tokens}, [ToolCallsEvaluator()])
+    got = [(o.success, o.format_valid, o.scores) for o in outcomes["challenger"]]
+    miss = {"tool_calls.name": 0.0, "tool_calls.name_args": 0.0}
+    assert got == [
+        (True, True, {"tool_calls.name": 1.0, "tool_calls.name_args": 1.0}),
+        (False, False, miss),
+        (False, False, miss),
+    ]
 
 
 def test_batch_generation_matches_one_at_a_time(smollm2_dir: Path) -> None:

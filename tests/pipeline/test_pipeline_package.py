@@ -42,9 +42,21 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     for name in ("exec-build-dataset", "exec-train-lora", "exec-evaluate", "exec-register-model",
                  "exec-deploy-model"):  # fmt: skip
         secrets = {s["secretName"] for s in k8s[name]["secretAsEnv"]}
-        assert secrets == {"spanmill-mlflow", "spanmill-s3"}, name
+        judged = {"spanmill-judge"} if name == "exec-evaluate" else set()
+        assert secrets == {"spanmill-mlflow", "spanmill-s3", *judged}, name
         envs = {m["envVar"] for s in k8s[name]["secretAsEnv"] for m in s["keyToEnv"]}
         assert "SPANMILL_MLFLOW_TRACKING_URI" in envs
+    # The judge's key reaches the evaluate step only, from its own Secret.
+    judge_env = {m["envVar"] for s in k8s["exec-evaluate"]["secretAsEnv"] for m in s["keyToEnv"]}
+    assert "SPANMILL_EVAL_JUDGE_API_KEY" in judge_env
+    # The evaluation is the run's visualisation: a Markdown and an HTML report, and metrics.
+    outputs = spec["components"]["comp-evaluate"]["outputDefinitions"]["artifacts"]
+    kinds = {name: o["artifactType"]["schemaTitle"] for name, o in outputs.items()}
+    assert kinds["report"] == "system.Markdown" and kinds["report_html"] == "system.HTML"
+    assert kinds["metrics"] == "system.Metrics"
+    assert {"evaluators", "judge_url", "judge_model", "gate_metric"} <= set(
+        spec["components"]["comp-evaluate"]["inputDefinitions"]["parameters"]
+    )
     # Only a passing challenger is registered and staged.
     dag = spec["root"]["dag"]["tasks"]
     assert "condition-1" in dag or any("condition" in t for t in dag)

@@ -6,7 +6,9 @@ solutions rather than the base model's own few-shot successes: those need about
 800 few-shot episodes (about 8 minutes of generation here) to yield ~95
 successes, which alone would spend this test's whole budget; the reference
 solutions cost nothing and teach the same protocol. Held-out success is measured
-on fresh instances with the zero-shot prompt, where the base model scores ~0%.
+on fresh instances with the zero-shot prompt, where the base model scores ~0%,
+both models answering through Triton (no champion is registered: the base model
+is staged beside the challenger).
 
 Everything lands in a real MLflow server and is checked there.
 """
@@ -21,7 +23,7 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from spanmill.config import MLflowSettings
+from spanmill.config import MLflowSettings, TritonSettings
 from spanmill.evaluate import EvalSettings, evaluate
 from spanmill.tasks import get_task
 from spanmill.train import TrainSettings, train, write_reference_dataset
@@ -33,7 +35,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(1200)]
 STEPS = 40
 TRAIN_EPISODES = 200
 HELDOUT_INSTANCES = 32
-DATASET_SAMPLES = 16
+REPLAY_ITEMS = 16
 
 
 def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
@@ -47,11 +49,11 @@ def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -
 
 
 def test_lora_tuning_raises_heldout_success_over_the_base_model(
-    tmp_path: Path, smollm2_dir: Path, mlflow_server: Any
+    tmp_path: Path, smollm2_dir: Path, mlflow_server: Any, triton: Any
 ) -> None:
     task = get_task("calculator")
     dataset = write_reference_dataset(
-        task, tmp_path / "dataset", n_train=TRAIN_EPISODES, n_eval=DATASET_SAMPLES // 2
+        task, tmp_path / "dataset", n_train=TRAIN_EPISODES, n_eval=REPLAY_ITEMS // 2
     )
     tracking = MLflowSettings(tracking_uri=mlflow_server.tracking_uri)
     started = time.perf_counter()
@@ -75,8 +77,12 @@ def test_lora_tuning_raises_heldout_success_over_the_base_model(
         str(tmp_path / "adapter"),
         tmp_path / "evaluation",
         EvalSettings(
+            agent="calculator",
             instances=HELDOUT_INSTANCES,
-            dataset_samples=DATASET_SAMPLES,
+            replay_items=REPLAY_ITEMS,
+            triton=TritonSettings(
+                http_url=triton.http_url, model_repository=str(triton.model_repository)
+            ),
             max_new_tokens=48,
             batch_size=32,
             num_threads=2,
@@ -84,9 +90,12 @@ def test_lora_tuning_raises_heldout_success_over_the_base_model(
         ),
     )
     eval_seconds = time.perf_counter() - started - train_seconds
+    # Both versions staged for the evaluation left Triton's repository with it.
+    candidates = Path(triton.model_repository) / "calculator.candidate"
+    assert not [p for p in candidates.glob("*") if p.name.isdigit()]
 
     tasks = report.suites["tasks"]
-    samples = report.suites["dataset"]
+    samples = report.suites["replay"]
     print(
         f"\n{STEPS} steps of batch 4 in {train_seconds:.0f}s "
         f"({trained.metrics.get('train_tokens_per_second', 0):.0f} tokens/s, "
@@ -112,6 +121,8 @@ def test_lora_tuning_raises_heldout_success_over_the_base_model(
     assert tasks.challenger.success_rate >= tasks.champion.success_rate + 0.15
     assert tasks.difference.low > 0
     assert samples.challenger.success_rate > samples.champion.success_rate
+    replayed = samples.challenger.scores
+    assert replayed["tool_calls.name"] > samples.champion.scores["tool_calls.name"]
     assert report.decision.promote
 
     # All of it is in MLflow: one run holds the training and its evaluation.

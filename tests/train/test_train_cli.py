@@ -1,4 +1,9 @@
-"""``spanmill train`` and ``spanmill evaluate`` end to end on a tiny model, MLflow off."""
+"""``spanmill train`` and ``spanmill evaluate`` end to end on a tiny model.
+
+Evaluation answers through the real tritonserver and looks the champion up in
+the real MLflow server (there is none: the base model is staged beside the
+challenger); tracking runs in MLflow are off.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +24,19 @@ def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     return CliRunner()
 
 
-def test_train_then_evaluate_from_the_command_line(
-    runner: CliRunner, tmp_path: Path, small_dataset: Path, tiny_model_dir: Path
+@pytest.mark.services
+def test_train_then_evaluate_from_the_command_line(  # type: ignore[no-untyped-def]
+    runner: CliRunner,
+    tmp_path: Path,
+    small_dataset: Path,
+    tiny_model_dir: Path,
+    mlflow_server,
+    triton,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("SPANMILL_MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
+    monkeypatch.setenv("SPANMILL_TRITON_HTTP_URL", triton.http_url)
+    monkeypatch.setenv("SPANMILL_TRITON_MODEL_REPOSITORY", str(triton.model_repository))
     adapter = tmp_path / "adapter"
     metrics = tmp_path / "train-metrics.json"
     trained = runner.invoke(
@@ -55,7 +70,7 @@ def test_train_then_evaluate_from_the_command_line(
             str(tmp_path / "evaluation"),
             "--instances",
             "3",
-            "--samples",
+            "--replay-items",
             "2",
             "--fail-on-reject",
         ],
@@ -66,6 +81,8 @@ def test_train_then_evaluate_from_the_command_line(
     result = json.loads((tmp_path / "evaluation" / "metrics.json").read_text())
     assert result["decision"]["verdict"] == "reject"
     assert result["metrics"]["tasks.challenger.n"] == 3
+    assert result["metrics"]["replay.challenger.n"] == 2
+    assert "Triton calculator.candidate version" in result["models"]["challenger"]["served"]
     assert (tmp_path / "evaluation" / "report.html").read_text().startswith("<!doctype html>")
 
 

@@ -146,7 +146,7 @@ def test_an_unreachable_mlflow_stops_before_training(
 def test_evaluation_checks_its_inputs_first(
     tmp_path: Path, small_dataset: Path, tiny_model_dir: Path
 ) -> None:
-    quiet = EvalSettings(track=False, instances=2, dataset_samples=2)
+    quiet = EvalSettings(track=False, instances=2, replay_items=2)
     with pytest.raises(ModelError, match="nowhere"):
         evaluate(small_dataset, str(tmp_path / "nowhere"), tmp_path / "eval", quiet)
     with pytest.raises(SpanmillError, match="unknown task"):

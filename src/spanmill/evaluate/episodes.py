@@ -1,4 +1,4 @@
-"""Play episodes and answer samples with a local model, many at a time.
+"""Play a task's episodes with a model, many at a time.
 
 Episodes advance in lockstep: every unfinished episode of a batch gets its next
 reply from one batched generation, then its tool result, until all are done.
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from spanmill.evaluate.scoring import Outcome, format_score_of, score_reply
+from spanmill.evaluate.scoring import Outcome, format_score_of
 from spanmill.messages import to_model_messages
 from spanmill.serving.protocol import GenerationParams, GenerationResult
-from spanmill.tasks.base import Message, PromptStyle, Task, TaskInstance
+from spanmill.tasks.base import PromptStyle, Task, TaskInstance
 from spanmill.tasks.loop import EpisodeLoop
 
 Progress = Callable[[int], None]
@@ -78,39 +78,4 @@ def play_episodes(
             )
         if progress is not None:
             progress(len(loops))
-    return outcomes
-
-
-def answer_samples(
-    generator: BatchGenerator,
-    task: Task,
-    samples: Sequence[tuple[str, list[Message], str]],
-    *,
-    max_new_tokens: int = 96,
-    batch_size: int = 16,
-    progress: Progress | None = None,
-) -> list[Outcome]:
-    """One reply per (id, prompt, reference completion text), scored against the reference."""
-    params = GenerationParams(max_tokens=max_new_tokens)
-    outcomes: list[Outcome] = []
-    for start in range(0, len(samples), batch_size):
-        batch = samples[start : start + batch_size]
-        results = generator.generate_batch([to_model_messages(p) for _, p, _ in batch], params)
-        for (sample_id, prompt, reference), result in zip(batch, results, strict=True):
-            choice = result.choices[0]
-            match, valid, why = score_reply(task, choice.text, reference)
-            outcomes.append(
-                Outcome(
-                    item_id=sample_id,
-                    reward=float(match),
-                    success=match,
-                    format_valid=valid,
-                    tokens=len(choice.token_ids),
-                    replies=1,
-                    explanation=why,
-                    transcript=[prompt[-1], {"role": "assistant", "content": choice.text}],
-                )
-            )
-        if progress is not None:
-            progress(len(batch))
     return outcomes

@@ -31,7 +31,8 @@ def decide(
     A tie is never promoted, whatever the margin: replacing a model in service
     has a cost, and an equal model does not pay for it.
     """
-    metric = policy.metric
+    # An unresolved "auto" (no evaluators to choose from) is the success rate.
+    metric = "success_rate" if policy.metric == "auto" else policy.metric
     delta = challenger.metric(metric) - champion.metric(metric)
     reasons: list[str] = []
     if challenger.n == 0 or champion.n == 0:

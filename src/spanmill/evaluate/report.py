@@ -45,7 +45,7 @@ def rates_png(report: EvalReport, path: Path) -> Path:
         difference = suite.difference
         axes.set_title(
             f"{suite.name}: n={suite.challenger.n}\n"
-            f"Δ {report.policy.metric} {difference.estimate:+.3f} "
+            f"Δ {suite.metric} {difference.estimate:+.3f} "
             f"[{difference.low:+.3f}, {difference.high:+.3f}]",
             fontsize=10,
         )
@@ -76,7 +76,7 @@ def html_page(
         d = suite.difference
         rows.append(
             f"<tr class='diff'><td>{e(suite.name)}</td><td colspan='4'>difference in "
-            f"{e(report.policy.metric)} (challenger - champion)</td><td colspan='3'>"
+            f"{e(suite.metric)} (challenger - champion)</td><td colspan='3'>"
             f"{d.estimate:+.3f}, {d.confidence:.0%} CI [{d.low:+.3f}, {d.high:+.3f}]</td></tr>"
         )
     failures = []
@@ -114,7 +114,74 @@ significance required: {report.policy.require_significant}.</p>
 Challenger: {e(report.models["challenger"].describe())}</p>
 <table><tr><th>suite</th><th>model</th><th>name</th><th>n</th><th>mean reward</th>
 <th>success</th><th>format valid</th><th>tokens/answer</th></tr>{"".join(rows)}</table>
+<h2>Evaluator metrics</h2>{_scores_table(report)}
 <p><img alt="rates" src="data:image/png;base64,{picture}"></p>
+<h2>Evaluators</h2>{_evaluators_html(report)}
 <h2>Some failures</h2>{"".join(failures) or "<p>none</p>"}
 </body></html>
 """
+
+
+def _scores_table(report: EvalReport) -> str:
+    e = html.escape
+    rows = [
+        f"<tr><td>{e(suite.name)}</td><td>{e(name)}</td>"
+        f"<td>{suite.champion.scores.get(name, 0.0):.3f}</td><td>{value:.3f}</td></tr>"
+        for suite in report.suites.values()
+        for name, value in suite.challenger.scores.items()
+    ]
+    if not rows:
+        return "<p>none</p>"
+    return (
+        "<table><tr><th>suite</th><th>metric</th><th>champion</th><th>challenger</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _evaluators_html(report: EvalReport) -> str:
+    e = html.escape
+    parts = []
+    for name, described in report.evaluators.items():
+        facts = "".join(
+            f"<li><b>{e(key)}</b>: <span class='turn'>{e(value)}</span></li>"
+            for key, value in described.items()
+        )
+        parts.append(f"<h3>{e(name)}</h3><ul>{facts}</ul>")
+    return "".join(parts) or "<p>none</p>"
+
+
+def markdown_page(report: EvalReport) -> str:
+    """The decision and the figures as Markdown: the run's visualisation in the Kubeflow UI."""
+    decision = report.decision
+    lines = [
+        f"# Evaluation of {report.models['challenger'].label} on {report.task}",
+        "",
+        f"**Gate: {decision.verdict}** (suite `{report.policy.suite}`, metric "
+        f"`{report.policy.metric}`, margin {report.policy.margin})",
+        "",
+        *[f"- {reason}" for reason in decision.reasons],
+        "",
+        f"Champion: {report.models['champion'].describe()}  ",
+        f"Challenger: {report.models['challenger'].describe()}",
+        "",
+        "| suite | metric | champion | challenger |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    for suite in report.suites.values():
+        names = [*(key for key, _ in _RATES), *suite.challenger.scores]
+        for name in names:
+            lines.append(
+                f"| {suite.name} | {name} | {suite.champion.metric(name):.3f} | "
+                f"{suite.challenger.metric(name):.3f} |"
+            )
+        d = suite.difference
+        lines.append(
+            f"| {suite.name} | Δ {suite.metric} | | {d.estimate:+.3f} "
+            f"[{d.low:+.3f}, {d.high:+.3f}] ({d.confidence:.0%}) |"
+        )
+    for name, described in report.evaluators.items():
+        if "prompt_version" in described:
+            lines += ["", f"Evaluator `{name}`: prompt {described['prompt_version']}, "
+                      f"model {described.get('model', '?')}"]  # fmt: skip
+    return "\n".join(lines) + "\n"

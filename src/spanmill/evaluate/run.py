@@ -1,37 +1,54 @@
 """Judge a challenger against the champion: ``evaluate(dataset_dir, challenger, output_dir)``.
 
 Folder in, folder out, like training; the pipeline component and the CLI call
-this function. ``output_dir`` receives ``metrics.json`` (flat metrics and the
-gate's decision), ``report.html``, ``report.png`` and ``outcomes.jsonl``
-(every episode and reply, for a person to read). Every input is checked before
-a model is loaded.
+this function. Both models answer through Triton (see :mod:`spanmill.evaluate.served`):
+the champion is the agent's registered champion version, the challenger is
+staged as a candidate version for the length of the evaluation. Two suites:
+
+``replay``
+    the dataset's eval split replayed to both, scored by the chosen evaluators
+    (any agent has this one);
+``tasks``
+    fresh held-out instances of the agent's task plugin, played as whole
+    episodes and judged by the task's verifier (only agents with a task plugin).
+
+``output_dir`` receives ``metrics.json`` (flat metrics and the gate's decision),
+``report.html``, ``report.md``, ``report.png`` and ``outcomes.jsonl`` (every
+episode and reply, for a person to read). Every input is checked before Triton
+is asked for anything.
 """
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from spanmill.errors import ModelError
-from spanmill.evaluate.episodes import answer_samples, play_episodes
+from spanmill.evaluate.episodes import play_episodes
+from spanmill.evaluate.evaluators import Evaluator, EvaluatorContext, ReplayItem, load_evaluator
 from spanmill.evaluate.gate import GateDecision, decide
-from spanmill.evaluate.report import html_page, rates_png
+from spanmill.evaluate.replay import answer, replay_items, score
+from spanmill.evaluate.report import html_page, markdown_page, rates_png
 from spanmill.evaluate.scoring import Outcome, Summary, as_jsonable, per_item
+from spanmill.evaluate.served import ServedModel, staged_candidate
 from spanmill.evaluate.settings import EvalSettings, GatePolicy
 from spanmill.evaluate.stats import Interval, bootstrap_difference
 from spanmill.models import resolve_model
-from spanmill.tasks import TASKS, Task, TaskError, TaskInstance, get_task
-from spanmill.tasks.base import Message
+from spanmill.tasks import Task, TaskInstance, find_task, get_task
 from spanmill.train.data import TrainingData, load_training_data
 from spanmill.train.tracking import RunTracker
 from spanmill.train.trainer import MANIFEST_FILE
 
+log = logging.getLogger(__name__)
+
 METRICS_FILE = "metrics.json"
 REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
 REPORT_PNG = "report.png"
 OUTCOMES_FILE = "outcomes.jsonl"
 ARTIFACT_DIR = "evaluation"
@@ -47,15 +64,17 @@ class EvaluationError(ModelError):
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A model to generate with: a base model and, optionally, an adapter on it."""
+    """A model: a base model and, optionally, an adapter on it; where Triton serves it."""
 
     label: str
     base: str
     adapter: str | None = None
     run_id: str | None = None
+    served: str = ""
 
     def describe(self) -> str:
-        return f"{self.adapter} on {self.base}" if self.adapter else self.base
+        model = f"{self.adapter} on {self.base}" if self.adapter else self.base
+        return f"{model} ({self.served})" if self.served else model
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,7 @@ class SuiteResult:
     champion: Summary
     challenger: Summary
     difference: Interval
+    metric: str = "success_rate"  # the one the difference is of
 
 
 @dataclass(frozen=True)
@@ -76,14 +96,18 @@ class EvalReport:
     policy: GatePolicy
     decision: GateDecision
     run_id: str | None = None
+    evaluators: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics, named ``<suite>.<role>.<rate>`` and ``<suite>.difference[_low|_high]``."""
         flat: dict[str, float] = {}
         for suite in self.suites.values():
             for role in ROLES:
-                summary = getattr(suite, role)
+                summary: Summary = getattr(suite, role)
                 for key, value in asdict(summary).items():
+                    if key != "scores":
+                        flat[f"{suite.name}.{role}.{key}"] = float(value)
+                for key, value in summary.scores.items():
                     flat[f"{suite.name}.{role}.{key}"] = float(value)
             flat[f"{suite.name}.difference"] = suite.difference.estimate
             flat[f"{suite.name}.difference_low"] = suite.difference.low
@@ -104,9 +128,22 @@ class EvalReport:
                 "metric": self.decision.metric,
                 "difference": self.decision.difference,
             },
+            "evaluators": self.evaluators,
             "metrics": self.metrics(),
             "run_id": self.run_id,
         }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one evaluation runs, checked before Triton is asked for anything."""
+
+    agent: str
+    task: Task | None
+    instances: list[TaskInstance]
+    items: list[ReplayItem]
+    evaluators: list[Evaluator]
+    policy: GatePolicy
 
 
 def evaluate(
@@ -116,58 +153,47 @@ def evaluate(
     settings: EvalSettings | None = None,
     *,
     progress: Progress | None = None,
+    models: dict[str, ServedModel] | None = None,
 ) -> EvalReport:
-    """Compare ``challenger`` (an adapter or model folder) with the champion; see the module doc."""
+    """Compare ``challenger`` (an adapter or model folder) with the champion; see the module doc.
+
+    ``models`` gives the two served models directly (role -> model in Triton)
+    instead of staging the challenger and looking the champion up in MLflow.
+    """
     settings = settings or EvalSettings()
     output_dir = Path(output_dir)
     data = load_training_data(Path(dataset_dir))
-    task = _task(settings.task, data)
     challenger_ref = model_ref(str(challenger), settings.base_model)
-    champion_ref = (
-        model_ref(settings.champion, settings.base_model)
-        if settings.champion
-        else ModelRef("base model", challenger_ref.base)
-    )
-    instances = fresh_instances(
-        task, settings.instances, settings.instance_seed, data.train.task_ids
-    )
-    samples = dataset_samples(data, settings.dataset_samples)
-    if not instances and not samples:
-        raise EvaluationError(
-            "nothing to evaluate: no task instances asked and the dataset has no eval split; "
-            "set instances above 0"
-        )
-    if settings.gate.suite == "tasks" and not instances:
-        raise EvaluationError("the gate decides on the tasks suite; set instances above 0")
-    if settings.gate.suite == "dataset" and not samples:
-        raise EvaluationError(f"the gate decides on the dataset suite, and {data.folder} has none")
+    plan = _plan(settings, data)
     tracker = _tracker(settings, challenger_ref)
-
     try:
-        outcomes: dict[str, dict[str, list[Outcome]]] = {}
-        for role, ref in (("champion", champion_ref), ("challenger", challenger_ref)):
-            outcomes[role] = _run_model(ref, role, task, instances, samples, settings, progress)
+        with ExitStack() as stack:
+            served = models or stack.enter_context(_serve(settings, plan.agent, challenger_ref))
+            refs = {
+                "champion": ModelRef("champion", served["champion"].describe()),
+                "challenger": replace(challenger_ref, served=served["challenger"].describe()),
+            }
+            outcomes = _run(plan, served, settings, progress)
         suites = {
-            name: _compare(name, outcomes["champion"][name], outcomes["challenger"][name], settings)
+            name: _compare(name, outcomes, plan.policy.metric, settings)
             for name in outcomes["challenger"]
         }
-        gated = suites[settings.gate.suite]
-        decision = decide(gated.challenger, gated.champion, gated.difference, settings.gate)
+        gated = suites[plan.policy.suite]
+        decision = decide(gated.challenger, gated.champion, gated.difference, plan.policy)
         report = EvalReport(
-            task=task.name,
-            models={"champion": champion_ref, "challenger": challenger_ref},
+            task=plan.task.name if plan.task else plan.agent,
+            models=refs,
             suites=suites,
-            policy=settings.gate,
+            policy=plan.policy,
             decision=decision,
             run_id=tracker.run_id if tracker else None,
+            evaluators={e.name: _describe(e) for e in plan.evaluators},
         )
         _write(report, outcomes, output_dir)
         if tracker is not None:
             tracker.log_metrics({f"eval.{k}": v for k, v in report.metrics().items()}, step=0)
-            tracker.set_tags(
-                {"spanmill.gate": decision.verdict, "spanmill.champion": champion_ref.describe()}
-            )
-            for name in (METRICS_FILE, REPORT_HTML, REPORT_PNG, OUTCOMES_FILE):
+            tracker.set_tags(_tags(report))
+            for name in (METRICS_FILE, REPORT_HTML, REPORT_MD, REPORT_PNG, OUTCOMES_FILE):
                 tracker.log_artifact(output_dir / name, ARTIFACT_DIR)
     except BaseException:
         if tracker is not None:
@@ -176,6 +202,87 @@ def evaluate(
     if tracker is not None:
         tracker.finish("FINISHED")
     return report
+
+
+def _tags(report: EvalReport) -> dict[str, str]:
+    """The gate's verdict, the champion, and what each judge-like evaluator used."""
+    tags = {
+        "spanmill.gate": report.decision.verdict,
+        "spanmill.champion": report.models["champion"].describe(),
+    }
+    for name, described in report.evaluators.items():
+        for key in ("prompt_version", "model"):
+            if key in described:
+                tags[f"spanmill.eval.{name}.{key}"] = described[key][:250]
+    return tags
+
+
+def _plan(settings: EvalSettings, data: TrainingData) -> Plan:
+    agent = settings.agent or str(data.card.get("agent") or "")
+    if not agent:
+        agents = sorted(data.train.agents)
+        if len(agents) != 1:
+            raise EvaluationError(
+                f"cannot tell which agent {data.folder} is for (agents: "
+                f"{', '.join(agents) or 'none'}); set the agent"
+            )
+        agent = agents[0]
+    task = get_task(settings.task) if settings.task else find_task(agent)
+    instances = (
+        fresh_instances(task, settings.instances, settings.instance_seed, data.train.task_ids)
+        if task is not None
+        else []
+    )
+    items = replay_items(data, settings.replay_items)
+    context = EvaluatorContext(
+        judge_url=settings.judge_url,
+        judge_model=settings.judge_model,
+        judge_api_key=settings.judge_api_key.get_secret_value() if settings.judge_api_key else None,
+        seed=settings.seed,
+        task=task,
+    )
+    evaluators = [load_evaluator(name, context) for name in settings.evaluators] if items else []
+    policy = _policy(settings.gate, evaluators, has_tasks=bool(instances))
+    if not instances and not items:
+        raise EvaluationError(
+            f"nothing to evaluate: {data.folder} has no eval split with rewarded calls"
+            + ("" if task is None else f" and no fresh {task.name} instances were asked")
+            + "; build the dataset with eval_fraction above 0"
+        )
+    if policy.suite == "tasks" and not instances:
+        raise EvaluationError(
+            "the gate decides on the tasks suite, which needs a task plugin for "
+            f"{agent!r} and instances above 0"
+        )
+    if policy.suite == "replay" and not items:
+        raise EvaluationError(f"the gate decides on the replay suite, and {data.folder} has none")
+    if policy.suite == "replay" and policy.metric not in ("success_rate", "mean_reward",
+                                                          "format_validity"):  # fmt: skip
+        known = {f"{e.name}.{m}" for e in evaluators for m in e.metrics}
+        if policy.metric not in known:
+            raise EvaluationError(
+                f"the gate's metric {policy.metric!r} is given by none of the evaluators "
+                f"({', '.join(sorted(known)) or 'none chosen'})"
+            )
+    return Plan(agent, task, instances, items, evaluators, policy)
+
+
+def _policy(policy: GatePolicy, evaluators: list[Evaluator], *, has_tasks: bool) -> GatePolicy:
+    """The policy with ``auto`` resolved: tasks decide when there are any, else the replay."""
+    suite = policy.suite if policy.suite != "auto" else ("tasks" if has_tasks else "replay")
+    metric = policy.metric
+    if metric == "auto":
+        if suite == "tasks" or not evaluators:
+            metric = "success_rate"
+        else:
+            metric = f"{evaluators[0].name}.{evaluators[0].metrics[0]}"
+    return policy.model_copy(update={"suite": suite, "metric": metric})
+
+
+def _describe(evaluator: Evaluator) -> dict[str, str]:
+    described = getattr(evaluator, "describe", None)
+    found = described() if callable(described) else {}
+    return {"metrics": ", ".join(evaluator.metrics), **{k: str(v) for k, v in found.items()}}
 
 
 def model_ref(ref: str, base_override: str | None = None) -> ModelRef:
@@ -217,33 +324,43 @@ def fresh_instances(task: Task, n: int, seed: int, exclude: frozenset[str]) -> l
     return fresh
 
 
-def dataset_samples(data: TrainingData, limit: int) -> list[tuple[str, list[Message], str]]:
-    """(id, prompt, reference reply) of the eval split, at most ``limit``."""
-    if data.eval is None or limit == 0:
-        return []
-    target = "chosen" if data.mode == "preference" else "completion"
-    rows = data.eval.table.to_pylist()
-    if data.mode == "rl":
-        rows = [row for row in rows if (row.get("reward") or 0) > 0]
-    return [
-        (f"eval-{i}", row["prompt"], str(row[target][-1]["content"]))
-        for i, row in enumerate(rows[:limit])
-    ]
+@contextmanager
+def _serve(
+    settings: EvalSettings, agent: str, challenger: ModelRef
+) -> Iterator[dict[str, ServedModel]]:
+    """The champion as Triton serves it (deployed first if it is not), the challenger staged;
+    without a champion, the challenger's base model staged beside it."""
+    from spanmill.registry import CHAMPION, ModelRegistry, names
+    from spanmill.rollout.deployer import Deployer
+    from spanmill.rollout.materialize import ModelRepository, ServingOptions
+    from spanmill.rollout.triton import TritonControl
 
+    triton_url = settings.triton.http_url
+    triton = TritonControl(triton_url)
+    repository = ModelRepository(settings.triton.model_repository)
+    options = ServingOptions(dtype=settings.dtype, num_threads=settings.num_threads)
+    registry = ModelRegistry(settings.mlflow.tracking_uri)
+    version = settings.champion_version
+    if version is None:
+        version = registry.aliases(agent).get(CHAMPION) if agent in registry.agents() else None
+    adapter = Path(challenger.adapter) if challenger.adapter else None
+    with ExitStack() as stack:
 
-def _task(name: str | None, data: TrainingData) -> Task:
-    if name:
-        return get_task(name)
-    agents = set(data.train.agents)
-    if data.card.get("agent"):
-        agents.add(str(data.card["agent"]))
-    for task_name, cls in TASKS.items():
-        if agents == {cls.agent_name}:
-            return get_task(task_name)
-    raise TaskError(
-        f"cannot tell which task scores {data.folder} (agents: "
-        f"{', '.join(sorted(agents)) or 'none'}); set the task, one of {', '.join(sorted(TASKS))}"
-    )
+        def stage(base: str, adapter: Path | None) -> ServedModel:
+            return stack.enter_context(
+                staged_candidate(
+                    triton, repository, agent, base, adapter, options, triton_url=triton_url
+                )
+            )
+
+        if version is not None:
+            Deployer(registry, triton, repository, options).deploy(agent, version)
+            champion = ServedModel(triton_url, names.triton_model(agent), version)
+        else:
+            # No champion yet (the agent's first run): the base model stands in.
+            log.info("%s has no champion in MLflow; comparing with the base model", agent)
+            champion = stage(challenger.base, None)
+        yield {"champion": champion, "challenger": stage(challenger.base, adapter)}
 
 
 def _tracker(settings: EvalSettings, challenger: ModelRef) -> RunTracker | None:
@@ -259,45 +376,38 @@ def _tracker(settings: EvalSettings, challenger: ModelRef) -> RunTracker | None:
     )
 
 
-def _run_model(
-    ref: ModelRef,
-    role: str,
-    task: Task,
-    instances: list[TaskInstance],
-    samples: list[tuple[str, list[Message], str]],
+def _run(
+    plan: Plan,
+    served: dict[str, ServedModel],
     settings: EvalSettings,
     progress: Progress | None,
-) -> dict[str, list[Outcome]]:
-    from spanmill.serving.generation import Generator
-
-    generator = Generator(
-        ref.base, ref.adapter, dtype=settings.dtype, num_threads=settings.num_threads
-    )
-    results: dict[str, list[Outcome]] = {}
-    try:
-        if instances:
-            results["tasks"] = play_episodes(
-                generator,
-                task,
-                instances,
+) -> dict[str, dict[str, list[Outcome]]]:
+    """role -> suite -> outcomes."""
+    results: dict[str, dict[str, list[Outcome]]] = {role: {} for role in ROLES}
+    if plan.instances and plan.task is not None:
+        for role in ROLES:
+            results[role]["tasks"] = play_episodes(
+                served[role],
+                plan.task,
+                plan.instances,
                 prompt_style=settings.prompt_style,
                 max_new_tokens=settings.max_new_tokens,
                 batch_size=settings.batch_size,
-                progress=_counter(progress, f"{role} tasks", len(instances)),
+                progress=_counter(progress, f"{role} tasks", len(plan.instances)),
             )
-        if samples:
-            results["dataset"] = answer_samples(
-                generator,
-                task,
-                samples,
+    if plan.items:
+        answers: dict[str, list[str]] = {}
+        tokens: dict[str, list[int]] = {}
+        for role in ROLES:
+            answers[role], tokens[role] = answer(
+                served[role],
+                plan.items,
                 max_new_tokens=settings.max_new_tokens,
                 batch_size=settings.batch_size,
-                progress=_counter(progress, f"{role} dataset", len(samples)),
+                progress=_counter(progress, f"{role} replay", len(plan.items)),
             )
-    finally:
-        # Two models never need to be in memory together.
-        del generator
-        gc.collect()
+        for role, outcomes in score(plan.items, answers, tokens, plan.evaluators).items():
+            results[role]["replay"] = outcomes
     return results
 
 
@@ -316,13 +426,17 @@ def _counter(progress: Progress | None, phase: str, total: int) -> Callable[[int
 
 
 def _compare(
-    name: str, champion: list[Outcome], challenger: list[Outcome], settings: EvalSettings
+    name: str, outcomes: dict[str, dict[str, list[Outcome]]], metric: str, settings: EvalSettings
 ) -> SuiteResult:
-    metric = settings.gate.metric
+    """Both summaries, and the paired bootstrap of ``metric`` where the suite has it."""
+    champion, challenger = outcomes["champion"][name], outcomes["challenger"][name]
+    if "." in metric and not any(metric in o.scores for o in challenger):
+        metric = "success_rate"  # an evaluator's metric, and this suite has no evaluators
     return SuiteResult(
         name=name,
         champion=Summary.of(champion),
         challenger=Summary.of(challenger),
+        metric=metric,
         difference=bootstrap_difference(
             per_item(challenger, metric),
             per_item(champion, metric),
@@ -350,6 +464,7 @@ def _write(
         for suite, items in suites.items()
     }
     (output_dir / REPORT_HTML).write_text(html_page(report, png, by_model), encoding="utf-8")
+    (output_dir / REPORT_MD).write_text(markdown_page(report), encoding="utf-8")
 
 
 def _read_json(path: Path) -> dict[str, Any]:

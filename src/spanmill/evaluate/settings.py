@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from spanmill.config import MLflowSettings
+from spanmill.config import MLflowSettings, TritonSettings
 
-Suite = Literal["tasks", "dataset"]
-GateMetric = Literal["success_rate", "mean_reward"]
+Suite = Literal["auto", "tasks", "replay"]
 
 
 class GatePolicy(BaseModel):
@@ -19,10 +18,17 @@ class GatePolicy(BaseModel):
     model_config = {"extra": "forbid", "frozen": True}
 
     suite: Suite = Field(
-        "tasks",
-        description="The suite that decides: fresh task instances, or the dataset's eval split.",
+        "auto",
+        description="The suite that decides: fresh task instances (agents with a task plugin), "
+        "or the replay of the dataset's eval split; auto: tasks when there are any.",
     )
-    metric: GateMetric = "success_rate"
+    metric: str = Field(
+        "auto",
+        description="success_rate, mean_reward, format_validity, or an evaluator's metric "
+        "(<evaluator>.<metric>, e.g. tool_calls.name_args); auto: success_rate for tasks, "
+        "the first evaluator's first metric for the replay.",
+        pattern=r"^(auto|success_rate|mean_reward|format_validity|[a-z0-9_]+\.[a-z0-9_]+)$",
+    )
     margin: float = Field(
         0.02, ge=0.0, le=1.0, description="How much better the challenger must be, at least."
     )
@@ -44,25 +50,44 @@ class EvalSettings(BaseSettings):
         validate_default=True,
     )
 
+    agent: str | None = Field(
+        None, description="The agent whose champion is compared; by default the dataset's."
+    )
     task: str | None = Field(
-        None, description="The task whose verifier scores; by default the dataset's agent's task."
+        None,
+        description="A task plugin whose verifier scores fresh episodes; by default the "
+        "agent's task when one is installed, else none (replay only).",
     )
     base_model: str | None = Field(
         None, description="Base of adapters; by default what the challenger was trained from."
     )
-    champion: str | None = Field(
-        None, description="The model in service (adapter or model folder); none: the base model."
+    champion_version: int | None = Field(
+        None, ge=1, description="The registered version to compare with; default: the champion."
     )
     instances: int = Field(100, ge=0, description="Fresh held-out task instances; 0 skips them.")
     instance_seed: int = 1
-    dataset_samples: int = Field(
-        100, ge=0, description="Samples of the dataset's eval split, at most; 0 skips them."
+    replay_items: int = Field(
+        200, ge=0, description="Logged calls of the dataset's eval split replayed, at most."
+    )
+    evaluators: list[str] = Field(
+        default_factory=lambda: ["tool_calls", "reference"],
+        description="Evaluators (entry points spanmill.evaluators) that score the replay.",
+    )
+    judge_url: str | None = Field(
+        None, description="The LLM judge's OpenAI-compatible base URL (ending in /v1)."
+    )
+    judge_model: str | None = Field(None, description="The model the judge endpoint serves.")
+    judge_api_key: SecretStr | None = Field(
+        None, description="The judge endpoint's key; from a Secret on a cluster."
     )
     prompt_style: Literal["zero_shot", "few_shot"] = "zero_shot"
     max_new_tokens: int = Field(96, gt=0, le=4096)
     batch_size: int = Field(16, gt=0)
-    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
-    num_threads: int = Field(0, ge=0)
+    dtype: Literal["bfloat16", "float32", "float16"] = Field(
+        "bfloat16", description="How Triton runs the staged challenger."
+    )
+    num_threads: int = Field(0, ge=0, description="torch threads of the staged challenger.")
+    triton: TritonSettings = Field(default_factory=TritonSettings)
 
     bootstrap_resamples: int = Field(2000, ge=100)
     confidence: float = Field(0.95, gt=0.5, lt=1.0)

@@ -9,7 +9,6 @@ same step runs on one machine and in a cluster pod whose secrets set them.
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -96,39 +95,45 @@ def evaluate_step(
     base_model: str,
     margin: float = 0.05,
     instances: int = 100,
+    evaluators: str = "tool_calls,reference",
+    gate_metric: str = "auto",
+    judge_url: str = "",
+    judge_model: str = "",
     num_threads: int = 0,
     experiment: str = "spanmill",
     tracking_uri: str = "",
+    triton_url: str = "",
+    model_repository: str = "",
 ) -> dict[str, Any]:
-    """Judge the challenger against the agent's champion (or the base model).
+    """Judge the challenger against the agent's champion, both served by Triton.
 
-    The champion is whatever the ``champion`` alias points at in MLflow: its
-    adapter is downloaded for the comparison; a base-model champion compares with
-    the base model itself. Returns the evaluation's metrics.json content.
+    The champion is whatever the ``champion`` alias points at in MLflow, as
+    Triton serves it; the challenger is staged in Triton for the evaluation's
+    length. No model is loaded in this step's own process. The judge's key, when
+    it needs one, comes from ``SPANMILL_EVAL_JUDGE_API_KEY`` (a Secret on a
+    cluster). Returns the evaluation's metrics.json content.
     """
     from spanmill.evaluate import EvalSettings, evaluate
+    from spanmill.evaluate.run import METRICS_FILE
     from spanmill.evaluate.settings import GatePolicy
-    from spanmill.registry import CHAMPION, ModelRegistry
 
-    mlflow = _mlflow(tracking_uri)
-    registry = ModelRegistry(mlflow.tracking_uri)
-    champion: str | None = None
-    workdir = Path(tempfile.mkdtemp(prefix="spanmill-champion-"))
-    version = registry.aliases(agent).get(CHAMPION) if agent in registry.agents() else None
-    if version is not None and registry.version(agent, version).lineage.kind != "base":
-        champion = str(registry.download(agent, version, workdir))
-    settings = EvalSettings(
-        task=agent,
-        base_model=base_model,
-        champion=champion,
-        instances=instances,
-        num_threads=num_threads,
-        experiment=experiment,
-        gate=GatePolicy(margin=margin),
-        mlflow=mlflow,
-    )
-    evaluate(dataset_dir, model_dir, out_dir, settings)
-    report: dict[str, Any] = json.loads((out_dir / "metrics.json").read_text())
+    given: dict[str, Any] = {
+        "agent": agent,
+        "base_model": base_model,
+        "instances": instances,
+        "evaluators": [name.strip() for name in evaluators.split(",") if name.strip()],
+        "num_threads": num_threads,
+        "experiment": experiment,
+        "gate": GatePolicy(margin=margin, metric=gate_metric),
+        "mlflow": _mlflow(tracking_uri),
+        "triton": _triton(triton_url, model_repository),
+    }
+    if judge_url:
+        given["judge_url"] = judge_url
+    if judge_model:
+        given["judge_model"] = judge_model
+    evaluate(dataset_dir, model_dir, out_dir, load_settings(EvalSettings, **given))
+    report: dict[str, Any] = json.loads((out_dir / METRICS_FILE).read_text())
     return report
 
 
@@ -170,14 +175,19 @@ def deploy_step(
     from spanmill.rollout.materialize import ModelRepository, ServingOptions
     from spanmill.rollout.triton import TritonControl
 
-    triton = load_settings(TritonSettings)
+    triton = _triton(triton_url, model_repository)
     deployer = Deployer(
         ModelRegistry(_mlflow(tracking_uri).tracking_uri),
-        TritonControl(triton_url or triton.http_url),
-        ModelRepository(model_repository or triton.model_repository),
+        TritonControl(triton.http_url),
+        ModelRepository(triton.model_repository),
         ServingOptions(flavour=flavour),  # type: ignore[arg-type]
     )
     return deployer.deploy(agent, version)
+
+
+def _triton(http_url: str, model_repository: str) -> TritonSettings:
+    given = {"http_url": http_url, "model_repository": model_repository}
+    return load_settings(TritonSettings, **{k: v for k, v in given.items() if v})
 
 
 def _mlflow(tracking_uri: str) -> MLflowSettings:

@@ -77,6 +77,15 @@ def triton_model(agent: str) -> str:
     return check_agent(agent)
 
 
+def triton_candidate_model(agent: str) -> str:
+    """The Triton model where an evaluation stages a challenger that is not registered yet.
+
+    Apart from the agent's own model, so the versions there stay the registered
+    ones; the gateway never routes to it.
+    """
+    return f"{check_agent(agent)}.candidate"
+
+
 def route(agent: str) -> str:
     """The gateway route (the ``model`` a client asks for) of an agent."""
     return check_agent(agent)

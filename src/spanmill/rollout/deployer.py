@@ -115,14 +115,20 @@ class Deployer:
         log.info("%s version %d retired", agent, version)
 
     def _drop(self, agent: str, version: int) -> None:
-        model = names.triton_model(agent)
-        self.repository.remove(model, version)
-        if self.loaded(agent).get(version) not in ("READY", "LOADING"):
-            return  # never loaded, or failed to: nothing to unload
-        if self.repository.versions(model):
-            self.triton.load(model)
-        else:
-            self.triton.unload(model)
+        drop_version(self.triton, self.repository, names.triton_model(agent), version)
+
+
+def drop_version(
+    triton: TritonControl, repository: ModelRepository, model: str, version: int
+) -> None:
+    """Remove one version from the repository and from Triton; the model's others stay."""
+    repository.remove(model, version)
+    if triton.versions(model).get(version) not in ("READY", "LOADING"):
+        return  # never loaded, or failed to: nothing to unload
+    if repository.versions(model):
+        triton.load(model)
+    else:
+        triton.unload(model)
 
 
 def _first_line(text: str) -> str:

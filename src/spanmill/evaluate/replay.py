@@ -1,0 +1,131 @@
+"""Replay: the dataset's held-out logged calls, answered again by both models, scored.
+
+This is the suite every agent has, with or without a task plugin: the eval split
+(episodes never trained on) holds LLM calls as the agent made them and the
+answers that earned their reward. Both models answer the same prompts, greedily;
+then each evaluator scores both sets of answers at once (a judge compares them
+side by side). The outcome of an item records every evaluator metric that
+applies to it; its ``success`` is whether the answer matches the logged one (the
+same tool call, arguments as parsed JSON, or the same text up to normalisation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from spanmill.evaluate.episodes import BatchGenerator
+from spanmill.evaluate.evaluators import (
+    Evaluator,
+    ItemScore,
+    ReplayItem,
+    normalise,
+    parse_call,
+)
+from spanmill.evaluate.scoring import Outcome
+from spanmill.serving.protocol import GenerationParams
+from spanmill.train.data import TrainingData
+
+Progress = Callable[[int], None]
+
+
+def replay_items(data: TrainingData, limit: int) -> list[ReplayItem]:
+    """The eval split's calls that earned a reward, at most ``limit``.
+
+    A preference dataset's reference is its chosen answer; an rl dataset keeps
+    only rows whose reward was positive (the others are not answers to match).
+    """
+    if data.eval is None or limit == 0:
+        return []
+    target = "chosen" if data.mode == "preference" else "completion"
+    rows = data.eval.table.to_pylist()
+    if data.mode == "rl":
+        rows = [row for row in rows if (row.get("reward") or 0) > 0]
+    items = []
+    for i, row in enumerate(rows[:limit]):
+        reward = row.get("reward")
+        items.append(
+            ReplayItem(
+                item_id=str(row.get("sample_id") or f"eval-{i}"),
+                prompt=list(row["prompt"]),
+                reference=str(row[target][-1]["content"]),
+                reward=float(reward) if reward is not None else None,
+            )
+        )
+    return items
+
+
+def answer(
+    generator: BatchGenerator,
+    items: Sequence[ReplayItem],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    progress: Progress | None = None,
+) -> tuple[list[str], list[int]]:
+    """Each item's answer text, greedy, and its token count."""
+    params = GenerationParams(max_tokens=max_new_tokens)
+    texts: list[str] = []
+    tokens: list[int] = []
+    for start in range(0, len(items), batch_size):
+        batch = items[start : start + batch_size]
+        results = generator.generate_batch([item.prompt for item in batch], params)
+        for result in results:
+            choice = result.choices[0]
+            texts.append(choice.text)
+            tokens.append(len(choice.token_ids))
+        if progress is not None:
+            progress(len(batch))
+    return texts, tokens
+
+
+def matches(item: ReplayItem, text: str) -> tuple[bool, bool]:
+    """(format valid, matches the logged answer): a tool call where one was logged, else text."""
+    wanted = parse_call(item.reference)
+    got = parse_call(text)
+    if wanted is not None:
+        return got is not None, got == wanted
+    if got is not None or not text.strip():
+        return False, False
+    return True, normalise(text) == normalise(item.reference)
+
+
+def score(
+    items: Sequence[ReplayItem],
+    answers: Mapping[str, Sequence[str]],
+    tokens: Mapping[str, Sequence[int]],
+    evaluators: Sequence[Evaluator],
+) -> dict[str, list[Outcome]]:
+    """Every role's outcomes, with each evaluator's metrics for the items they apply to."""
+    per_evaluator: list[tuple[str, dict[str, list[ItemScore]]]] = [
+        (evaluator.name, evaluator.score(items, answers)) for evaluator in evaluators
+    ]
+    outcomes: dict[str, list[Outcome]] = {}
+    for role, texts in answers.items():
+        outcomes[role] = []
+        for i, (item, text) in enumerate(zip(items, texts, strict=True)):
+            valid, same = matches(item, text)
+            scores: dict[str, float] = {}
+            why: list[str] = []
+            for name, scored in per_evaluator:
+                found = scored[role][i]
+                scores.update({f"{name}.{metric}": v for metric, v in found.values.items()})
+                if found.values and found.explanation:
+                    why.append(f"{name}: {found.explanation}")
+            outcomes[role].append(
+                Outcome(
+                    item_id=item.item_id,
+                    reward=float(same),
+                    success=same,
+                    format_valid=valid,
+                    tokens=tokens[role][i],
+                    replies=1,
+                    explanation="; ".join(why),
+                    transcript=[
+                        item.prompt[-1],
+                        {"role": "assistant", "content": text},
+                        {"role": "reference", "content": item.reference},
+                    ],
+                    scores=scores,
+                )
+            )
+    return outcomes

@@ -1,0 +1,225 @@
+"""The evaluators, one hand-checked case at a time, and how they are found by name."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from spanmill.evaluate.evaluators import (
+    EvaluatorContext,
+    EvaluatorError,
+    ReferenceEvaluator,
+    ReplayItem,
+    ToolCallsEvaluator,
+    available,
+    load_evaluator,
+    normalise,
+)
+from spanmill.evaluate.judge import (
+    PROMPT_VERSION,
+    JudgeEvaluator,
+    parse_verdict,
+    swap_plan,
+)
+from spanmill.evaluate.replay import matches, score
+
+CALL = '{"name": "search_faq", "arguments": {"query": "refund policy", "limit": 3}}'
+PROMPT = [{"role": "user", "content": "How do I get a refund?"}]
+
+
+def item(reference: str, reward: float | None = 1.0, item_id: str = "i") -> ReplayItem:
+    return ReplayItem(item_id, PROMPT, reference, reward)
+
+
+@pytest.mark.parametrize(
+    ("answer", "name", "name_args"),
+    [
+        # The same call: identical text.
+        (CALL, 1.0, 1.0),
+        # Key order and white space differ; the parsed arguments are equal.
+        ('{"arguments":{"limit":3,  "query":"refund policy"},\n "name":"search_faq"}', 1.0, 1.0),
+        # The other accepted form, {"tool": NAME, ...arguments}, inside a code fence.
+        ('```json\n{"tool": "search_faq", "limit": 3, "query": "refund policy"}\n```', 1.0, 1.0),
+        # 3 and 3.0 are one JSON number.
+        ('{"name": "search_faq", "arguments": {"query": "refund policy", "limit": 3.0}}', 1, 1),
+        # The right function, another argument value.
+        ('{"name": "search_faq", "arguments": {"query": "refunds", "limit": 3}}', 1.0, 0.0),
+        # The right function, an argument missing.
+        ('{"name": "search_faq", "arguments": {"query": "refund policy"}}', 1.0, 0.0),
+        # Another function with the same arguments.
+        ('{"name": "open_ticket", "arguments": {"query": "refund policy", "limit": 3}}', 0, 0),
+        # Prose, and a call that is not valid JSON.
+        ("You can ask for a refund within 30 days.", 0.0, 0.0),
+        ('{"name": "search_faq", "arguments": {"query": "refund policy",}}', 0.0, 0.0),
+    ],
+)
+def test_tool_calls_compare_names_and_parsed_arguments(
+    answer: str, name: float, name_args: float
+) -> None:
+    found = ToolCallsEvaluator().score_one(item(CALL), answer)
+    assert found.values == {"name": name, "name_args": name_args}, found.explanation
+
+
+def test_tool_calls_do_not_apply_to_a_logged_text_answer() -> None:
+    assert ToolCallsEvaluator().score_one(item("Within 30 days."), CALL).values == {}
+
+
+@pytest.mark.parametrize(
+    ("answer", "exact", "normalised"),
+    [
+        ("Within 30 days.", 1.0, 1.0),
+        ("  Within 30 days.\n", 1.0, 1.0),  # surrounding white space is not part of an answer
+        ("within   30 DAYS", 0.0, 1.0),  # case, inner runs of spaces, the final full stop
+        ("Within 30 days!", 0.0, 1.0),
+        ("Within 31 days.", 0.0, 0.0),
+        ("", 0.0, 0.0),
+    ],
+)
+def test_reference_matches_exactly_or_after_normalising(
+    answer: str, exact: float, normalised: float
+) -> None:
+    found = ReferenceEvaluator().score_one(item("Within 30 days."), answer)
+    assert found.values == {"exact": exact, "normalised": normalised}, found.explanation
+
+
+def test_reference_applies_only_to_rewarded_text_answers() -> None:
+    evaluator = ReferenceEvaluator()
+    assert evaluator.score_one(item(CALL), CALL).values == {}
+    assert evaluator.score_one(item("No.", reward=0.0), "No.").values == {}
+    assert evaluator.score_one(item("No.", reward=None), "No.").values["exact"] == 1.0
+
+
+def test_a_task_plugin_reads_answers_its_own_way() -> None:
+    from spanmill.tasks import get_task
+
+    plain = ReferenceEvaluator()
+    calculator = ReferenceEvaluator(EvaluatorContext(task=get_task("calculator")))
+    assert plain.score_one(item("39"), "The answer is 39.").values["normalised"] == 0.0
+    assert calculator.score_one(item("39"), "The answer is 39.").values == {
+        "exact": 0.0,
+        "normalised": 1.0,
+    }
+    assert calculator.score_one(item("39"), "The answer is 40.").values["normalised"] == 0.0
+
+
+def test_normalise_folds_case_width_and_space() -> None:
+    full_width = "\uff21\uff22\uff23"  # ABC in full-width forms
+    assert normalise(f"  {full_width}\t def. ") == "abc def"
+
+
+def test_the_format_of_a_replayed_answer_follows_the_logged_one() -> None:
+    assert matches(item(CALL), CALL) == (True, True)
+    assert matches(item(CALL), '{"name": "search_faq", "arguments": {}}') == (True, False)
+    assert matches(item(CALL), "prose") == (False, False)
+    assert matches(item("Within 30 days."), CALL) == (False, False)
+    assert matches(item("Within 30 days."), "within 30 days") == (True, True)
+
+
+def test_built_in_evaluators_are_found_through_entry_points() -> None:
+    assert {"tool_calls", "reference", "judge"} <= set(available())
+    context = EvaluatorContext()
+    assert isinstance(load_evaluator("tool_calls", context), ToolCallsEvaluator)
+    with pytest.raises(EvaluatorError, match=r"no evaluator named 'bleu'.*tool_calls"):
+        load_evaluator("bleu", context)
+    # The judge names the settings it misses.
+    with pytest.raises(EvaluatorError, match="SPANMILL_EVAL_JUDGE_URL"):
+        load_evaluator("judge", context)
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict"),
+    [("A", "A"), (" b.", "B"), ("Tie", "TIE"), ("Answer B is better", "B"), ("Neither", None)],
+)
+def test_the_judges_verdict_is_read_from_its_reply(reply: str, verdict: str | None) -> None:
+    assert parse_verdict(reply) == verdict
+
+
+def test_exactly_half_the_pairs_are_shown_in_swapped_order() -> None:
+    for n in (1, 2, 7, 10):
+        plan = swap_plan(n, seed=3)
+        assert len(plan) == n and sum(plan) == n // 2
+    assert swap_plan(10, seed=3) == swap_plan(10, seed=3)
+    assert swap_plan(10, seed=3) != swap_plan(10, seed=4)
+
+
+def judge_endpoint(answer: object) -> tuple[httpx.MockTransport, list[dict[str, object]]]:
+    """An OpenAI-compatible chat endpoint whose reply ``answer(messages)`` decides."""
+    seen: list[dict[str, object]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/chat/completions"
+        assert request.headers["authorization"] == "Bearer judge-key"
+        body = json.loads(request.content)
+        seen.append(body)
+        content = answer(body["messages"])  # type: ignore[operator]
+        return httpx.Response(200, json={"choices": [{"message": {"content": content}}]})
+
+    return httpx.MockTransport(handle), seen
+
+
+def judge(transport: httpx.MockTransport) -> JudgeEvaluator:
+    context = EvaluatorContext(
+        judge_url="http://judge.test/v1", judge_model="m", judge_api_key="judge-key", seed=1
+    )
+    return JudgeEvaluator(context, transport=transport)
+
+
+def test_a_judge_that_always_prefers_the_first_answer_cancels_out() -> None:
+    transport, seen = judge_endpoint(lambda _: "A")
+    items = [item(CALL, item_id=str(i)) for i in range(10)]
+    answers = {"champion": ["x"] * 10, "challenger": ["y"] * 10}
+    scored = judge(transport).score(items, answers)
+    won = [s.values["preference"] for s in scored["challenger"]]
+    assert sorted(won) == [0.0] * 5 + [1.0] * 5  # wins exactly where it was shown first
+    assert [s.values["preference"] for s in scored["champion"]] == [1 - w for w in won]
+    assert len(seen) == 10 and all(body["temperature"] == 0.0 for body in seen)
+
+
+def test_a_judge_that_knows_the_better_answer_finds_it_in_either_order() -> None:
+    def pick(messages: list[dict[str, str]]) -> str:
+        text = messages[-1]["content"]
+        a = text.split("Answer A:\n")[1].split("\n\nAnswer B:")[0]
+        return "A" if a == "good" else "B"
+
+    transport, _ = judge_endpoint(pick)
+    items = [item(CALL, item_id=str(i)) for i in range(6)]
+    scored = judge(transport).score(items, {"champion": ["bad"] * 6, "challenger": ["good"] * 6})
+    assert [s.values["preference"] for s in scored["challenger"]] == [1.0] * 6
+    assert all("judge: " in s.explanation for s in scored["challenger"])
+
+
+def test_an_unreadable_verdict_counts_as_a_tie_and_says_so() -> None:
+    transport, _ = judge_endpoint(lambda _: "I cannot decide.")
+    scored = judge(transport).score([item(CALL)], {"champion": ["a"], "challenger": ["b"]})
+    assert scored["challenger"][0].values == {"preference": 0.5}
+    assert "no verdict" in scored["challenger"][0].explanation
+
+
+def test_a_failing_judge_endpoint_is_an_error_that_names_it() -> None:
+    transport = httpx.MockTransport(lambda _: httpx.Response(401, text="bad key"))
+    with pytest.raises(EvaluatorError, match=r"judge at http://judge.test/v1 answered 401"):
+        judge(transport).score([item(CALL)], {"champion": ["a"], "challenger": ["b"]})
+
+
+def test_the_judge_describes_its_versioned_prompt() -> None:
+    transport, _ = judge_endpoint(lambda _: "A")
+    described = judge(transport).describe()
+    assert described["prompt_version"] == PROMPT_VERSION
+    assert "{conversation}" in described["user_template"]
+    assert "judge-key" not in json.dumps(described)
+
+
+def test_replay_scores_carry_every_applicable_metric() -> None:
+    items = [item(CALL, item_id="call"), item("Within 30 days.", item_id="text")]
+    answers = {"champion": ["prose", "within 30 days"], "challenger": [CALL, "No idea."]}
+    tokens = {"champion": [3, 4], "challenger": [20, 2]}
+    outcomes = score(items, answers, tokens, [ToolCallsEvaluator(), ReferenceEvaluator()])
+    champion, challenger = outcomes["champion"], outcomes["challenger"]
+    assert champion[0].scores == {"tool_calls.name": 0.0, "tool_calls.name_args": 0.0}
+    assert challenger[0].scores == {"tool_calls.name": 1.0, "tool_calls.name_args": 1.0}
+    assert champion[1].scores == {"reference.exact": 0.0, "reference.normalised": 1.0}
+    assert [o.success for o in champion] == [False, True]
+    assert [o.success for o in challenger] == [True, False]
+    assert [o.tokens for o in challenger] == [20, 2]
