@@ -24,6 +24,16 @@ Rewards
     one is what training optimises. ``gen_ai.evaluation.score.label`` and
     ``gen_ai.evaluation.explanation`` are optional and only informative.
 
+Feedback
+    Rewards that arrive after an episode (a thumbs-up, a resolved ticket) come
+    through ``POST /v1/feedback`` on the gateway or the collector's receiver
+    (see :mod:`spanmill.feedback`). Each becomes one reward span named
+    ``gen_ai.evaluation.result`` in instrumentation scope ``spanmill.feedback``,
+    in the trace of the call it judges, with the comment as
+    ``gen_ai.evaluation.explanation``, the caller's free-form
+    ``spanmill.feedback.source``, and who sent it: ``spanmill.feedback.principal``
+    (the authenticated identity) and ``client.address``.
+
 Episodes and tasks
     An episode is the spans of one trace, or of one ``spanmill.episode.id`` when an
     episode spans several traces. ``spanmill.task.id`` groups episodes that attempt
@@ -36,6 +46,10 @@ from typing import Final
 
 # -- OpenTelemetry resource ----------------------------------------------------------
 SERVICE_NAME: Final = "service.name"
+
+# -- OpenTelemetry general attributes ------------------------------------------------
+# The address of the client that sent a request, as the server saw it.
+CLIENT_ADDRESS: Final = "client.address"
 
 # -- GenAI semantic conventions ------------------------------------------------------
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
@@ -97,6 +111,14 @@ SPANMILL_PROMPT_NAME: Final = "spanmill.prompt.name"
 SPANMILL_PROMPT_VERSION: Final = "spanmill.prompt.version"
 # Key inside a message object (not a span attribute): the turn is a few-shot example.
 SPANMILL_MESSAGE_EXAMPLE: Final = "spanmill.message.example"
+# Feedback spans (POST /v1/feedback): where the caller says the feedback came from
+# ("thumbs", "ticket-resolved", ...), and who sent it as authenticated by the route
+# ("bearer" when a token was checked, "anonymous" when the route takes any caller).
+SPANMILL_FEEDBACK_SOURCE: Final = "spanmill.feedback.source"
+SPANMILL_FEEDBACK_PRINCIPAL: Final = "spanmill.feedback.principal"
+# Instrumentation scope of feedback spans: how readers tell feedback from the rewards
+# agents emit while their episodes run.
+FEEDBACK_SCOPE: Final = "spanmill.feedback"
 
 # -- Kafka ---------------------------------------------------------------------------
 # Messages are keyed by trace id so that one trace stays on one partition, in order.

@@ -25,6 +25,9 @@ def build(
     mode: str = typer.Option("sft", help="sft, preference or rl."),
     since: str = typer.Option(None, help="Window start, ISO 8601 (inclusive)."),
     until: str = typer.Option(None, help="Window end, ISO 8601 (exclusive)."),
+    feedback_horizon_hours: float = typer.Option(
+        72.0, help="Read rewards (late feedback) until this many hours after --until."
+    ),
     store: str = typer.Option(None, help="Span store URL (default: the collector's)."),
     agent: str = typer.Option(None, help="Only calls of this agent."),
     service: str = typer.Option(None, help="Only calls recorded by this service."),
@@ -50,7 +53,8 @@ def build(
 
     try:
         spec = DatasetSpec(
-            mode=mode, since=since, until=until, agent=agent, service=service, model=model,
+            mode=mode, since=since, until=until, feedback_horizon_hours=feedback_horizon_hours,
+            agent=agent, service=service, model=model,
             model_version=model_version, reward=reward, credit=credit, discount=discount,
             min_reward=min_reward, sft_weighting=weighting, max_tokens=max_tokens,
             drop_examples=drop_examples, eval_fraction=eval_fraction,

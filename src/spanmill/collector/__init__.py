@@ -4,7 +4,8 @@
 - :mod:`~spanmill.collector.process`: decode, translate, redact and write a batch.
 - :mod:`~spanmill.collector.translate`: OpenLLMetry and OpenInference into GenAI names.
 - :mod:`~spanmill.collector.redact`: patterns and attribute lists, before anything is written.
-- :mod:`~spanmill.collector.receiver`: OTLP/HTTP ``POST /v1/traces`` into the topic.
+- :mod:`~spanmill.collector.receiver`: OTLP/HTTP ``POST /v1/traces`` and
+  ``POST /v1/feedback`` into the topic.
 - :func:`run_collector` / :func:`main` (:mod:`~spanmill.collector.run`): the service.
 
 How it is exactly-once for readers is told in :mod:`spanmill.store.writer`.

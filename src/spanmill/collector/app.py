@@ -6,10 +6,12 @@ from typing import Any, Protocol
 
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.collector.receiver import OtlpReceiver, status_message
+from spanmill.feedback import MAX_BODY_BYTES, Caller, FeedbackError
 
 
 class Health(Protocol):
@@ -64,6 +66,27 @@ def create_app(
                 body,
                 request.headers.get("content-type"),
                 request.headers.get("content-encoding"),
+            )
+            return Response(
+                reply.body,
+                status_code=reply.status,
+                media_type=reply.media_type,
+                headers=reply.headers,
+            )
+
+        @app.post("/v1/feedback")
+        async def feedback(request: Request) -> Response:
+            # Like /v1/traces, the receiver takes any caller: it is anonymous here.
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+                error = FeedbackError(
+                    f"body: over the limit of {MAX_BODY_BYTES} bytes; send smaller batches",
+                    status=413,
+                )
+                return JSONResponse(error.body(), status_code=413)
+            address = request.client.host if request.client is not None else None
+            reply = await run_in_threadpool(
+                receiver.feedback, await request.body(), Caller("anonymous", address)
             )
             return Response(
                 reply.body,

@@ -11,17 +11,24 @@ Replies follow the OTLP/HTTP specification: 200 with an empty
 ``ExportTraceServiceResponse``, 400 with a ``google.rpc.Status`` naming what is
 wrong (not to be retried), 413 for a body over the limit, 415 for an encoding we
 do not take, 503 with ``Retry-After`` when Kafka is unavailable (to be retried).
+
+``POST /v1/feedback`` takes late rewards for agents that do not call the gateway:
+the same wire format, spans and replies as the gateway's (see
+:mod:`spanmill.feedback`), and the same wait for Kafka's acknowledgement.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from spanmill import feedback
 from spanmill import semconv as sc
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
@@ -31,6 +38,10 @@ log = logging.getLogger(__name__)
 _INVALID_ARGUMENT: Final = 3
 _UNAVAILABLE: Final = 14
 _SEND_TIMEOUT_S: Final = 10.0
+# Longer than the collector producer's delivery timeout (30 s), so that every wait
+# ends with Kafka's own answer: a feedback reply never guesses.
+_FEEDBACK_WAIT_S: Final = 45.0
+SERVICE_NAME: Final = "spanmill-collector"
 PROTOBUF: Final = "application/x-protobuf"
 JSON: Final = "application/json"
 
@@ -166,3 +177,57 @@ class OtlpReceiver:
             )
         self.metrics.receiver_spans.labels("accepted").inc(len(spans))
         return self._reply(200, b"{}" if as_json else b"", as_json)
+
+    def feedback(self, body: bytes, caller: feedback.Caller) -> Reply:
+        """Feedback items as reward spans, answered once Kafka acknowledged each."""
+        try:
+            items = feedback.parse_feedback_body(body)
+        except feedback.FeedbackError as exc:
+            return self._reply(exc.status, json.dumps(exc.body()).encode(), True)
+        received = time.time_ns()
+        spans = [
+            feedback.feedback_span(
+                item, caller, received, os.urandom(8).hex(), service_name=SERVICE_NAME
+            )
+            for item in items
+        ]
+        answer = feedback.answer(spans, self._send_and_wait(spans))
+        if answer.status == 200:
+            self.metrics.receiver_spans.labels("accepted").inc(len(spans))
+        else:
+            self.metrics.receiver_spans.labels("unavailable").inc(len(spans))
+        return self._reply(answer.status, json.dumps(answer.body).encode(), True, **answer.headers)
+
+    def _send_and_wait(self, spans: Sequence[Span]) -> list[BaseException | None]:
+        """Kafka's answer for each span: None where acknowledged.
+
+        A span the producer refuses outright (its buffer full past ``max_block_ms``)
+        was never buffered, so a retry of it cannot make a duplicate.
+        """
+        from kafka.errors import KafkaError
+
+        futures: list[Any] = []
+        for span in spans:
+            try:
+                futures.append(
+                    self.producer.send(
+                        self.topic,
+                        key=span.trace_id.encode(),
+                        value=encode_otlp_protobuf([span]),
+                        headers=[(sc.CONTENT_TYPE_HEADER, sc.CONTENT_TYPE_OTLP_PROTOBUF.encode())],
+                    )
+                )
+            except KafkaError as exc:
+                futures.append(exc)
+        outcome: list[BaseException | None] = []
+        for future in futures:
+            if isinstance(future, BaseException):
+                outcome.append(future)
+                continue
+            try:
+                future.get(timeout=_FEEDBACK_WAIT_S)
+                outcome.append(None)
+            except KafkaError as exc:
+                log.warning("feedback span not delivered to Kafka: %s", exc)
+                outcome.append(exc)
+        return outcome

@@ -5,6 +5,12 @@ service/agent/model filters; those with a completion; with a reward; within the
 length limit; after deduplication; then the mode's own step (threshold or
 weights, pairing, or grouping); then the split by a hash of the task id, so one
 task never lands in both splits.
+
+Two windows: calls are taken from ``[since, until)``, rewards from
+``[since, until + feedback_horizon_hours)``, because feedback on a call may come
+hours or days after it. The card counts what became of the feedback read: joined
+to a call of the window, joined to a call after it (its own build will take it),
+or unmatched (its ids name no call read; it stays in the store).
 """
 
 from __future__ import annotations
@@ -18,11 +24,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spanmill.dataset import credit
-from spanmill.dataset.episodes import DatasetError, LLMCall, read_llm_calls, read_rewards
+from spanmill.dataset.episodes import (
+    REWARD_COLUMNS,
+    DatasetError,
+    LLMCall,
+    Rewards,
+    read_llm_calls,
+    read_rewards,
+)
 from spanmill.dataset.samples import Sample, make_sample
 from spanmill.dataset.spec import DatasetSpec
+from spanmill.store.reader import to_unix_nanos
+
+Window = tuple[int | None, int | None]
+_HOUR_NS = 3600 * 10**9
 
 Progress = Callable[[str], None]
 
@@ -35,7 +53,11 @@ class Built:
     counts: OrderedDict[str, int] = field(default_factory=OrderedDict)
     reward_name: str | None = None
     rewards: list[float] = field(default_factory=list)
-    span_window: tuple[int | None, int | None] = (None, None)
+    # First and last span start of the calls' window.
+    span_window: Window = (None, None)
+    # The rewards' window as asked of the store, and the last span start read in it.
+    reward_window: Window = (None, None)
+    last_reward_span: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
     def content_hash(self) -> str:
@@ -68,18 +90,81 @@ def _keep(spec: DatasetSpec, call: LLMCall) -> bool:
     )
 
 
-def build(spec: DatasetSpec, spans: pa.Table, progress: Progress | None = None) -> Built:
-    """Samples of ``spec.mode`` from a table of stored spans (the store's schema)."""
+def call_window(spec: DatasetSpec) -> Window:
+    """The window LLM calls are taken from, in nanoseconds: ``[since, until)``."""
+    return (
+        to_unix_nanos(spec.since) if spec.since is not None else None,
+        to_unix_nanos(spec.until) if spec.until is not None else None,
+    )
+
+
+def reward_window(spec: DatasetSpec) -> Window:
+    """The window rewards are read from: the calls', its end moved by the horizon."""
+    since, until = call_window(spec)
+    if until is None:
+        return since, None
+    return since, until + round(spec.feedback_horizon_hours * _HOUR_NS)
+
+
+def _within(spans: pa.Table, window: Window) -> pa.Table:
+    """The rows of ``spans`` (sorted by start time) that start inside ``window``."""
+    since, until = window
+    if since is None and until is None:
+        return spans
+    starts = pc.cast(spans["start_time"], pa.int64())
+    inside = pc.and_(
+        pc.greater_equal(starts, since if since is not None else -(2**63)),
+        pc.less(starts, until if until is not None else 2**63 - 1),
+    )
+    return spans.filter(inside)
+
+
+def _feedback_counts(rewards: Rewards, calls: list[LLMCall], counts: OrderedDict[str, int]) -> None:
+    """What became of the feedback read: joined to this window's calls, to later ones, none."""
+    episodes = {c.episode_id for c in calls}
+    reached = rewards.feedback_reached
+    counts["feedback"] = len(reached)
+    counts["feedback_joined"] = sum(1 for e in reached if e is not None and e in episodes)
+    counts["feedback_later_calls"] = sum(1 for e in reached if e is not None and e not in episodes)
+    counts["feedback_unmatched"] = sum(1 for e in reached if e is None)
+
+
+def _starts(table: pa.Table) -> Window:
+    if table.num_rows == 0:
+        return None, None
+    starts = pc.cast(table["start_time"], pa.int64())
+    return pc.min(starts).as_py(), pc.max(starts).as_py()
+
+
+def build(
+    spec: DatasetSpec,
+    spans: pa.Table,
+    progress: Progress | None = None,
+    *,
+    late: pa.Table | None = None,
+) -> Built:
+    """Samples of ``spec.mode`` from a table of stored spans (the store's schema).
+
+    Calls come from the rows of ``spans`` inside the spec's window; rewards from
+    every row of ``spans`` and of ``late``: spans after the window, read for their
+    rewards only (:data:`~spanmill.dataset.episodes.REWARD_COLUMNS` suffice).
+    """
     report = progress or (lambda _: None)
     counts: OrderedDict[str, int] = OrderedDict()
-    counts["spans"] = spans.num_rows
+    in_window = _within(spans, call_window(spec))
+    counts["spans"] = in_window.num_rows
     report("finding LLM calls")
-    calls = read_llm_calls(spans)
+    calls = read_llm_calls(in_window)
     counts["llm_calls"] = len(calls)
     report("collecting rewards")
-    rewards = read_rewards(spans, {c.response_id for c in calls if c.response_id})
+    reward_spans = spans.select(list(REWARD_COLUMNS))
+    if late is not None and late.num_rows:
+        reward_spans = pa.concat_tables([reward_spans, late.select(list(REWARD_COLUMNS))])
+    counts["reward_window_spans"] = reward_spans.num_rows
+    rewards = read_rewards(reward_spans)
     name = rewards.primary(spec.reward)
     counts["episodes"] = len({c.episode_id for c in calls})
+    _feedback_counts(rewards, calls, counts)
 
     report("making samples")
     samples: list[Sample] = []
@@ -130,12 +215,6 @@ def build(spec: DatasetSpec, spans: pa.Table, progress: Progress | None = None) 
     evaluation.sort(key=lambda r: r["sample_id"])
     counts["train"] = len(train)
     counts["eval"] = len(evaluation)
-    starts = spans["start_time"]
-    window = (
-        (int(starts[0].value), int(starts[-1].value))  # sorted by the reader
-        if spans.num_rows
-        else (None, None)
-    )
     return Built(
         spec=spec,
         train=train,
@@ -143,7 +222,9 @@ def build(spec: DatasetSpec, spans: pa.Table, progress: Progress | None = None) 
         counts=counts,
         reward_name=name,
         rewards=[s.reward for s in samples if s.reward is not None],
-        span_window=window,
+        span_window=_starts(in_window),
+        reward_window=reward_window(spec),
+        last_reward_span=_starts(reward_spans)[1],
         details={
             "model_versions": _tally(s.call.model_version for s in samples),
             "prompt_names": _tally(s.call.prompt_name for s in samples),

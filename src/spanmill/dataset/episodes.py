@@ -4,6 +4,12 @@ Works on the span store's columns directly (no per-span objects), so a million
 spans take seconds. LLM calls are found by ``gen_ai.operation.name``, never by
 span names; rewards come from the store's ``rewards`` column, which holds each
 span's own reward and its ``gen_ai.evaluation.result`` events.
+
+A reward reaches the call whose ``gen_ai.response.id`` it names, wherever that call
+sits (feedback on a foreign response id lands in a trace of its own); otherwise its
+episode. A reward span without an episode id of its own judges the episode of the
+calls in its trace (feedback given by trace id, when the agent's calls carry a
+``spanmill.episode.id``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,18 @@ COLUMNS = (
     "output_tokens",
     "completion_token_ids",
     "rewards",
+    "scope_name",
+)
+# The columns rewards are read from: enough for spans read only for their rewards (those
+# after the calls' window, where late feedback sits).
+REWARD_COLUMNS = (
+    "trace_id",
+    "episode_id",
+    "start_time",
+    "operation_name",
+    "response_id",
+    "rewards",
+    "scope_name",
 )
 
 
@@ -86,6 +104,9 @@ class Rewards:
     )
     primary_names: Counter[str] = field(default_factory=Counter)
     names: Counter[str] = field(default_factory=Counter)
+    # For each feedback reward (POST /v1/feedback), the episode of the calls it reached,
+    # or None when its ids match no call read: kept, and counted in the dataset card.
+    feedback_reached: list[str | None] = field(default_factory=list)
 
     def primary(self, requested: str | None) -> str | None:
         """The reward to optimise: the one asked for, else the one marked primary."""
@@ -107,11 +128,51 @@ class Rewards:
         )
 
 
-def read_rewards(table: pa.Table, response_ids: set[str]) -> Rewards:
-    """Rewards linked to a call by response id, or else to the whole episode."""
+@dataclass(frozen=True)
+class _Links:
+    """Where the LLM calls of a table are: by response id, and by trace."""
+
+    by_response: dict[str, str]  # response id -> the call's episode
+    by_trace: dict[str, str]  # trace id -> the episode of its (first) call
+    episodes: frozenset[str]
+
+    def episode_of(self, trace_id: str, episode_id: str) -> str:
+        """A reward span's episode: its own explicit one, else that of its trace's calls."""
+        if episode_id != trace_id:
+            return episode_id
+        return self.by_trace.get(trace_id, episode_id)
+
+
+def _links(table: pa.Table) -> _Links:
+    is_llm = pc.is_in(table["operation_name"], value_set=pa.array(sorted(sc.LLM_OPERATIONS)))
+    llm = table.filter(pc.fill_null(is_llm, False)).select(
+        ["trace_id", "episode_id", "response_id"]
+    )
+    traces = llm["trace_id"].to_pylist()
+    episodes = llm["episode_id"].to_pylist()
+    responses = llm["response_id"].to_pylist()
+    by_trace: dict[str, str] = {}
+    for trace_id, episode_id in zip(traces, episodes, strict=True):
+        by_trace.setdefault(trace_id, episode_id)
+    return _Links(
+        by_response={r: e for r, e in zip(responses, episodes, strict=True) if r is not None},
+        by_trace=by_trace,
+        episodes=frozenset(episodes),
+    )
+
+
+def read_rewards(table: pa.Table) -> Rewards:
+    """Rewards linked to a call by response id, or else to the whole episode.
+
+    ``table`` holds at least :data:`REWARD_COLUMNS`: the spans of the calls' window,
+    and those read after it for their rewards. Among rewards of one name for one
+    call or episode, the latest span's value counts (feedback given after the agent's
+    own reward overrides it).
+    """
     rewards = Rewards()
+    links = _links(table)
     rows = table.filter(pc.is_valid(table["rewards"])).select(
-        ["episode_id", "start_time", "rewards"]
+        ["trace_id", "episode_id", "start_time", "rewards", "scope_name"]
     )
     if rows.num_rows == 0:
         return rewards
@@ -119,7 +180,9 @@ def read_rewards(table: pa.Table, response_ids: set[str]) -> Rewards:
     lists = rows["rewards"].combine_chunks()
     parents = pc.list_parent_indices(lists).to_pylist()
     flat = pc.list_flatten(lists)
+    trace_ids = rows["trace_id"].to_pylist()
     episode_ids = rows["episode_id"].to_pylist()
+    scopes = rows["scope_name"].to_pylist()
     names = pc.struct_field(flat, "name").to_pylist()
     values = pc.struct_field(flat, "value").to_pylist()
     linked = pc.struct_field(flat, "response_id").to_pylist()
@@ -130,12 +193,18 @@ def read_rewards(table: pa.Table, response_ids: set[str]) -> Rewards:
         rewards.names[name] += 1
         if primary:
             rewards.primary_names[name] += 1
-        if response_id is not None and response_id in response_ids:
+        call_episode = links.by_response.get(response_id) if response_id is not None else None
+        if call_episode is not None:
             rewards.by_response[response_id][name] = value
-            rewards.linked_by_episode[episode_ids[parent]][name] = value
+            rewards.linked_by_episode[call_episode][name] = value
+            reached: str | None = call_episode
         else:
-            # Unlinked, or linked to a call outside the window: it judges the episode.
-            rewards.by_episode[episode_ids[parent]][name] = value
+            # Unlinked, or linked to a call not read: it judges the episode.
+            episode = links.episode_of(trace_ids[parent], episode_ids[parent])
+            rewards.by_episode[episode][name] = value
+            reached = episode if episode in links.episodes else None
+        if scopes[parent] == sc.FEEDBACK_SCOPE:
+            rewards.feedback_reached.append(reached)
     return rewards
 
 

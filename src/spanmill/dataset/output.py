@@ -15,8 +15,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spanmill.dataset import layout
-from spanmill.dataset.build import Built, Progress, build, check_not_empty, histogram
-from spanmill.dataset.episodes import COLUMNS
+from spanmill.dataset.build import (
+    Built,
+    Progress,
+    build,
+    call_window,
+    check_not_empty,
+    histogram,
+    reward_window,
+)
+from spanmill.dataset.episodes import COLUMNS, REWARD_COLUMNS
 from spanmill.dataset.spec import DatasetSpec
 
 _MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
@@ -51,6 +59,13 @@ def card_of(built: Built, store_url: str) -> dict[str, Any]:
             "requested": {"since": built.spec.since, "until": built.spec.until},
             "first_span": _iso(built.span_window[0]),
             "last_span": _iso(built.span_window[1]),
+            # Rewards are read past the calls' window, for feedback that comes late.
+            "rewards": {
+                "feedback_horizon_hours": built.spec.feedback_horizon_hours,
+                "since": _iso(built.reward_window[0]),
+                "until": _iso(built.reward_window[1]),
+                "last_span": _iso(built.last_reward_span),
+            },
         },
         "filters": built.spec.model_dump(mode="json"),
         "reward": built.reward_name,
@@ -82,6 +97,8 @@ def card_html(card: Mapping[str, Any]) -> str:
         f"<h1>Dataset: {html.escape(card['mode'])}</h1>"
         f"<p>content hash <code>{card['content_hash']}</code><br>"
         f"spans from {card['span_window']['first_span']} to {card['span_window']['last_span']}"
+        f"<br>rewards read until {card['span_window']['rewards']['until']} (feedback horizon "
+        f"{card['span_window']['rewards']['feedback_horizon_hours']} h)"
         f"<br>reward <b>{html.escape(str(card['reward']))}</b></p>"
         f"<h2>Counts at each step</h2><table>{rows}</table>"
         f'<h2>Reward histogram</h2><svg width="{len(bins) * 42 + 8}" height="155">{bars}</svg>'
@@ -132,10 +149,14 @@ def build_dataset(
 
     report = progress or (lambda _: None)
     report("reading spans")
-    spans = SpanStore(store_url, storage_options).table(
-        start=spec.since, end=spec.until, columns=COLUMNS
-    )
-    built = build(spec, spans, progress)
+    store = SpanStore(store_url, storage_options)
+    since, until = call_window(spec)
+    spans = store.table(start=since, end=until, columns=COLUMNS)
+    late = None
+    if until is not None:
+        report("reading late rewards")
+        late = store.table(start=until, end=reward_window(spec)[1], columns=REWARD_COLUMNS)
+    built = build(spec, spans, progress, late=late)
     check_not_empty(built)
     report("writing files")
     return write_dataset(built, out_dir, store_url, jsonl=jsonl)

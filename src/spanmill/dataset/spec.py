@@ -21,6 +21,12 @@ class DatasetSpec(BaseModel):
     # Span window, ISO 8601 or nanoseconds; half-open [since, until).
     since: str | int | None = None
     until: str | int | None = None
+    # Feedback comes after its calls: rewards are read until this long after `until`.
+    feedback_horizon_hours: float = Field(
+        72.0,
+        ge=0,
+        description="Rewards are read from [since, until + this): late feedback still joins.",
+    )
     # Which LLM calls become samples.
     service: str | None = None
     agent: str | None = None

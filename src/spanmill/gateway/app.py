@@ -2,16 +2,18 @@
 
 Every call, answered or failed, becomes a ``chat`` span on Kafka that joins the
 caller's trace (W3C ``traceparent``), carrying what training needs: messages,
-token ids, logprobs and the Triton version that answered.
+token ids, logprobs and the Triton version that answered. Its response id carries
+the trace id, so that ``POST /v1/feedback`` on that id later lands in the same
+trace (see :mod:`spanmill.feedback`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -24,10 +26,11 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from spanmill import feedback
 from spanmill import messages as chat
 from spanmill.config import GatewaySettings
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
-from spanmill.gateway.emitter import SpanEmitter
+from spanmill.gateway.emitter import EmitterBusy, SpanEmitter
 from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.gateway.routing import RoutingTable
@@ -37,6 +40,7 @@ from spanmill.serving.protocol import GenerationParams, GenerationResult
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
+SERVICE_NAME = "spanmill-gateway"
 
 
 @dataclass
@@ -67,6 +71,13 @@ def _caller_context(request: Request) -> tuple[str, str | None]:
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse(error_body(message, kind), status_code=status)
+
+
+def _caller(request: Request) -> feedback.Caller:
+    """Who sent a request, as the ``authorize`` middleware found it."""
+    principal = getattr(request.state, "principal", "anonymous")
+    address = request.client.host if request.client is not None else None
+    return feedback.Caller(principal=principal, address=address)
 
 
 def create_app(
@@ -103,10 +114,12 @@ def create_app(
     async def authorize(request: Request, call_next: Any) -> Response:
         key = settings.api_key
         open_paths = ("/healthz", "/readyz", "/metrics")
+        request.state.principal = "anonymous"
         if key is not None and not request.url.path.startswith(open_paths):
             expected = f"Bearer {key.get_secret_value()}"
             if request.headers.get("authorization") != expected:
                 return _error(401, "missing or wrong bearer token", "authentication_error")
+            request.state.principal = "bearer"
         response: Response = await call_next(request)
         return response
 
@@ -157,7 +170,36 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await _complete(state, body, request)
 
+    @app.post("/v1/feedback")
+    async def post_feedback(request: Request) -> JSONResponse:
+        return await _feedback(state, request)
+
     return app
+
+
+async def _feedback(state: GatewayState, request: Request) -> JSONResponse:
+    """Feedback items as reward spans; answered once Kafka acknowledged every one."""
+    try:
+        items = feedback.parse_feedback_body(await request.body())
+    except feedback.FeedbackError as exc:
+        state.metrics.feedback.labels("rejected").inc()
+        return JSONResponse(exc.body(), status_code=exc.status)
+    caller = _caller(request)
+    received = time.time_ns()
+    spans = [
+        feedback.feedback_span(item, caller, received, new_span_id(), service_name=SERVICE_NAME)
+        for item in items
+    ]
+    try:
+        outcome = await state.emitter.deliver(spans)
+    except EmitterBusy as exc:
+        reply = feedback.busy(str(exc))
+    else:
+        reply = feedback.answer(spans, outcome)
+    accepted = len(spans) if reply.status == 200 else len(reply.body["delivered"])
+    state.metrics.feedback.labels("accepted").inc(accepted)
+    state.metrics.feedback.labels("unavailable").inc(len(spans) - accepted)
+    return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
 
 
 async def _complete(state: GatewayState, body: ChatCompletionRequest, request: Request) -> Response:
@@ -178,7 +220,7 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
         stop=tuple(body.stop or ()),
     )
     raw_messages = body.raw_messages()
-    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    response_id = feedback.new_response_id(trace_id, os.urandom(4).hex())
     span_facts: dict[str, Any] = {
         "trace_id": trace_id,
         "parent_span_id": parent_id,

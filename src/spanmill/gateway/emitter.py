@@ -1,17 +1,24 @@
-"""Getting the gateway's LLM spans to Kafka without ever slowing or failing a request.
+"""Getting the gateway's spans to Kafka: LLM spans without ever slowing a request,
+feedback spans with an acknowledgement.
 
-Requests put spans on a bounded queue and return; one thread drains it into a
-Kafka producer. When the queue is full (Kafka slow or down) a span is dropped and
-counted: serving matters more than recording.
+Requests put spans on a bounded queue; one thread drains it into a Kafka producer.
+LLM spans are fire-and-forget (:meth:`SpanEmitter.emit`): when the queue is full
+(Kafka slow or down) a span is dropped and counted, as serving matters more than
+recording. Feedback is the caller's own data and must be neither lost nor sent
+twice, so :meth:`SpanEmitter.deliver` waits for Kafka's acknowledgement of every
+span, and refuses up front (:class:`EmitterBusy`) rather than drop: a refused
+delivery sent nothing, so the caller may retry it whole.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from spanmill.config import KafkaSettings
@@ -20,6 +27,56 @@ from spanmill.spans import Span, encode_otlp_protobuf
 
 log = logging.getLogger(__name__)
 _STOP = object()
+# How long a delivery may wait in the queue before it is withdrawn, unsent.
+QUEUE_WAIT_S = 5.0
+# Kafka answers for every sent span within this (the producer's delivery timeout).
+_DELIVERY_TIMEOUT_MS = 30_000
+
+Outcome = list[BaseException | None]
+
+
+class EmitterBusy(Exception):
+    """The spans were not taken (queue full, or Kafka too slow to reach them): none sent."""
+
+
+class _Delivery:
+    """Spans whose sender waits for Kafka's answer on each.
+
+    A delivery is withdrawn, unsent, if the sender gives up while it is queued;
+    once the producer thread has begun sending it, it runs to Kafka's answer.
+    """
+
+    def __init__(self, spans: Sequence[Span], done: Callable[[Outcome], None]) -> None:
+        self.spans = list(spans)
+        self._done = done
+        self._lock = threading.Lock()
+        self._state = "queued"
+        self._outcome: Outcome = [None] * len(self.spans)
+        self._pending = len(self.spans)
+
+    def begin(self) -> bool:
+        """Called by the producer thread: False if the sender withdrew it."""
+        with self._lock:
+            if self._state == "withdrawn":
+                return False
+            self._state = "sending"
+            return True
+
+    def withdraw(self) -> bool:
+        """Called by the sender: True if it was still queued, and now never will be sent."""
+        with self._lock:
+            if self._state == "queued":
+                self._state = "withdrawn"
+                return True
+            return False
+
+    def settle(self, index: int, failure: BaseException | None) -> None:
+        with self._lock:
+            self._outcome[index] = failure
+            self._pending -= 1
+            finished = self._pending == 0
+        if finished:
+            self._done(self._outcome)
 
 
 class SpanEmitter:
@@ -44,6 +101,36 @@ class SpanEmitter:
             self._drop("queue_full")
         self.metrics.span_queue.set(self._queue.qsize())
 
+    async def deliver(self, spans: Sequence[Span], queue_wait_s: float = QUEUE_WAIT_S) -> Outcome:
+        """Send spans and wait for Kafka's answer on each: None where acknowledged.
+
+        Raises :class:`EmitterBusy`, having sent nothing, when the queue is full or
+        the spans waited in it longer than ``queue_wait_s`` (Kafka unreachable).
+        """
+        if not spans:
+            return []
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[Outcome] = loop.create_future()
+
+        def done(outcome: Outcome) -> None:  # on a producer thread
+            # The loop is closed only when the app has stopped, and its caller with it.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, answered, outcome)
+
+        delivery = _Delivery(spans, done)
+        try:
+            self._queue.put_nowait(delivery)
+        except queue.Full:
+            raise EmitterBusy("the span queue is full") from None
+        self.metrics.span_queue.set(self._queue.qsize())
+        try:
+            return await asyncio.wait_for(asyncio.shield(answered), queue_wait_s)
+        except TimeoutError:
+            if delivery.withdraw():
+                raise EmitterBusy(f"Kafka did not take the spans within {queue_wait_s}s") from None
+        # Being sent: the producer's delivery timeout bounds the wait for its answer.
+        return await answered
+
     def _drop(self, reason: str, count: int = 1) -> None:
         with self._lock:
             self.dropped += count
@@ -64,9 +151,11 @@ class SpanEmitter:
         return KafkaProducer(
             **self.kafka.client_options(),
             acks="all",
+            enable_idempotence=True,  # producer retries never write a span twice
             linger_ms=20,
             max_block_ms=5000,
             request_timeout_ms=10000,
+            delivery_timeout_ms=_DELIVERY_TIMEOUT_MS,
             retries=3,
             compression_type="gzip",
         )
@@ -87,13 +176,12 @@ class SpanEmitter:
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 10.0)
                     # Spans that arrived meanwhile wait in the queue; a full queue drops.
+            if isinstance(item, _Delivery):
+                self._send_delivery(item)
+                continue
             span: Span = item
             try:
-                future = self._producer.send(
-                    self.kafka.spans_topic,
-                    key=span.trace_id.encode(),
-                    value=encode_otlp_protobuf([span]),
-                )
+                future = self._send(span)
                 future.add_callback(self._delivered)
                 future.add_errback(self._failed)
             except Exception as exc:
@@ -102,8 +190,39 @@ class SpanEmitter:
             self._producer.flush(timeout=5)
             self._producer.close(timeout=5)
 
+    def _send(self, span: Span) -> Any:
+        """Hand one span to the producer, keyed by its trace: one trace, one partition."""
+        return self._producer.send(
+            self.kafka.spans_topic, key=span.trace_id.encode(), value=encode_otlp_protobuf([span])
+        )
+
+    def _send_delivery(self, delivery: _Delivery) -> None:
+        if not delivery.begin():
+            return
+        for index, span in enumerate(delivery.spans):
+            try:
+                future = self._send(span)
+            except Exception as exc:  # refused before buffering: it will never be sent
+                delivery.settle(index, exc)
+                continue
+            future.add_callback(self._acknowledged, delivery, index)
+            future.add_errback(self._refused, delivery, index)
+
+    def _acknowledged(self, delivery: _Delivery, index: int, metadata: Any) -> None:
+        self._delivered(metadata)
+        delivery.settle(index, None)
+
+    def _refused(self, delivery: _Delivery, index: int, exc: BaseException) -> None:
+        log.warning("feedback span not delivered to Kafka: %s", exc)
+        delivery.settle(index, exc)
+
     def close(self, timeout: float = 10.0) -> None:
         """Flush what is queued (bounded by ``timeout``) and stop the thread."""
         with contextlib.suppress(queue.Full):
             self._queue.put(_STOP, timeout=timeout)
         self._thread.join(timeout=timeout)
+
+
+def _resolve(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
+    if not future.done():
+        future.set_result(outcome)

@@ -41,6 +41,13 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        self.feedback = Counter(
+            "spanmill_gateway_feedback",
+            "Feedback items by outcome: accepted (on Kafka), rejected (bad body), "
+            "unavailable (not taken or not acknowledged: the caller retries).",
+            ["outcome"],
+            registry=r,
+        )
         self.span_queue = Gauge(
             "spanmill_gateway_span_queue_depth", "LLM spans waiting for Kafka.", registry=r
         )

@@ -6,6 +6,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from spanmill.errors import error_body
+
+__all__ = ["ChatCompletionRequest", "ChatMessage", "error_body"]
+
 
 class ChatMessage(BaseModel):
     # Agents send fields we do not model (name, refusal, audio...); keep them.
@@ -52,7 +56,3 @@ class ChatCompletionRequest(BaseModel):
 
     def raw_messages(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
-
-
-def error_body(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
