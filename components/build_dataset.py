@@ -19,6 +19,7 @@ def build_dataset(
     max_tokens: int = 0,
     eval_fraction: float = 0.1,
     credit: str = "episode",
+    feedback_horizon_hours: float = 72.0,
 ) -> str:
     """Build the dataset; returns its content hash."""
     from pathlib import Path
@@ -28,7 +29,7 @@ def build_dataset(
     card = build_dataset_step(
         Path(dataset.path), store_url=store_url, agent=agent, since=since, until=until,
         mode=mode, min_reward=min_reward, drop_examples=drop_examples, max_tokens=max_tokens,
-        eval_fraction=eval_fraction, credit=credit,
+        eval_fraction=eval_fraction, credit=credit, feedback_horizon_hours=feedback_horizon_hours,
     )  # fmt: skip
     dataset.metadata.update(
         {"content_hash": card["content_hash"], "mode": card["mode"], **card["counts"]}

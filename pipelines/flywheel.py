@@ -59,6 +59,7 @@ def flywheel(
     max_tokens: int = 0,
     eval_fraction: float = 0.1,
     credit: str = "episode",
+    feedback_horizon_hours: float = 72.0,
     base_model: str = "smollm2-135m",
     lora_r: int = 16,
     lora_alpha: int = 32,
@@ -83,7 +84,7 @@ def flywheel(
     data = build_dataset(
         agent=agent, store_url=store_url, since=since, until=until, mode=dataset_mode,
         min_reward=min_reward, drop_examples=drop_examples, max_tokens=max_tokens,
-        eval_fraction=eval_fraction, credit=credit,
+        eval_fraction=eval_fraction, credit=credit, feedback_horizon_hours=feedback_horizon_hours,
     )  # fmt: skip
     data.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
     _credentials(data)

@@ -58,7 +58,7 @@ def start_stack(
     return LocalStack(settings).up(on_started=on_started)
 
 
-def rollout_settings(settings: StackSettings) -> RolloutSettings:
+def rollout_settings(settings: StackSettings, agent: str = AGENT) -> RolloutSettings:
     """A quick canary for the demo: half the traffic, then all of it."""
     urls = stack_urls(settings)
     return RolloutSettings(
@@ -66,7 +66,7 @@ def rollout_settings(settings: StackSettings) -> RolloutSettings:
         triton=TritonSettings(
             http_url=urls["triton"], model_repository=str(settings.model_repository)
         ),
-        agents=[AGENT],
+        agents=[agent],
         steps=[50.0, 100.0],
         bake_s=5.0,
         min_requests=6,
@@ -79,19 +79,19 @@ def rollout_settings(settings: StackSettings) -> RolloutSettings:
     )
 
 
-def serve_base_as_champion(settings: StackSettings) -> int:
+def serve_base_as_champion(settings: StackSettings, agent: str = AGENT) -> int:
     """Register the base model as the agent's first version and make it the champion."""
     from spanmill.models import pull_model
     from spanmill.registry import CHAMPION, Lineage, ModelRegistry
 
     registry = ModelRegistry(stack_urls(settings)["mlflow"])
-    if AGENT in registry.agents():
-        champion = registry.aliases(AGENT).get(CHAMPION)
+    if agent in registry.agents():
+        champion = registry.aliases(agent).get(CHAMPION)
         if champion is not None:
             return champion
     base = str(pull_model(BASE))
-    version = registry.register(AGENT, Lineage(kind="base", base_model=base)).version
-    registry.promote(AGENT, version, reason="the base model serves first")
+    version = registry.register(agent, Lineage(kind="base", base_model=base)).version
+    registry.promote(agent, version, reason="the base model serves first")
     return version
 
 
@@ -101,6 +101,7 @@ def reconcile_until(
     *,
     traffic: Callable[[], None] | None = None,
     timeout_s: float = 600.0,
+    agent: str = AGENT,
 ) -> Any:
     """Run the rollout controller until ``done(state)``; ``traffic`` runs between ticks.
 
@@ -108,16 +109,16 @@ def reconcile_until(
     """
     from spanmill.rollout.service import build_reconciler
 
-    reconciler = build_reconciler(rollout_settings(settings))
+    reconciler = build_reconciler(rollout_settings(settings, agent))
     deadline = time.monotonic() + timeout_s
     decisions: list[Any] = []
     while True:
         decisions.extend(d for d in reconciler.tick() if d.action != "hold")
-        state = reconciler.state(AGENT)
+        state = reconciler.state(agent)
         if state is not None and done(state):
             return state, decisions
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the rollout of {AGENT} did not settle: {state}")
+            raise TimeoutError(f"the rollout of {agent} did not settle: {state}")
         if traffic is not None:
             traffic()
         else:

@@ -28,8 +28,13 @@ def build_dataset_step(
     max_tokens: int = 0,
     eval_fraction: float = 0.1,
     credit: str = "episode",
+    feedback_horizon_hours: float = 72.0,
 ) -> dict[str, Any]:
-    """Build the dataset into ``out_dir``; returns its card."""
+    """Build the dataset into ``out_dir``; returns its card.
+
+    Rewards (feedback included) are read from the calls' window extended by
+    ``feedback_horizon_hours``: feedback that arrives after the window still counts.
+    """
     from spanmill.dataset.output import build_dataset
     from spanmill.dataset.spec import DatasetSpec
 
@@ -43,6 +48,7 @@ def build_dataset_step(
         max_tokens=max_tokens or None,
         eval_fraction=eval_fraction,
         credit=credit,
+        feedback_horizon_hours=feedback_horizon_hours,
     )
     store = store_url or load_settings(CollectorSettings).store_url
     return build_dataset(store, out_dir, spec)
