@@ -130,6 +130,10 @@ def test_sft_threshold_weights_dedupe_and_version_filter() -> None:
     assert build(base.model_copy(update={"dedupe": False}), table(*spans)).counts["train"] == 4
     passing = build(base.model_copy(update={"min_reward": 1.0}), table(*spans))
     assert [r["completion"][0]["content"] for r in passing.train] == ["42"]
+    failing = build(base.model_copy(update={"max_reward": 0.0}), table(*spans))
+    assert [r["completion"][0]["content"] for r in failing.train] == ["41"]
+    with pytest.raises(ValueError, match="above max_reward"):
+        DatasetSpec(min_reward=1.0, max_reward=0.0)
     weighted = build(base.model_copy(update={"sft_weighting": "reward"}), table(*spans))
     assert sorted(r["weight"] for r in weighted.train) == [0.5, 1.0]  # zero weight dropped
     v2 = build(base.model_copy(update={"model_version": "2"}), table(*spans))

@@ -37,6 +37,7 @@ def build(
     credit: str = typer.Option("episode", help="episode, per_call or discounted."),
     discount: float = typer.Option(1.0, help="Discount per call, for --credit discounted."),
     min_reward: float = typer.Option(None, help="sft: keep samples at or above this reward."),
+    max_reward: float = typer.Option(None, help="sft: keep samples at or below this reward."),
     weighting: str = typer.Option("uniform", help="sft: uniform, or weights from the reward."),
     max_tokens: int = typer.Option(None, help="Longest sample, prompt plus completion."),
     drop_examples: bool = typer.Option(False, help="Drop few-shot example turns (distillation)."),
@@ -56,7 +57,7 @@ def build(
             mode=mode, since=since, until=until, feedback_horizon_hours=feedback_horizon_hours,
             agent=agent, service=service, model=model,
             model_version=model_version, reward=reward, credit=credit, discount=discount,
-            min_reward=min_reward, sft_weighting=weighting, max_tokens=max_tokens,
+            min_reward=min_reward, max_reward=max_reward, sft_weighting=weighting, max_tokens=max_tokens,
             drop_examples=drop_examples, eval_fraction=eval_fraction,
         )  # fmt: skip
     except ValidationError as exc:

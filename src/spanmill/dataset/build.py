@@ -247,6 +247,8 @@ def _sft(
         reward = float(s.reward)  # type: ignore[arg-type]
         if spec.min_reward is not None and reward < spec.min_reward:
             continue
+        if spec.max_reward is not None and reward > spec.max_reward:
+            continue
         weight = 1.0 if spec.sft_weighting == "uniform" else max(reward, 0.0)
         if weight <= 0:
             continue

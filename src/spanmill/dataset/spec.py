@@ -39,6 +39,9 @@ class DatasetSpec(BaseModel):
     credit: CreditRule = "episode"
     discount: float = Field(1.0, gt=0, le=1, description="Per-call discount for 'discounted'.")
     min_reward: float | None = Field(None, description="sft: keep samples at or above it.")
+    max_reward: float | None = Field(
+        None, description="sft: keep samples at or below it (a dataset of failures: 0)."
+    )
     sft_weighting: SftWeighting = "uniform"
     min_reward_gap: float = Field(
         1e-9, ge=0, description="preference: smallest reward difference that makes a pair."
@@ -56,4 +59,10 @@ class DatasetSpec(BaseModel):
             raise ValueError("sft_weighting='reward' applies to mode 'sft' only")
         if self.credit != "discounted" and self.discount != 1.0:
             raise ValueError("discount applies to credit='discounted' only")
+        if (
+            self.min_reward is not None
+            and self.max_reward is not None
+            and self.min_reward > self.max_reward
+        ):
+            raise ValueError(f"min_reward {self.min_reward} is above max_reward {self.max_reward}")
         return self
