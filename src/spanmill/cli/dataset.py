@@ -57,8 +57,8 @@ def build(
             mode=mode, since=since, until=until, feedback_horizon_hours=feedback_horizon_hours,
             agent=agent, service=service, model=model,
             model_version=model_version, reward=reward, credit=credit, discount=discount,
-            min_reward=min_reward, max_reward=max_reward, sft_weighting=weighting, max_tokens=max_tokens,
-            drop_examples=drop_examples, eval_fraction=eval_fraction,
+            min_reward=min_reward, max_reward=max_reward, sft_weighting=weighting,
+            max_tokens=max_tokens, drop_examples=drop_examples, eval_fraction=eval_fraction,
         )  # fmt: skip
     except ValidationError as exc:
         problems = "; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
