@@ -62,8 +62,11 @@ def test_tool_calls_compare_names_and_parsed_arguments(
     assert found.values == {"name": name, "name_args": name_args}, found.explanation
 
 
-def test_tool_calls_do_not_apply_to_a_logged_text_answer() -> None:
-    assert ToolCallsEvaluator().score_one(item("Within 30 days."), CALL).values == {}
+def test_tool_calls_apply_only_to_a_logged_call_that_earned_a_reward() -> None:
+    evaluator = ToolCallsEvaluator()
+    assert evaluator.score_one(item("Within 30 days."), CALL).values == {}
+    assert evaluator.score_one(item(CALL, reward=0.0), CALL).values == {}
+    assert evaluator.score_one(item(CALL, reward=None), CALL).values["name_args"] == 1.0
 
 
 @pytest.mark.parametrize(

@@ -121,7 +121,8 @@ class ToolCallsEvaluator(PointwiseEvaluator):
 
     Arguments are compared as parsed JSON, so key order and whitespace never
     count; ``1`` and ``1.0`` are the same number, as JSON has one number type.
-    Applies only to items whose logged answer was a tool call.
+    Applies only to items whose logged answer was a tool call that earned a
+    reward (when the reward is known).
     """
 
     name = "tool_calls"
@@ -131,6 +132,8 @@ class ToolCallsEvaluator(PointwiseEvaluator):
         wanted = parse_call(item.reference)
         if wanted is None:
             return ItemScore({}, "the logged answer is not a tool call")
+        if item.reward is not None and item.reward <= 0:
+            return ItemScore({}, "the logged call earned no reward")
         got = parse_call(answer)
         if got is None:
             return ItemScore({"name": 0.0, "name_args": 0.0}, "no tool call")
