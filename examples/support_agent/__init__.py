@@ -1,0 +1,1 @@
+"""An Orbit Notes support agent that knows nothing of spanmill (see README.md)."""
