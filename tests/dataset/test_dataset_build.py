@@ -44,6 +44,19 @@ def test_discounted_credit() -> None:
     assert got == {'{"tool": "calculator", "expression": "6*7"}': 0.5, "42": 1.0}
 
 
+def test_a_call_recorded_by_the_client_and_the_gateway_is_one_sample() -> None:
+    client = llm(1, 100, answer="42", response_id="r1", service="support-agent")
+    served = llm(1, 101, answer="42!", response_id="r1")
+    served.attributes[sc.SPANMILL_COMPLETION_TOKEN_IDS] = [1, 2]
+    spans = [episode(1, 50, reward_event("success", 1.0, primary=True)), client, served]
+    built = build(DatasetSpec(eval_fraction=0.0, dedupe=False), table(*spans))
+    assert [row["completion"][0]["content"] for row in built.train] == ["42!"]
+    assert built.counts["llm_calls"] == 1
+    # Either order: the record with token ids (the gateway's) is the one kept.
+    built = build(DatasetSpec(eval_fraction=0.0, dedupe=False), table(*reversed(spans)))
+    assert [row["completion"][0]["content"] for row in built.train] == ["42!"]
+
+
 def test_out_of_order_spans_are_put_in_time_order() -> None:
     spans = two_call_episode()
     got = rewards_by_answer(DatasetSpec(credit="discounted", discount=0.5), *reversed(spans))

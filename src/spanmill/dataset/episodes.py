@@ -208,8 +208,29 @@ def read_rewards(table: pa.Table) -> Rewards:
     return rewards
 
 
+def one_record_per_call(calls: list[LLMCall]) -> list[LLMCall]:
+    """Each call once: records that share a response id are one call, seen twice.
+
+    A client instrumentation (OpenLLMetry, OpenInference) records the call the
+    agent made and the gateway records the same call as it served it, both with
+    the response id the client received. The gateway's record is kept: it has the
+    token ids, logprobs and model version. Order is kept.
+    """
+    chosen: dict[str, int] = {}
+    for i, call in enumerate(calls):
+        if call.response_id is None:
+            continue
+        held = chosen.get(call.response_id)
+        if held is None or (
+            calls[held].completion_token_ids is None and call.completion_token_ids is not None
+        ):
+            chosen[call.response_id] = i
+    kept = set(chosen.values())
+    return [c for i, c in enumerate(calls) if c.response_id is None or i in kept]
+
+
 def read_llm_calls(table: pa.Table) -> list[LLMCall]:
-    """The LLM calls of the table, grouped by episode and numbered in time order."""
+    """The LLM calls of the table, each once, grouped by episode and numbered in time order."""
     is_llm = pc.is_in(table["operation_name"], value_set=pa.array(sorted(sc.LLM_OPERATIONS)))
     llm = table.filter(pc.fill_null(is_llm, False))
     llm = llm.sort_by([("episode_id", "ascending"), ("start_time", "ascending")])
@@ -238,6 +259,7 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
         )
         for i in range(llm.num_rows)
     ]
+    calls = one_record_per_call(calls)
     start = 0
     while start < len(calls):
         end = start

@@ -67,7 +67,7 @@ class EvalSettings(BaseSettings):
     instances: int = Field(100, ge=0, description="Fresh held-out task instances; 0 skips them.")
     instance_seed: int = 1
     replay_items: int = Field(
-        200, ge=0, description="Logged calls of the dataset's eval split replayed, at most."
+        100, ge=0, description="Logged calls of the dataset's eval split replayed, at most."
     )
     evaluators: list[str] = Field(
         default_factory=lambda: ["tool_calls", "reference"],
