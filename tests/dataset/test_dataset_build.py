@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from dataset_traces import SYSTEM, episode, llm, reward_event, table, tool
+from dataset_traces import SYSTEM, episode, llm, reward_event, table, tid, tool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -209,3 +209,26 @@ def test_no_task_in_both_splits(tasks: list[str], fraction: float, seed: int) ->
     assert not train & held
     assert train | held == set(tasks)
     assert all(split_of(t, fraction, seed) == "eval" for t in held)
+
+
+def test_a_call_keeps_how_it_was_made_for_replay() -> None:
+    from spanmill.gateway.llm_span import build_llm_span
+
+    tools = [{"type": "function", "function": {"name": "search_faq", "parameters": {}}}]
+    call = build_llm_span(
+        trace_id=tid(1), parent_span_id=None, span_id="ef" * 8, start_ns=100, end_ns=200,
+        requested_model="calculator", triton_model="calculator", version="1",
+        response_id="r1", request_messages=[SYSTEM, {"role": "user", "content": "q?"}],
+        params={"temperature": 0.7, "max_tokens": 64, "stop": ["\n"], "tools": tools},
+        metadata={sc.SPANMILL_TASK_ID: "t1"},
+        choice={"message": {"role": "assistant", "content": "42"}, "finish_reason": "stop",
+                "token_ids": [5], "logprobs": [-0.1]},
+    )  # fmt: skip
+    assert call.attributes[sc.GEN_AI_REQUEST_STOP_SEQUENCES] == ["\n"]
+    assert json.loads(call.attributes[sc.GEN_AI_TOOL_DEFINITIONS]) == tools
+    spans = [episode(1, 50, reward_event("success", 1.0, primary=True)), call]
+    row = build(DatasetSpec(eval_fraction=0.0), table(*spans)).train[0]
+    assert json.loads(row["request"]) == {"max_tokens": 64, "stop": ["\n"], "tools": tools}
+    # A record without any of them (the reference solutions, a bare client span) has none.
+    bare = build(DatasetSpec(eval_fraction=0.0), table(*two_call_episode())).train[0]
+    assert bare["request"] is None

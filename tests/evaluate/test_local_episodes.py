@@ -87,6 +87,34 @@ def test_replayed_calls_are_answered_in_batches_and_scored() -> None:
     ]
 
 
+def test_replayed_calls_are_made_as_they_were_logged() -> None:
+    asked: list[tuple[int, GenerationParams, Any]] = []
+
+    class Recorder:
+        def generate_batch(
+            self,
+            conversations: list[list[dict[str, Any]]],
+            params: GenerationParams,
+            tools: list[dict[str, Any]] | None = None,
+        ) -> list[GenerationResult]:
+            asked.append((len(conversations), params, tools))
+            return [GenerationResult([Choice("x", [1], [0.0], "stop")], [1])] * len(conversations)
+
+    tools = [{"type": "function", "function": {"name": "search_faq"}}]
+    prompt = [{"role": "user", "content": "q"}]
+    items = [
+        ReplayItem("a", prompt, "r", stop=("\n",), max_tokens=32, tools=tools),
+        ReplayItem("b", prompt, "r"),
+        ReplayItem("c", prompt, "r", stop=("\n",), max_tokens=32, tools=tools),
+        ReplayItem("d", prompt, "r", max_tokens=500),
+    ]
+    texts, _ = answer(Recorder(), items, max_new_tokens=96, batch_size=8)
+    assert texts == ["x"] * 4
+    got = sorted((n, p.stop, p.max_tokens, t is not None) for n, p, t in asked)
+    # Alike calls go together; a logged limit above the evaluation's own is capped.
+    assert got == [(1, (), 96, False), (1, (), 96, False), (2, ("\n",), 32, True)]
+
+
 def test_batch_generation_matches_one_at_a_time(smollm2_dir: Path) -> None:
     from spanmill.serving.generation import Generator
 

@@ -16,23 +16,18 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import tritonclient.http as triton_http
-from support_agent_helpers import uninstrument_openai
+from support_agent_helpers import Stack, gateway_and_collector, uninstrument_openai
 
 from spanmill import semconv as sc
-from spanmill.gateway.routing import RoutingTable
 from spanmill.serving.repository import write_python_version
 from spanmill.spans import Span
-from spanmill.stack.ports import free_port
-from spanmill.stack.services import CollectorProcess, GatewayProcess
 from spanmill.store import SpanStore
 
 # isort: split
@@ -44,56 +39,18 @@ MODEL = "support"
 EPISODES = 4
 
 
-@dataclass(frozen=True)
-class Stack:
-    gateway: str
-    collector: str
-    store: str
-
-
 @pytest.fixture(scope="module")
 def stack(
     kafka, triton, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
     work = tmp_path_factory.mktemp("support-stack")
-    suffix = uuid.uuid4().hex[:8]
-    topic = kafka.create_topic(f"spans-{suffix}", 3)
-    dlq = kafka.create_topic(f"spans-{suffix}.dlq", 1)
     write_python_version(triton.model_repository, MODEL, 1, smollm2_dir, num_threads=1)
     client = triton_http.InferenceServerClient(triton.http_url, network_timeout=300)
     client.load_model(MODEL)
-    routes = work / "routes.json"
-    routes.write_text(
-        RoutingTable.model_validate(
-            {"revision": 1, "routes": {MODEL: {"triton_model": MODEL,
-                                               "backends": [{"version": "1", "weight": 1}]}}}
-        ).dumps()
-    )  # fmt: skip
-    topics = {"SPANMILL_KAFKA_SPANS_TOPIC": topic, "SPANMILL_KAFKA_DLQ_TOPIC": dlq}
-    gateway = GatewayProcess(
-        "127.0.0.1", free_port(), work, routing_file=routes,
-        kafka_bootstrap=kafka.bootstrap_servers, triton_url=triton.http_url,
-    )  # fmt: skip
-    gateway.settings_env.update(topics)
-    store = str(work / "spans")
-    collector = CollectorProcess(
-        "127.0.0.1", free_port(), work, store_url=store, kafka_bootstrap=kafka.bootstrap_servers
-    )
-    # tansu: a fresh group per test, and its first assignment takes half the session timeout.
-    collector.settings_env.update(
-        topics,
-        SPANMILL_COLLECTOR_GROUP_ID=f"support-{suffix}",
-        SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS="6000",
-        SPANMILL_COLLECTOR_BATCH_MAX_SECONDS="0.5",
-    )
-    running = []
     try:
-        running.append(gateway.start())
-        running.append(collector.start())
-        yield Stack(gateway.url, collector.url, store)
+        with gateway_and_collector(kafka, triton.http_url, work, MODEL, 1) as running:
+            yield running
     finally:
-        for service in reversed(running):
-            service.stop()
         client.unload_model(MODEL)
 
 

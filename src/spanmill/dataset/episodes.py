@@ -14,8 +14,10 @@ calls in its trace (feedback given by trace id, when the agent's calls carry a
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,6 +47,7 @@ COLUMNS = (
     "input_tokens",
     "output_tokens",
     "completion_token_ids",
+    "attributes",
     "rewards",
     "scope_name",
 )
@@ -85,6 +88,7 @@ class LLMCall:
     output_tokens: int | None
     completion_token_ids: list[int] | None
     failed: bool
+    request: str | None = None  # the call's parameters a replay needs (request_of)
     index: int = 0  # position among the episode's calls, in time order
     calls_in_episode: int = 1
 
@@ -208,6 +212,37 @@ def read_rewards(table: pa.Table) -> Rewards:
     return rewards
 
 
+# Request attributes a replay of the call needs, by the key they are kept under.
+_REQUEST: Final = {
+    sc.GEN_AI_REQUEST_STOP_SEQUENCES: "stop",
+    sc.GEN_AI_REQUEST_MAX_TOKENS: "max_tokens",
+    sc.GEN_AI_TOOL_DEFINITIONS: "tools",
+}
+
+
+def request_of(attributes: str | None) -> str | None:
+    """The stop sequences, token limit and tools a call was made with, as JSON; None
+    when the record has none of them (a client instrumentation may not record them)."""
+    if not attributes:
+        return None
+    try:
+        found = json.loads(attributes)
+    except ValueError:
+        return None
+    request: dict[str, Any] = {}
+    for attribute, key in _REQUEST.items():
+        value = found.get(attribute) if isinstance(found, dict) else None
+        if value is None:
+            continue
+        if key == "tools" and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                continue
+        request[key] = value
+    return json.dumps(request, sort_keys=True) if request else None
+
+
 def one_record_per_call(calls: list[LLMCall]) -> list[LLMCall]:
     """Each call once: records that share a response id are one call, seen twice.
 
@@ -256,6 +291,7 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
             output_tokens=columns["output_tokens"][i],
             completion_token_ids=columns["completion_token_ids"][i],
             failed=columns["status_code"][i] == "error",
+            request=request_of(columns["attributes"][i]),
         )
         for i in range(llm.num_rows)
     ]

@@ -26,7 +26,9 @@ Columns by mode:
     a group for GRPO-style advantages), plus the lineage columns.
 
 Lineage columns: sample_id, task_id, episode_id, trace_id, response_id, agent,
-model, model_version.
+model, model_version, and request: the call's stop sequences, token limit and
+offered tools as JSON (null when its record has none), so that evaluation can
+replay the call as it was made.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ LINEAGE_COLUMNS: Final = (
     "agent",
     "model",
     "model_version",
+    "request",
 )
 REQUIRED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "sft": ("prompt", "completion", "weight", "reward"),

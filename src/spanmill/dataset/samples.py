@@ -36,6 +36,7 @@ class Sample:
             "agent": c.agent,
             "model": c.model,
             "model_version": c.model_version,
+            "request": c.request,
         }
 
 

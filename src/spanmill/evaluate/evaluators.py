@@ -43,7 +43,10 @@ class ReplayItem:
     prompt: list[dict[str, str]]
     reference: str  # the logged answer, which earned a reward
     reward: float | None = None
+    # How the call was made, when its record says: replayed the same way.
     tools: list[dict[str, Any]] | None = None
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,18 @@
 
 This is the suite every agent has, with or without a task plugin: the eval split
 (episodes never trained on) holds LLM calls as the agent made them and the
-answers that earned their reward. Both models answer the same prompts, greedily;
-then each evaluator scores both sets of answers at once (a judge compares them
-side by side). The outcome of an item records every evaluator metric that
+answers that earned their reward. Both models answer the same prompts greedily,
+with the stop sequences, token limit and tools each call was made with (the
+gateway records them); then each evaluator scores both sets of answers at once
+(a judge compares them side by side). The outcome of an item records every evaluator metric that
 applies to it; its ``success`` is whether the answer matches the logged one (the
 same tool call, arguments as parsed JSON, or the same text up to normalisation).
 """
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
 from spanmill.evaluate.episodes import BatchGenerator
@@ -43,12 +46,17 @@ def replay_items(data: TrainingData, limit: int) -> list[ReplayItem]:
     items = []
     for i, row in enumerate(rows[:limit]):
         reward = row.get("reward")
+        request = json.loads(row.get("request") or "{}")
+        max_tokens = request.get("max_tokens")
         items.append(
             ReplayItem(
                 item_id=str(row.get("sample_id") or f"eval-{i}"),
                 prompt=list(row["prompt"]),
                 reference=str(row[target][-1]["content"]),
                 reward=float(reward) if reward is not None else None,
+                tools=request.get("tools") or None,
+                stop=tuple(request.get("stop") or ()),
+                max_tokens=int(max_tokens) if isinstance(max_tokens, int | float) else None,
             )
         )
     return items
@@ -62,20 +70,36 @@ def answer(
     batch_size: int,
     progress: Progress | None = None,
 ) -> tuple[list[str], list[int]]:
-    """Each item's answer text, greedy, and its token count."""
-    params = GenerationParams(max_tokens=max_new_tokens)
-    texts: list[str] = []
-    tokens: list[int] = []
+    """Each item's answer text and token count: greedy, with the stop sequences, token limit
+    (at most ``max_new_tokens``) and tools its call was made with."""
+    texts: list[str] = [""] * len(items)
+    tokens: list[int] = [0] * len(items)
     for start in range(0, len(items), batch_size):
-        batch = items[start : start + batch_size]
-        results = generator.generate_batch([item.prompt for item in batch], params)
-        for result in results:
-            choice = result.choices[0]
-            texts.append(choice.text)
-            tokens.append(len(choice.token_ids))
+        batch = range(start, min(start + batch_size, len(items)))
+        # A batch shares its parameters: calls made alike are sent together.
+        alike: dict[str, list[int]] = defaultdict(list)
+        for i in batch:
+            alike[_request_key(items[i])].append(i)
+        for indices in alike.values():
+            first = items[indices[0]]
+            params = GenerationParams(
+                max_tokens=min(first.max_tokens or max_new_tokens, max_new_tokens),
+                stop=first.stop,
+            )
+            results = generator.generate_batch(
+                [items[i].prompt for i in indices], params, first.tools
+            )
+            for i, result in zip(indices, results, strict=True):
+                choice = result.choices[0]
+                texts[i] = choice.text
+                tokens[i] = len(choice.token_ids)
         if progress is not None:
             progress(len(batch))
     return texts, tokens
+
+
+def _request_key(item: ReplayItem) -> str:
+    return json.dumps([item.stop, item.max_tokens, item.tools], sort_keys=True)
 
 
 def matches(item: ReplayItem, text: str) -> tuple[bool, bool]:

@@ -230,7 +230,8 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
         "version": backend.version,
         "request_messages": raw_messages,
         "params": {"temperature": body.temperature, "top_p": body.top_p,
-                   "max_tokens": body.token_limit},
+                   "max_tokens": body.token_limit, "stop": list(body.stop or ()),
+                   "tools": body.tools},
         "metadata": body.metadata,
     }  # fmt: skip
     try:

@@ -70,6 +70,11 @@ def build_llm_span(
     ):
         if params.get(key) is not None:
             attributes[attribute] = params[key]
+    # What a replay of the call needs to ask the same question the same way.
+    if params.get("stop"):
+        attributes[sc.GEN_AI_REQUEST_STOP_SEQUENCES] = list(params["stop"])
+    if params.get("tools"):
+        attributes[sc.GEN_AI_TOOL_DEFINITIONS] = json.dumps(params["tools"])
     for key, value in (metadata or {}).items():
         if key in FORWARDED_METADATA:
             attributes[key] = value

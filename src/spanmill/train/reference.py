@@ -56,6 +56,7 @@ def reference_rows(
                     "agent": task.agent_name,
                     "model": REFERENCE_MODEL,
                     "model_version": "",
+                    "request": None,
                 }
             )
     return rows

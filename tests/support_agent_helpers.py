@@ -1,0 +1,88 @@
+"""Helpers for the support agent's tests: importing it, undoing its instrumentation, and
+the gateway and collector it talks to."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+AGENT_DIR = Path(__file__).resolve().parents[1] / "examples" / "support_agent"
+# The agent is a folder of its own, not an installed package: import it from there.
+if str(AGENT_DIR.parent) not in sys.path:
+    sys.path.insert(0, str(AGENT_DIR.parent))
+
+
+def uninstrument_openai() -> None:
+    """Undo ``setup_telemetry`` so that the next test can instrument afresh.
+
+    OpenLLMetry 0.62's ``uninstrument()`` leaves ``Completions.create`` wrapped:
+    it names the methods by dotted paths that opentelemetry-instrumentation 0.66's
+    ``unwrap`` no longer resolves. Left there, the next instrumentation wraps the
+    old wrapper, and the gateway gets the ``traceparent`` of an unexported span.
+    """
+    from openai.resources.chat.completions import AsyncCompletions, Completions
+    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.instrumentation.utils import unwrap
+
+    OpenAIInstrumentor().uninstrument()
+    for cls in (Completions, AsyncCompletions):
+        unwrap(cls, "create")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A gateway and a collector, as processes, on a topic of their own."""
+
+    gateway: str
+    collector: str
+    store: str
+
+
+@contextmanager
+def gateway_and_collector(
+    kafka: Any, triton_url: str, work: Path, model: str, version: int
+) -> Iterator[Stack]:
+    """``spanmill gateway`` routing ``model`` to one Triton version, and ``spanmill collector``
+    (with its OTLP/HTTP receiver) writing a store under ``work``, on a fresh span topic."""
+    from spanmill.stack.ports import free_port
+    from spanmill.stack.services import CollectorProcess, GatewayProcess
+
+    suffix = uuid.uuid4().hex[:8]
+    topics = {
+        "SPANMILL_KAFKA_SPANS_TOPIC": kafka.create_topic(f"spans-{suffix}", 3),
+        "SPANMILL_KAFKA_DLQ_TOPIC": kafka.create_topic(f"spans-{suffix}.dlq", 1),
+    }
+    routes = work / "routes.json"
+    backends = [{"version": str(version), "weight": 1}]
+    table = {"revision": 1, "routes": {model: {"triton_model": model, "backends": backends}}}
+    routes.write_text(json.dumps(table))
+    gateway = GatewayProcess(
+        "127.0.0.1", free_port(), work, routing_file=routes,
+        kafka_bootstrap=kafka.bootstrap_servers, triton_url=triton_url,
+    )  # fmt: skip
+    gateway.settings_env.update(topics)
+    store = str(work / "spans")
+    collector = CollectorProcess(
+        "127.0.0.1", free_port(), work, store_url=store, kafka_bootstrap=kafka.bootstrap_servers
+    )
+    # tansu: a fresh group per test, and its first assignment takes half the session timeout.
+    collector.settings_env.update(
+        topics,
+        SPANMILL_COLLECTOR_GROUP_ID=f"support-{suffix}",
+        SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS="6000",
+        SPANMILL_COLLECTOR_BATCH_MAX_SECONDS="0.5",
+    )
+    running = []
+    try:
+        running.append(gateway.start())
+        running.append(collector.start())
+        yield Stack(gateway.url, collector.url, store)
+    finally:
+        for service in reversed(running):
+            service.stop()
