@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 
 from spanmill.evaluate.evaluators import (
@@ -226,3 +228,20 @@ def test_replay_scores_carry_every_applicable_metric() -> None:
     assert [o.success for o in champion] == [False, True]
     assert [o.success for o in challenger] == [True, False]
     assert [o.tokens for o in challenger] == [20, 2]
+
+
+def test_replay_items_carry_the_eval_splits_rewards_and_lineage(tmp_path: Path) -> None:
+    from spanmill.evaluate.replay import replay_items
+    from spanmill.tasks import get_task
+    from spanmill.train import write_reference_dataset
+    from spanmill.train.data import load_training_data
+
+    folder = write_reference_dataset(get_task("calculator"), tmp_path, n_train=2, n_eval=2)
+    data = load_training_data(folder)
+    assert data.eval is not None
+    rows = pq.read_table(folder / "eval.parquet").to_pylist()
+    items = replay_items(data, 100)
+    assert [i.item_id for i in items] == [r["sample_id"] for r in rows]
+    assert [i.reward for i in items] == [1.0] * len(rows)
+    assert [i.reference for i in items] == [r["completion"][-1]["content"] for r in rows]
+    assert len(replay_items(data, 1)) == 1

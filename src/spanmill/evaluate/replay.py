@@ -40,7 +40,7 @@ def replay_items(data: TrainingData, limit: int) -> list[ReplayItem]:
     if data.eval is None or limit == 0:
         return []
     target = "chosen" if data.mode == "preference" else "completion"
-    rows = data.eval.table.to_pylist()
+    rows = (data.eval.full if data.eval.full is not None else data.eval.table).to_pylist()
     if data.mode == "rl":
         rows = [row for row in rows if (row.get("reward") or 0) > 0]
     items = []

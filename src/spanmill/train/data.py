@@ -36,12 +36,14 @@ _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 @dataclass(frozen=True)
 class Split:
-    """One split's rows, as a pyarrow table with the trainer's columns."""
+    """One split's rows, as a pyarrow table with the trainer's columns, and as written
+    (``full``: rewards and lineage too, which evaluation reads)."""
 
     name: str
     table: pa.Table
     task_ids: frozenset[str] = field(default_factory=frozenset)
     agents: frozenset[str] = field(default_factory=frozenset)
+    full: pa.Table | None = None
 
     @property
     def rows(self) -> int:
@@ -177,6 +179,7 @@ def _checked_split(name: str, table: pa.Table, path: Path, mode: Mode) -> Split:
         table.select(list(TRAINER_COLUMNS[mode])),
         task_ids=_distinct(table, "task_id"),
         agents=_distinct(table, "agent"),
+        full=table,
     )
 
 
