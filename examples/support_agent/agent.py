@@ -176,21 +176,26 @@ def run_tool(faq: FAQ, name: str, arguments: str, results: int = RESULTS) -> str
 
 
 def worked_example(faq: FAQ, results: int = RESULTS) -> list[dict[str, Any]]:
-    """The example exchange as OpenAI messages, its tool result from the real search."""
+    """The example exchange as OpenAI messages, its tool result from the real search.
+
+    Its turns carry OpenAI's participant names for few-shot examples
+    (``example_user``, ``example_assistant``), so whoever reads the traces can tell
+    the demonstration from the customer's conversation.
+    """
     call = {
         "id": "call_example",
         "type": "function",
         "function": {"name": "search_faq", "arguments": json.dumps({"query": EXAMPLE_QUERY})},
     }
     return [
-        {"role": "user", "content": EXAMPLE_QUESTION},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "user", "name": "example_user", "content": EXAMPLE_QUESTION},
+        {"role": "assistant", "name": "example_assistant", "content": None, "tool_calls": [call]},
         {
             "role": "tool",
             "tool_call_id": call["id"],
             "content": search_faq(faq, EXAMPLE_QUERY, results),
         },
-        {"role": "assistant", "content": EXAMPLE_ANSWER},
+        {"role": "assistant", "name": "example_assistant", "content": EXAMPLE_ANSWER},
     ]
 
 

@@ -11,7 +11,10 @@
   way and :func:`parse_tool_calls` reads them back.
 
 A message may carry ``"spanmill.message.example": true`` (few-shot example turn);
-it survives every conversion.
+it survives every conversion. Agents that know nothing of spanmill mark example
+turns the way OpenAI's guides do, with the participant ``name`` ``example_user`` or
+``example_assistant``; such a message, and a tool result answering a call made in
+one, enters the GenAI form marked as an example.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 from spanmill import semconv
 
 EXAMPLE = semconv.SPANMILL_MESSAGE_EXAMPLE
+# OpenAI's participant names for few-shot example turns.
+EXAMPLE_NAMES = frozenset({"example_user", "example_assistant"})
 
 
 def text_of(content: Any) -> str:
@@ -107,8 +112,12 @@ def parse_tool_calls(text: str) -> list[dict[str, Any]]:
 def openai_to_genai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI chat messages to GenAI semantic-convention messages."""
     converted = []
+    example_calls: set[str] = set()  # ids of tool calls made in example turns
     for message in messages:
         role = str(message.get("role", "user"))
+        example = bool(message.get(EXAMPLE)) or message.get("name") in EXAMPLE_NAMES
+        if role == "tool" and message.get("tool_call_id") in example_calls:
+            example = True
         parts: list[dict[str, Any]] = []
         if role == "tool":
             parts.append(
@@ -124,6 +133,8 @@ def openai_to_genai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 parts.append({"type": "text", "content": text})
             for call in message.get("tool_calls") or []:
                 function = call.get("function", {})
+                if example and call.get("id"):
+                    example_calls.add(str(call["id"]))
                 parts.append(
                     {
                         "type": "tool_call",
@@ -133,7 +144,7 @@ def openai_to_genai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     }
                 )
         out: dict[str, Any] = {"role": role, "parts": parts}
-        if message.get(EXAMPLE):
+        if example:
             out[EXAMPLE] = True
         if "finish_reason" in message:
             out["finish_reason"] = message["finish_reason"]

@@ -142,6 +142,9 @@ def test_episode_loop_and_its_spans() -> None:
         "content": "Can I get a refund?",
     }
     assert example[2]["content"].startswith("[change-email]")
+    # Marked as OpenAI's guides mark few-shot turns (a tool message has no name).
+    names = [m.get("name") for m in example]
+    assert names == ["example_user", "example_assistant", None, "example_assistant"]
     second = bodies[1]["messages"]
     assert second[: len(first)] == first
     assert [m["role"] for m in second[len(first) :]] == ["assistant", "tool"]

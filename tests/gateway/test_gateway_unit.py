@@ -109,6 +109,27 @@ def test_openai_and_genai_forms_convert_both_ways() -> None:
     assert back[4] == {"role": "assistant", "content": "2"}
 
 
+def test_openai_example_names_mark_few_shot_turns() -> None:
+    call = {"id": "ex1", "type": "function",
+            "function": {"name": "search", "arguments": '{"q": "a"}'}}  # fmt: skip
+    later = dict(call, id="c2")
+    messages = [
+        {"role": "system", "content": "Help."},
+        {"role": "user", "name": "example_user", "content": "Example question?"},
+        {"role": "assistant", "name": "example_assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "ex1", "content": "example result"},
+        {"role": "assistant", "name": "example_assistant", "content": "Example answer."},
+        {"role": "user", "name": "alice", "content": "Real question?"},
+        {"role": "assistant", "content": None, "tool_calls": [later]},
+        {"role": "tool", "tool_call_id": "c2", "content": "real result"},
+    ]
+    marked = [bool(m.get(chat.EXAMPLE)) for m in chat.openai_to_genai(messages)]
+    assert marked == [False, True, True, True, True, False, False, False]
+    # The mark survives the way back, so the dataset builder can drop those turns.
+    back = chat.genai_to_openai(chat.openai_to_genai(messages))
+    assert [bool(m.get(chat.EXAMPLE)) for m in back] == marked
+
+
 def test_llm_span_carries_what_training_needs() -> None:
     span = build_llm_span(
         trace_id="ab" * 16, parent_span_id="cd" * 8, span_id="ef" * 8,

@@ -153,13 +153,8 @@ def evaluate(
     settings: EvalSettings | None = None,
     *,
     progress: Progress | None = None,
-    models: dict[str, ServedModel] | None = None,
 ) -> EvalReport:
-    """Compare ``challenger`` (an adapter or model folder) with the champion; see the module doc.
-
-    ``models`` gives the two served models directly (role -> model in Triton)
-    instead of staging the challenger and looking the champion up in MLflow.
-    """
+    """Compare ``challenger`` (an adapter or model folder) with the champion; see the module doc."""
     settings = settings or EvalSettings()
     output_dir = Path(output_dir)
     data = load_training_data(Path(dataset_dir))
@@ -167,8 +162,7 @@ def evaluate(
     plan = _plan(settings, data)
     tracker = _tracker(settings, challenger_ref)
     try:
-        with ExitStack() as stack:
-            served = models or stack.enter_context(_serve(settings, plan.agent, challenger_ref))
+        with _serve(settings, plan.agent, challenger_ref) as served:
             refs = {
                 "champion": ModelRef("champion", served["champion"].describe()),
                 "challenger": replace(challenger_ref, served=served["challenger"].describe()),
