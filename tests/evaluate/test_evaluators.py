@@ -245,3 +245,25 @@ def test_replay_items_carry_the_eval_splits_rewards_and_lineage(tmp_path: Path) 
     assert [i.reward for i in items] == [1.0] * len(rows)
     assert [i.reference for i in items] == [r["completion"][-1]["content"] for r in rows]
     assert len(replay_items(data, 1)) == 1
+
+
+NOT_CALLABLE = object()
+
+
+def test_a_broken_evaluator_plugin_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    from spanmill import plugins
+    from spanmill.evaluate import evaluators
+
+    found = [
+        EntryPoint("constant", f"{__name__}:NOT_CALLABLE", evaluators.GROUP),
+        EntryPoint("gone", "spanmill_no_such_module:Evaluator", evaluators.GROUP),
+    ]
+    monkeypatch.setattr(plugins, "entry_points", lambda group: found)
+    fresh = plugins.Plugins(evaluators.GROUP, "evaluator", evaluators._factory, EvaluatorError)
+    monkeypatch.setattr(evaluators, "EVALUATORS", fresh)
+    with pytest.raises(EvaluatorError, match=r"'constant' names .* cannot be called"):
+        load_evaluator("constant", EvaluatorContext())
+    with pytest.raises(EvaluatorError, match=r"'gone'.*ModuleNotFoundError.*constant, gone"):
+        load_evaluator("gone", EvaluatorContext())

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import pytest
 
 import spanmill
+from spanmill import plugins as registries
 from spanmill.tasks import base
 from spanmill.tasks.base import (
     ENTRY_POINT_GROUP,
@@ -65,7 +66,7 @@ def registry(monkeypatch: pytest.MonkeyPatch, **plugins: str) -> TaskRegistry:
     """A registry that sees ``plugins`` (name = "module:attr") as the installed ones."""
     found = [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in plugins.items()]
     monkeypatch.setattr(
-        base, "entry_points", lambda group: found if group == ENTRY_POINT_GROUP else []
+        registries, "entry_points", lambda group: found if group == ENTRY_POINT_GROUP else []
     )
     fresh = TaskRegistry()
     monkeypatch.setattr(base, "TASKS", fresh)
@@ -92,7 +93,7 @@ def test_entry_points_are_listed_once_and_loaded_when_first_asked_for(
         calls.append(group)
         return found
 
-    monkeypatch.setattr(base, "entry_points", listing)
+    monkeypatch.setattr(registries, "entry_points", listing)
     tasks = TaskRegistry()
     assert calls == []
     assert list(tasks) == ["echo-plugin"] and len(tasks) == 1
@@ -136,7 +137,7 @@ def test_a_name_two_distributions_claim_is_refused(monkeypatch: pytest.MonkeyPat
         EntryPoint("echo-plugin", f"{__name__}:EchoTask", ENTRY_POINT_GROUP),
         EntryPoint("echo-plugin", "elsewhere:EchoTask", ENTRY_POINT_GROUP),
     ]
-    monkeypatch.setattr(base, "entry_points", lambda group: found)
+    monkeypatch.setattr(registries, "entry_points", lambda group: found)
     with pytest.raises(TaskError, match=r"'echo-plugin' is claimed by .* and .*elsewhere"):
         TaskRegistry()["echo-plugin"]
 

@@ -6,10 +6,11 @@ model, one :class:`ItemScore` per item: metric values in [0, 1] for the metrics
 that apply to that item (a tool-call metric does not apply to an item whose
 logged answer was prose), and why.
 
-Evaluators are plugins: the ``spanmill.evaluators`` entry-point group maps a
-name to a factory taking an :class:`EvaluatorContext`. spanmill registers its
-own (``tool_calls``, ``reference``, ``judge``) the same way a team registers one
-of its own package's, so the pipeline and the CLI choose them by name alone.
+Evaluators are plugins (:mod:`spanmill.plugins`): the ``spanmill.evaluators``
+entry-point group maps a name to a factory taking an :class:`EvaluatorContext`.
+spanmill registers its own (``tool_calls``, ``reference``, ``judge``) the same way
+a team registers one of its own package's, so the pipeline and the CLI choose
+them by name alone.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ import re
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
-from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from spanmill import messages as chat
 from spanmill.errors import SpanmillError
+from spanmill.plugins import Plugins
 from spanmill.tasks.base import Task
 
 GROUP = "spanmill.evaluators"
@@ -189,33 +189,37 @@ class ReferenceEvaluator(PointwiseEvaluator):
 Factory = Callable[[EvaluatorContext], Evaluator]
 
 
-@cache
-def _registered() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+def _factory(name: str, loaded: Any) -> Factory:
+    if not callable(loaded):
+        raise EvaluatorError(f"evaluator {name!r} names {loaded!r}, which cannot be called")
+    return loaded
+
+
+EVALUATORS: Plugins[Factory] = Plugins(GROUP, "evaluator", _factory, EvaluatorError)
 
 
 def available() -> list[str]:
     """The names of every installed evaluator."""
-    return sorted(_registered())
+    return sorted(EVALUATORS)
 
 
 def load_evaluator(name: str, context: EvaluatorContext) -> Evaluator:
     """The evaluator registered as ``name``, built for ``context``."""
-    found = _registered().get(name)
-    if found is None:
+    try:
+        factory = EVALUATORS[name]
+    except KeyError:
         raise EvaluatorError(
             f"no evaluator named {name!r} is installed (entry points {GROUP}: "
-            f"{', '.join(available()) or 'none'})"
-        )
+            f"{EVALUATORS.installed()})"
+        ) from None
     try:
-        factory: Factory = found.load()
         evaluator = factory(context)
     except EvaluatorError:
         raise
     except Exception as exc:
         raise EvaluatorError(
-            f"evaluator {name!r} ({found.value}) failed to load: {type(exc).__name__}: {exc}"
+            f"evaluator {name!r} failed to start: {type(exc).__name__}: {exc}"
         ) from exc
     if not getattr(evaluator, "metrics", None):
-        raise EvaluatorError(f"evaluator {name!r} ({found.value}) declares no metrics")
+        raise EvaluatorError(f"evaluator {name!r} declares no metrics")
     return evaluator

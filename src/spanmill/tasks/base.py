@@ -19,14 +19,14 @@ import hashlib
 import json
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any, ClassVar, Final, Literal, TypeVar
 
 from spanmill import semconv as sc
 from spanmill.errors import SpanmillError
+from spanmill.plugins import Plugins
 
 Split = Literal["train", "heldout"]
 PromptStyle = Literal["zero_shot", "few_shot"]
@@ -293,93 +293,26 @@ class Task(ABC):
         return opening
 
 
-class TaskRegistry(Mapping[str, type[Task]]):
+class TaskRegistry(Plugins[type[Task]]):
     """Every task by name: the ``spanmill.tasks`` entry points of the installed
-    distributions, and the tasks defined in-process with :func:`register` (tests).
-
-    The entry points are listed on first use and each is loaded when its task is
-    first asked for, so a broken plugin fails only the lookups that need it, with a
-    TaskError naming it.
-    """
+    distributions, and the tasks defined in-process with :func:`register` (tests)."""
 
     def __init__(self, group: str = ENTRY_POINT_GROUP) -> None:
-        self.group = group
-        self._registered: dict[str, type[Task]] = {}
-        self._entry_points: dict[str, EntryPoint] | None = None
-        self._loaded: dict[str, type[Task]] = {}
-        self._clashes: dict[str, list[EntryPoint]] = {}
+        super().__init__(group, "task", self._task_class, TaskError)
 
-    def register(self, cls: type[Task]) -> None:
-        taken = self._registered.get(cls.name)
-        if taken is not None and taken is not cls:
-            raise ValueError(f"task name {cls.name!r} is taken by {taken.__qualname__}")
-        found = self.entry_points().get(cls.name)
-        if found is not None and found.value != f"{cls.__module__}:{cls.__qualname__}":
-            raise ValueError(
-                f"task name {cls.name!r} is taken by the installed plugin {found.value} "
-                f"(entry point group {self.group!r})"
-            )
-        self._registered[cls.name] = cls
+    def register(self, cls: type[Task]) -> None:  # type: ignore[override]
+        super().register(cls.name, cls)
 
-    def entry_points(self) -> dict[str, EntryPoint]:
-        if self._entry_points is None:
-            # Distributions come unique by name, so an editable install seen twice on
-            # sys.path lists each task once; two distributions may still claim a name.
-            found: dict[str, EntryPoint] = {}
-            for entry in entry_points(group=self.group):
-                if entry.name in found and found[entry.name].value != entry.value:
-                    self._clashes[entry.name] = [found[entry.name], entry]
-                found[entry.name] = entry
-            self._entry_points = found
-        return self._entry_points
-
-    def installed(self) -> str:
-        """The task names, for an error message."""
-        return ", ".join(sorted(self)) or "none"
-
-    def __getitem__(self, name: str) -> type[Task]:
-        if name in self._registered:
-            return self._registered[name]
-        if name in self._loaded:
-            return self._loaded[name]
-        found = self.entry_points()[name]
-        if name in self._clashes:
-            claims = " and ".join(f"{_distribution(e)} ({e.value})" for e in self._clashes[name])
+    def _task_class(self, name: str, loaded: Any) -> type[Task]:
+        where = self.where(self.entry_points()[name])
+        if not (isinstance(loaded, type) and issubclass(loaded, Task)):
+            raise TaskError(f"{where} names {loaded!r}, which is not a Task subclass")
+        if loaded.name != name:
             raise TaskError(
-                f"task {name!r} is claimed by {claims} in entry point group {self.group!r}; "
-                "uninstall one or rename its entry point"
-            )
-        self._loaded[name] = self._load(found)
-        return self._loaded[name]
-
-    def _load(self, found: EntryPoint) -> type[Task]:
-        where = f"task {found.name!r} ({self.group} entry point {found.value!r})"
-        try:
-            cls = found.load()
-        except Exception as exc:
-            raise TaskError(
-                f"{where} failed to load: {type(exc).__name__}: {exc}; is the distribution "
-                f"that provides it installed with its dependencies? Installed tasks: "
-                f"{self.installed()}"
-            ) from exc
-        if not (isinstance(cls, type) and issubclass(cls, Task)):
-            raise TaskError(f"{where} names {cls!r}, which is not a Task subclass")
-        if cls.name != found.name:
-            raise TaskError(
-                f"{where} names {cls.__qualname__}, whose name is {cls.name!r}; the entry "
+                f"{where} names {loaded.__qualname__}, whose name is {loaded.name!r}; the entry "
                 "point's name must be the task's name"
             )
-        return cls
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(sorted({*self.entry_points(), *self._registered}))
-
-    def __len__(self) -> int:
-        return len({*self.entry_points(), *self._registered})
-
-
-def _distribution(entry: EntryPoint) -> str:
-    return entry.dist.name if entry.dist is not None else "an unnamed distribution"
+        return loaded
 
 
 TASKS: Final = TaskRegistry()
