@@ -1,0 +1,232 @@
+"""A team's own agent through the flywheel: no task plugin, feedback after the fact.
+
+The support agent in ``examples/support_agent`` knows nothing of spanmill: plain
+``openai`` code traced by OpenLLMetry, exporting OTLP/HTTP to the collector's
+receiver, calling SmolLM2-135M-Instruct through the gateway (the champion,
+version 1 in MLflow, served by tritonserver), sampling at a production
+temperature, with one worked example before each question (marked the way
+OpenAI's guides mark few-shot turns). Once every episode has run, a simulated
+customer posts whether each was resolved to the gateway's ``/v1/feedback``. Then:
+
+- the flywheel pipeline (kfp's local runner) builds a dataset from the resolved
+  episodes (their calls joined with the late feedback, the worked example
+  distilled away: the base model never calls the tool without it), trains a LoRA
+  adapter,
+  evaluates it against the champion by replaying the held-out calls through
+  Triton, scored by ``tool_calls`` and by ``judge`` (the served model judging,
+  through the gateway: here the mechanics are what is tested), and registers the
+  challenger only because the gate passes;
+- a challenger trained on the failed episodes (worked example kept) faces the
+  held-out resolved calls, and the gate refuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from support_agent_helpers import gateway_and_collector, uninstrument_openai
+
+from spanmill import semconv as sc
+from spanmill.pipeline import steps
+from spanmill.pipeline.build import run_local
+from spanmill.registry import CHALLENGER, CHAMPION, Lineage, ModelRegistry
+from spanmill.registry import names as tags
+from spanmill.rollout.deployer import Deployer
+from spanmill.rollout.materialize import ModelRepository, ServingOptions
+from spanmill.rollout.triton import TritonControl
+from spanmill.store import SpanStore
+
+# isort: split
+from support_agent import agent, simulate
+
+# Generating a few hundred replies, training twice and evaluating twice: minutes on
+# two cores.
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+EPISODES = 132  # three times each of the 44 bundled questions
+TEMPERATURE = 0.7  # production samples: some resolved, many not
+CONCURRENCY = 8  # Triton's dynamic batcher generates concurrent replies together
+GATE_METRIC = "tool_calls.name"
+
+
+@dataclass(frozen=True)
+class World:
+    agent: str
+    gateway: str
+    store: str
+    triton: Any
+    tracking_uri: str
+    outcomes: list[simulate.Outcome]
+
+
+@pytest.fixture(scope="module")
+def world(  # type: ignore[no-untyped-def]
+    kafka, triton, mlflow_server, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    """Production: the base model serves the agent; episodes run; feedback comes later."""
+    work = tmp_path_factory.mktemp("own-agent")
+    name = f"support-{uuid.uuid4().hex[:6]}"
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    v1 = registry.register(name, Lineage(kind="base", base_model=str(smollm2_dir))).version
+    registry.promote(name, v1, reason="the base model serves first")
+    repository = ModelRepository(str(triton.model_repository))
+    triton_control = TritonControl(triton.http_url)
+    Deployer(registry, triton_control, repository, ServingOptions(num_threads=2)).deploy(name, v1)
+    with ExitStack() as cleanup:
+        cleanup.callback(triton_control.unload, name)
+        stack = cleanup.enter_context(gateway_and_collector(kafka, triton.http_url, work, name, v1))
+        provider = agent.setup_telemetry(stack.collector, set_global=False)
+        cleanup.callback(uninstrument_openai)
+        cleanup.callback(provider.shutdown)
+        outcomes = production(name, stack.gateway, provider)
+        assert all(o.episode.error is None for o in outcomes), [o.episode.error for o in outcomes]
+        resolved = sum(o.resolved for o in outcomes)
+        print(f"\n{name}: {simulate.rates(outcomes)}")
+        assert 10 <= resolved <= len(outcomes) - 10, "too few resolved or failed episodes"
+        # Feedback arrives after every episode is over, as customers' ratings do.
+        for start in range(0, len(outcomes), 50):
+            agent.send_feedback(simulate.feedback_items(outcomes[start : start + 50]),
+                                url=stack.gateway, api_key="unused")  # fmt: skip
+        wait_for_store(stack.store, outcomes)
+        yield World(name, stack.gateway, stack.store, triton, mlflow_server.tracking_uri, outcomes)
+
+
+def production(name: str, gateway: str, provider: Any) -> list[simulate.Outcome]:
+    """The simulated customers' questions, several at a time, sampled as in production."""
+    questions = simulate.load_questions()
+    asked = [questions[i % len(questions)] for i in range(EPISODES)]
+    client = agent.make_client(f"{gateway}/v1", "unused")
+    faq = agent.FAQ.load()
+    tracer = provider.get_tracer("support-agent")
+
+    def ask(chunk: list[simulate.Question]) -> list[simulate.Outcome]:
+        return simulate.simulate(client, name, chunk, faq=faq, tracer=tracer,
+                                 temperature=TEMPERATURE)  # fmt: skip
+
+    chunks = [asked[i::CONCURRENCY] for i in range(CONCURRENCY)]
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        outcomes = [o for done in pool.map(ask, chunks) for o in done]
+    assert provider.force_flush()
+    return outcomes
+
+
+def wait_for_store(store: str, outcomes: list[simulate.Outcome], timeout: float = 180.0) -> None:
+    """Until every gateway span and every feedback span is in the store."""
+    wanted_calls = sum(len(o.episode.response_ids) for o in outcomes)
+    deadline = time.monotonic() + timeout
+    calls = feedback = 0
+    while time.monotonic() < deadline:
+        if Path(store).exists():
+            spans = list(SpanStore(store).spans())
+            calls = sum(s.service_name == "spanmill-gateway" and s.is_llm_call for s in spans)
+            feedback = sum(s.scope_name == sc.FEEDBACK_SCOPE for s in spans)
+            if calls >= wanted_calls and feedback >= len(outcomes):
+                return
+        time.sleep(1.0)
+    pytest.fail(f"store has {calls}/{wanted_calls} gateway calls, {feedback} feedback spans")
+
+
+def pipeline_params(world: World, **overrides: Any) -> dict[str, Any]:
+    return {
+        "agent": world.agent, "store_url": world.store, "min_reward": 1.0,
+        "drop_examples": True, "eval_fraction": 0.4, "base_model": "", "max_steps": 30,
+        "batch_size": 4, "learning_rate": 5e-4, "precision": "bf16", "num_threads": 2,
+        "eval_instances": 0, "evaluators": "tool_calls,judge", "gate_metric": GATE_METRIC,
+        "judge_url": f"{world.gateway}/v1", "judge_model": world.agent, "margin": 0.05,
+        "triton_url": world.triton.http_url,
+        "model_repository": str(world.triton.model_repository),
+        "tracking_uri": world.tracking_uri, **overrides,
+    }  # fmt: skip
+
+
+def only(root: Path, pattern: str) -> Path:
+    found = sorted(root.rglob(pattern))
+    assert len(found) == 1, f"{pattern}: {found}"
+    return found[0]
+
+
+def test_own_agent_turns_the_flywheel(world: World, smollm2_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "pipeline-root"
+    run_local(root, **pipeline_params(world, base_model=str(smollm2_dir)))
+
+    card = json.loads(only(root, "card.json").read_text())
+    counts = card["counts"]
+    resolved = [o for o in world.outcomes if o.resolved]
+    print(f"\ncard counts: {counts}")
+    # Every episode's late feedback reached its calls; only resolved episodes train.
+    assert counts["feedback"] == len(world.outcomes) == counts["feedback_joined"]
+    assert counts["feedback_unmatched"] == 0
+    assert card["span_window"]["rewards"]["feedback_horizon_hours"] == 72
+    rows = pq.read_table(only(root, "train.parquet")).to_pylist()
+    assert rows and all(row["reward"] == 1.0 for row in rows)
+    assert {row["trace_id"] for row in rows} <= {o.episode.trace_id for o in resolved}
+    # Distilled: the worked example's turns are gone from what the model learns from.
+    assert not [m for row in rows for m in row["prompt"] if m["content"] == agent.EXAMPLE_QUESTION]
+
+    metrics = json.loads(only(root, "metrics.json").read_text())
+    replay = metrics["suites"]["replay"]
+    print(f"gate: {metrics['decision']}")
+    print({k: v for k, v in metrics["metrics"].items() if k.startswith("replay.")})
+    assert set(metrics["suites"]) == {"replay"}  # no task plugin: replay alone
+    assert metrics["policy"]["metric"] == GATE_METRIC
+    assert {"tool_calls.name", "tool_calls.name_args", "judge.preference"} <= set(
+        replay["challenger"]["scores"]
+    )
+    judged = [replay[r]["scores"]["judge.preference"] for r in ("champion", "challenger")]
+    assert sum(judged) == pytest.approx(1.0)  # one verdict per pair, shared between the two
+    assert metrics["evaluators"]["judge"]["prompt_version"]
+    assert metrics["decision"]["promote"] is True
+    assert (only(root, "report.md").read_text()).startswith("# Evaluation of")
+
+    registry = ModelRegistry(world.tracking_uri)
+    assert registry.aliases(world.agent) == {CHAMPION: 1, CHALLENGER: 2}
+    version = registry.version(world.agent, 2)
+    assert version.tags[tags.TAG_GATE] == "promote"
+    assert version.tags[tags.TAG_KIND] == "adapter"
+    triton = TritonControl(world.triton.http_url)
+    assert triton.versions(world.agent).get(2) == "READY"  # staged for the controller
+    # The candidate the evaluation staged is gone again, from Triton and its repository.
+    candidate = f"{world.agent}.candidate"
+    assert "READY" not in triton.versions(candidate).values()
+    assert not ModelRepository(str(world.triton.model_repository)).versions(candidate)
+
+
+def test_a_worse_challenger_is_refused(world: World, smollm2_dir: Path, tmp_path: Path) -> None:
+    failed = steps.build_dataset_step(
+        tmp_path / "failed", store_url=world.store, agent=world.agent, max_reward=0.0,
+        eval_fraction=0.0,
+    )  # fmt: skip
+    assert failed["counts"]["train"] > 0
+    steps.train_step(
+        tmp_path / "failed", tmp_path / "adapter", base_model=str(smollm2_dir), max_steps=20,
+        batch_size=4, learning_rate=5e-4, precision="bf16", num_threads=2,
+        tracking_uri=world.tracking_uri,
+    )  # fmt: skip
+    heldout = steps.build_dataset_step(
+        tmp_path / "resolved", store_url=world.store, agent=world.agent, min_reward=1.0,
+        eval_fraction=0.4,
+    )  # fmt: skip
+    assert heldout["counts"]["eval"] > 0
+    before = {v.version for v in ModelRegistry(world.tracking_uri).versions(world.agent)}
+    report = steps.evaluate_step(
+        tmp_path / "resolved", tmp_path / "adapter", tmp_path / "evaluation", agent=world.agent,
+        base_model=str(smollm2_dir), margin=0.05, instances=0, evaluators="tool_calls",
+        gate_metric=GATE_METRIC, num_threads=2, tracking_uri=world.tracking_uri,
+        triton_url=world.triton.http_url, model_repository=str(world.triton.model_repository),
+    )  # fmt: skip
+    replay = report["suites"]["replay"]
+    print(f"\nworse challenger: {report['decision']}")
+    assert report["decision"]["promote"] is False
+    assert replay["challenger"]["scores"][GATE_METRIC] <= replay["champion"]["scores"][GATE_METRIC]
+    after = {v.version for v in ModelRegistry(world.tracking_uri).versions(world.agent)}
+    assert after == before  # the evaluation registers nothing; the pipeline stops at the gate
