@@ -208,8 +208,8 @@ def test_a_worse_challenger_is_refused(world: World, smollm2_dir: Path, tmp_path
     )  # fmt: skip
     assert failed["counts"]["train"] > 0
     steps.train_step(
-        tmp_path / "failed", tmp_path / "adapter", base_model=str(smollm2_dir), max_steps=20,
-        batch_size=4, learning_rate=5e-4, precision="bf16", num_threads=2,
+        tmp_path / "failed", tmp_path / "adapter", base_model=str(smollm2_dir), max_steps=30,
+        batch_size=4, learning_rate=1e-3, precision="bf16", num_threads=2,
         tracking_uri=world.tracking_uri,
     )  # fmt: skip
     heldout = steps.build_dataset_step(
