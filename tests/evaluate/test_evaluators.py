@@ -10,12 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from spanmill.evaluate.evaluators import (
+    EVALUATORS,
     EvaluatorContext,
     EvaluatorError,
     ReferenceEvaluator,
     ReplayItem,
     ToolCallsEvaluator,
-    available,
     load_evaluator,
     normalise,
 )
@@ -123,7 +123,7 @@ def test_the_format_of_a_replayed_answer_follows_the_logged_one() -> None:
 
 
 def test_built_in_evaluators_are_found_through_entry_points() -> None:
-    assert {"tool_calls", "reference", "judge"} <= set(available())
+    assert {"tool_calls", "reference", "judge"} <= set(EVALUATORS)
     context = EvaluatorContext()
     assert isinstance(load_evaluator("tool_calls", context), ToolCallsEvaluator)
     with pytest.raises(EvaluatorError, match=r"no evaluator named 'bleu'.*tool_calls"):
@@ -267,3 +267,24 @@ def test_a_broken_evaluator_plugin_is_named(monkeypatch: pytest.MonkeyPatch) -> 
         load_evaluator("constant", EvaluatorContext())
     with pytest.raises(EvaluatorError, match=r"'gone'.*ModuleNotFoundError.*constant, gone"):
         load_evaluator("gone", EvaluatorContext())
+
+
+def test_the_gates_auto_choices_follow_what_can_decide() -> None:
+    from spanmill.evaluate import GatePolicy
+    from spanmill.evaluate.run import _metric, _policy
+    from spanmill.evaluate.scoring import Outcome
+
+    # An evaluator's metric is only the replay's, whatever tasks there are.
+    assert _policy(GatePolicy(metric="tool_calls.name"), has_tasks=True).suite == "replay"
+    assert _policy(GatePolicy(), has_tasks=True).suite == "tasks"
+    assert _policy(GatePolicy(), has_tasks=False).suite == "replay"
+    # An agent that only answers in prose: no item has a tool-call metric, so auto takes
+    # the next evaluator's headline that some item has.
+    prose = [Outcome("a", 1.0, True, True, 3, 1, scores={"reference.normalised": 1.0})]
+    outcomes = {"champion": {"replay": prose}, "challenger": {"replay": prose}}
+    evaluators = [ToolCallsEvaluator(), ReferenceEvaluator()]
+    replay = GatePolicy(suite="replay")
+    assert _metric(replay, evaluators, outcomes).metric == "reference.normalised"
+    assert _metric(replay, [ToolCallsEvaluator()], outcomes).metric == "success_rate"
+    assert _metric(GatePolicy(suite="replay", metric="tool_calls.name"), evaluators,
+                   outcomes).metric == "tool_calls.name"  # fmt: skip

@@ -107,6 +107,20 @@ def test_bad_bodies_give_400_naming_the_field(
     assert emitter.delivered == []  # a batch with one bad item is refused whole
 
 
+def test_a_body_declared_over_the_limit_is_refused_unread(
+    client: TestClient, emitter: FakeEmitter
+) -> None:
+    from spanmill.feedback import MAX_BODY_BYTES
+
+    too_big = client.post(
+        "/v1/feedback",
+        content=b"[]",
+        headers={"content-length": str(MAX_BODY_BYTES + 1), "content-type": "application/json"},
+    )
+    assert too_big.status_code == 413
+    assert "over the limit" in too_big.json()["error"]["message"]
+
+
 def test_not_json_is_400(client: TestClient) -> None:
     reply = client.post("/v1/feedback", content=b"thumbs up")
     assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]

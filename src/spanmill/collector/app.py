@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.collector.receiver import OtlpReceiver, status_message
-from spanmill.feedback import MAX_BODY_BYTES, Caller, FeedbackError
+from spanmill.feedback import Caller, declared_too_large
 
 
 class Health(Protocol):
@@ -77,13 +77,9 @@ def create_app(
         @app.post("/v1/feedback")
         async def feedback(request: Request) -> Response:
             # Like /v1/traces, the receiver takes any caller: it is anonymous here.
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-                error = FeedbackError(
-                    f"body: over the limit of {MAX_BODY_BYTES} bytes; send smaller batches",
-                    status=413,
-                )
-                return JSONResponse(error.body(), status_code=413)
+            error = declared_too_large(request.headers.get("content-length"))
+            if error is not None:
+                return JSONResponse(error.body(), status_code=error.status)
             address = request.client.host if request.client is not None else None
             reply = await run_in_threadpool(
                 receiver.feedback, await request.body(), Caller("anonymous", address)

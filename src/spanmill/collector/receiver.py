@@ -183,6 +183,7 @@ class OtlpReceiver:
         try:
             items = feedback.parse_feedback_body(body)
         except feedback.FeedbackError as exc:
+            self.metrics.receiver_spans.labels("rejected").inc()
             return self._reply(exc.status, json.dumps(exc.body()).encode(), True)
         received = time.time_ns()
         spans = [
@@ -192,10 +193,9 @@ class OtlpReceiver:
             for item in items
         ]
         answer = feedback.answer(spans, self._send_and_wait(spans))
-        if answer.status == 200:
-            self.metrics.receiver_spans.labels("accepted").inc(len(spans))
-        else:
-            self.metrics.receiver_spans.labels("unavailable").inc(len(spans))
+        accepted = len(spans) if answer.status == 200 else len(answer.body["delivered"])
+        self.metrics.receiver_spans.labels("accepted").inc(accepted)
+        self.metrics.receiver_spans.labels("unavailable").inc(len(spans) - accepted)
         return self._reply(answer.status, json.dumps(answer.body).encode(), True, **answer.headers)
 
     def _send_and_wait(self, spans: Sequence[Span]) -> list[BaseException | None]:

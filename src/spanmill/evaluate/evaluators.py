@@ -63,12 +63,11 @@ class EvaluatorContext:
 
     judge_url: str | None = None
     judge_model: str | None = None
-    judge_api_key: str | None = None
+    judge_api_key: str | None = field(default=None, repr=False)
     judge_timeout_s: float = 120.0
     seed: int = 0
     # The agent's task plugin, when it has one: it knows when two answers are the same.
     task: Task | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 # role -> one score per item, in the items' order.
@@ -196,11 +195,6 @@ def _factory(name: str, loaded: Any) -> Factory:
 
 
 EVALUATORS: Plugins[Factory] = Plugins(GROUP, "evaluator", _factory, EvaluatorError)
-
-
-def available() -> list[str]:
-    """The names of every installed evaluator."""
-    return sorted(EVALUATORS)
 
 
 def load_evaluator(name: str, context: EvaluatorContext) -> Evaluator:

@@ -42,6 +42,8 @@ USER_TEMPLATE: Final = (
     "Answer B:\n{b}\n\n"
     "Which answer is better? Reply with one word: A, B or TIE."
 )
+# Judge requests in flight at once.
+CONCURRENCY: Final = 8
 _VERDICT = re.compile(r"\b(TIE|A|B)\b")
 Verdict = Literal["A", "B", "TIE"]
 
@@ -107,7 +109,7 @@ class JudgeEvaluator:
         self.headers = (
             {"Authorization": f"Bearer {context.judge_api_key}"} if context.judge_api_key else {}
         )
-        self.concurrency = int(context.options.get("judge_concurrency", 8))
+        self.concurrency = CONCURRENCY
         self.transport = transport
 
     def describe(self) -> dict[str, str]:

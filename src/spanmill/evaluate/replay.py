@@ -34,15 +34,16 @@ Progress = Callable[[int], None]
 def replay_items(data: TrainingData, limit: int) -> list[ReplayItem]:
     """The eval split's calls that earned a reward, at most ``limit``.
 
-    A preference dataset's reference is its chosen answer; an rl dataset keeps
-    only rows whose reward was positive (the others are not answers to match).
+    A preference dataset's reference is its chosen answer; sft and rl rows are kept
+    only when their reward is positive (or not recorded): the others are not
+    answers to match.
     """
     if data.eval is None or limit == 0:
         return []
     target = "chosen" if data.mode == "preference" else "completion"
     rows = (data.eval.full if data.eval.full is not None else data.eval.table).to_pylist()
-    if data.mode == "rl":
-        rows = [row for row in rows if (row.get("reward") or 0) > 0]
+    if data.mode != "preference":
+        rows = [row for row in rows if row.get("reward") is None or row["reward"] > 0]
     items = []
     for i, row in enumerate(rows[:limit]):
         reward = row.get("reward")

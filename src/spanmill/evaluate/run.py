@@ -168,17 +168,26 @@ def evaluate(
                 "challenger": replace(challenger_ref, served=served["challenger"].describe()),
             }
             outcomes = _run(plan, served, settings, progress)
+        policy = _metric(plan.policy, plan.evaluators, outcomes)
         suites = {
-            name: _compare(name, outcomes, plan.policy.metric, settings)
+            name: _compare(name, outcomes, policy.metric, settings)
             for name in outcomes["challenger"]
         }
-        gated = suites[plan.policy.suite]
-        decision = decide(gated.challenger, gated.champion, gated.difference, plan.policy)
+        gated = suites[policy.suite]
+        if gated.metric != policy.metric:
+            decision = GateDecision(
+                False,
+                (f"no item of the {policy.suite} suite has {policy.metric}: nothing to decide on",),
+                policy.metric,
+                0.0,
+            )
+        else:
+            decision = decide(gated.challenger, gated.champion, gated.difference, policy)
         report = EvalReport(
             task=plan.task.name if plan.task else plan.agent,
             models=refs,
             suites=suites,
-            policy=plan.policy,
+            policy=policy,
             decision=decision,
             run_id=tracker.run_id if tracker else None,
             evaluators={e.name: _describe(e) for e in plan.evaluators},
@@ -236,7 +245,7 @@ def _plan(settings: EvalSettings, data: TrainingData) -> Plan:
         task=task,
     )
     evaluators = [load_evaluator(name, context) for name in settings.evaluators] if items else []
-    policy = _policy(settings.gate, evaluators, has_tasks=bool(instances))
+    policy = _policy(settings.gate, has_tasks=bool(instances))
     if not instances and not items:
         raise EvaluationError(
             f"nothing to evaluate: {data.folder} has no eval split with rewarded calls"
@@ -248,10 +257,14 @@ def _plan(settings: EvalSettings, data: TrainingData) -> Plan:
             "the gate decides on the tasks suite, which needs a task plugin for "
             f"{agent!r} and instances above 0"
         )
+    if policy.suite == "tasks" and "." in policy.metric:
+        raise EvaluationError(
+            f"the gate's metric {policy.metric!r} is an evaluator's, and evaluators score "
+            "the replay suite only; set the gate's suite to replay (or auto)"
+        )
     if policy.suite == "replay" and not items:
         raise EvaluationError(f"the gate decides on the replay suite, and {data.folder} has none")
-    if policy.suite == "replay" and policy.metric not in ("success_rate", "mean_reward",
-                                                          "format_validity"):  # fmt: skip
+    if policy.suite == "replay" and "." in policy.metric:
         known = {f"{e.name}.{m}" for e in evaluators for m in e.metrics}
         if policy.metric not in known:
             raise EvaluationError(
@@ -261,16 +274,31 @@ def _plan(settings: EvalSettings, data: TrainingData) -> Plan:
     return Plan(agent, task, instances, items, evaluators, policy)
 
 
-def _policy(policy: GatePolicy, evaluators: list[Evaluator], *, has_tasks: bool) -> GatePolicy:
-    """The policy with ``auto`` resolved: tasks decide when there are any, else the replay."""
-    suite = policy.suite if policy.suite != "auto" else ("tasks" if has_tasks else "replay")
-    metric = policy.metric
-    if metric == "auto":
-        if suite == "tasks" or not evaluators:
-            metric = "success_rate"
-        else:
-            metric = f"{evaluators[0].name}.{evaluators[0].metrics[0]}"
-    return policy.model_copy(update={"suite": suite, "metric": metric})
+def _policy(policy: GatePolicy, *, has_tasks: bool) -> GatePolicy:
+    """The policy with an ``auto`` suite resolved: the replay when the metric is an
+    evaluator's (only the replay has evaluators), else tasks when there are any."""
+    if policy.suite != "auto":
+        return policy
+    if "." in policy.metric or not has_tasks:
+        return policy.model_copy(update={"suite": "replay"})
+    return policy.model_copy(update={"suite": "tasks"})
+
+
+def _metric(
+    policy: GatePolicy, evaluators: list[Evaluator], outcomes: dict[str, dict[str, list[Outcome]]]
+) -> GatePolicy:
+    """The policy with an ``auto`` metric resolved on what was scored: for the replay, the
+    first evaluator metric that some replayed item has (the evaluators' order, each one's
+    headline first); else, and for tasks, the success rate."""
+    if policy.metric != "auto":
+        return policy
+    scored = {name for o in outcomes["challenger"].get(policy.suite, []) for name in o.scores}
+    if policy.suite == "replay":
+        for evaluator in evaluators:
+            for metric in evaluator.metrics:
+                if f"{evaluator.name}.{metric}" in scored:
+                    return policy.model_copy(update={"metric": f"{evaluator.name}.{metric}"})
+    return policy.model_copy(update={"metric": "success_rate"})
 
 
 def _describe(evaluator: Evaluator) -> dict[str, str]:
@@ -332,7 +360,9 @@ def _serve(
     triton_url = settings.triton.http_url
     triton = TritonControl(triton_url)
     repository = ModelRepository(settings.triton.model_repository)
-    options = ServingOptions(dtype=settings.dtype, num_threads=settings.num_threads)
+    options = ServingOptions(
+        flavour=settings.flavour, dtype=settings.dtype, num_threads=settings.num_threads
+    )
     registry = ModelRegistry(settings.mlflow.tracking_uri)
     version = settings.champion_version
     if version is None:

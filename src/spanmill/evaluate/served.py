@@ -111,8 +111,9 @@ def staged_candidate(
 
     if options.flavour != "python":
         raise ServingError(
-            f"evaluation stages challengers in the python flavour; this controller serves "
-            f"{options.flavour!r} (set the evaluation's flavour to python)"
+            f"evaluation stages challengers as python-flavour versions, and this deployment "
+            f"serves the {options.flavour!r} flavour (SPANMILL_EVAL_FLAVOUR): evaluating "
+            "vLLM-served adapters is not supported yet"
         )
     model = names.triton_candidate_model(agent)
     version = candidate_version(repository.versions(model))

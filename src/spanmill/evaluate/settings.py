@@ -83,6 +83,9 @@ class EvalSettings(BaseSettings):
     prompt_style: Literal["zero_shot", "few_shot"] = "zero_shot"
     max_new_tokens: int = Field(96, gt=0, le=4096)
     batch_size: int = Field(16, gt=0)
+    flavour: Literal["python", "vllm"] = Field(
+        "python", description="How the deployment serves versions (only python is evaluated)."
+    )
     dtype: Literal["bfloat16", "float32", "float16"] = Field(
         "bfloat16", description="How Triton runs the staged challenger."
     )

@@ -179,6 +179,10 @@ def create_app(
 
 async def _feedback(state: GatewayState, request: Request) -> JSONResponse:
     """Feedback items as reward spans; answered once Kafka acknowledged every one."""
+    too_large = feedback.declared_too_large(request.headers.get("content-length"))
+    if too_large is not None:
+        state.metrics.feedback.labels("rejected").inc()
+        return JSONResponse(too_large.body(), status_code=too_large.status)
     try:
         items = feedback.parse_feedback_body(await request.body())
     except feedback.FeedbackError as exc:
