@@ -25,6 +25,7 @@ def evaluate(
     num_threads: int = 0,
     triton_url: str = "",
     model_repository: str = "",
+    flavour: str = "python",
     tracking_uri: str = "",
 ) -> bool:
     """The gate's decision: promote the challenger or not.
@@ -45,7 +46,8 @@ def evaluate(
         Path(dataset.path), Path(model.path), out, agent=agent, base_model=base_model,
         margin=margin, instances=instances, evaluators=evaluators, gate_metric=gate_metric,
         judge_url=judge_url, judge_model=judge_model, num_threads=num_threads,
-        triton_url=triton_url, model_repository=model_repository, tracking_uri=tracking_uri,
+        triton_url=triton_url, model_repository=model_repository, flavour=flavour,
+        tracking_uri=tracking_uri,
     )  # fmt: skip
     for name, value in result.get("metrics", {}).items():
         if isinstance(value, int | float) and not isinstance(value, bool):

@@ -60,6 +60,7 @@ def flywheel(
     eval_fraction: float = 0.1,
     credit: str = "episode",
     feedback_horizon_hours: float = 72.0,
+    reward: str = "",
     base_model: str = "smollm2-135m",
     lora_r: int = 16,
     lora_alpha: int = 32,
@@ -85,6 +86,7 @@ def flywheel(
         agent=agent, store_url=store_url, since=since, until=until, mode=dataset_mode,
         min_reward=min_reward, drop_examples=drop_examples, max_tokens=max_tokens,
         eval_fraction=eval_fraction, credit=credit, feedback_horizon_hours=feedback_horizon_hours,
+        reward=reward,
     )  # fmt: skip
     data.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
     _credentials(data)
@@ -107,7 +109,7 @@ def flywheel(
         base_model=base_model, margin=margin, instances=eval_instances, evaluators=evaluators,
         gate_metric=gate_metric, judge_url=judge_url, judge_model=judge_model,
         num_threads=num_threads, triton_url=triton_url, model_repository=model_repository,
-        tracking_uri=tracking_uri,
+        flavour=flavour, tracking_uri=tracking_uri,
     )  # fmt: skip
     judged.set_caching_options(False)
     _credentials(judged)

@@ -54,8 +54,12 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     kinds = {name: o["artifactType"]["schemaTitle"] for name, o in outputs.items()}
     assert kinds["report"] == "system.Markdown" and kinds["report_html"] == "system.HTML"
     assert kinds["metrics"] == "system.Metrics"
-    assert {"evaluators", "judge_url", "judge_model", "gate_metric"} <= set(
+    assert {"evaluators", "judge_url", "judge_model", "gate_metric", "flavour"} <= set(
         spec["components"]["comp-evaluate"]["inputDefinitions"]["parameters"]
+    )
+    # Late feedback: how far past the calls' window rewards are read, and which reward.
+    assert {"feedback_horizon_hours", "reward"} <= set(
+        spec["components"]["comp-build-dataset"]["inputDefinitions"]["parameters"]
     )
     # Only a passing challenger is registered and staged.
     dag = spec["root"]["dag"]["tasks"]

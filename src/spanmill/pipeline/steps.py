@@ -30,6 +30,7 @@ def build_dataset_step(
     eval_fraction: float = 0.1,
     credit: str = "episode",
     feedback_horizon_hours: float = 72.0,
+    reward: str = "",
 ) -> dict[str, Any]:
     """Build the dataset into ``out_dir``; returns its card.
 
@@ -51,6 +52,7 @@ def build_dataset_step(
         eval_fraction=eval_fraction,
         credit=credit,
         feedback_horizon_hours=feedback_horizon_hours,
+        reward=reward or None,
     )
     store = store_url or load_settings(CollectorSettings).store_url
     return build_dataset(store, out_dir, spec)
@@ -112,6 +114,7 @@ def evaluate_step(
     tracking_uri: str = "",
     triton_url: str = "",
     model_repository: str = "",
+    flavour: str = "python",
 ) -> dict[str, Any]:
     """Judge the challenger against the agent's champion, both served by Triton.
 
@@ -131,6 +134,7 @@ def evaluate_step(
         "instances": instances,
         "evaluators": [name.strip() for name in evaluators.split(",") if name.strip()],
         "num_threads": num_threads,
+        "flavour": flavour,
         "experiment": experiment,
         "gate": GatePolicy(margin=margin, metric=gate_metric),
         "mlflow": _mlflow(tracking_uri),
