@@ -155,12 +155,7 @@ class OtlpReceiver:
 
         try:
             futures = [
-                self.producer.send(
-                    self.topic,
-                    key=trace_id.encode(),
-                    value=payload,
-                    headers=[(sc.CONTENT_TYPE_HEADER, sc.CONTENT_TYPE_OTLP_PROTOBUF.encode())],
-                )
+                self._send(trace_id, payload)
                 for trace_id, trace in split_by_trace(spans).items()
                 for payload in encode_trace(trace, self.max_bytes)
             ]
@@ -198,6 +193,15 @@ class OtlpReceiver:
         self.metrics.receiver_spans.labels("unavailable").inc(len(spans) - accepted)
         return self._reply(answer.status, json.dumps(answer.body).encode(), True, **answer.headers)
 
+    def _send(self, trace_id: str, payload: bytes) -> Any:
+        """One OTLP protobuf record on the span topic, keyed by its trace."""
+        return self.producer.send(
+            self.topic,
+            key=trace_id.encode(),
+            value=payload,
+            headers=[(sc.CONTENT_TYPE_HEADER, sc.CONTENT_TYPE_OTLP_PROTOBUF.encode())],
+        )
+
     def _send_and_wait(self, spans: Sequence[Span]) -> list[BaseException | None]:
         """Kafka's answer for each span: None where acknowledged.
 
@@ -209,14 +213,7 @@ class OtlpReceiver:
         futures: list[Any] = []
         for span in spans:
             try:
-                futures.append(
-                    self.producer.send(
-                        self.topic,
-                        key=span.trace_id.encode(),
-                        value=encode_otlp_protobuf([span]),
-                        headers=[(sc.CONTENT_TYPE_HEADER, sc.CONTENT_TYPE_OTLP_PROTOBUF.encode())],
-                    )
-                )
+                futures.append(self._send(span.trace_id, encode_otlp_protobuf([span])))
             except KafkaError as exc:
                 futures.append(exc)
         outcome: list[BaseException | None] = []
