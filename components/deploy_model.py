@@ -11,7 +11,7 @@ def deploy_model(
     version: int,
     triton_url: str = "",
     model_repository: str = "",
-    flavour: str = "python",
+    flavour: str = "",
     tracking_uri: str = "",
 ) -> float:
     from spanmill.pipeline.steps import deploy_step

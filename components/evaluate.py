@@ -25,7 +25,7 @@ def evaluate(
     num_threads: int = 0,
     triton_url: str = "",
     model_repository: str = "",
-    flavour: str = "python",
+    flavour: str = "",
     tracking_uri: str = "",
 ) -> bool:
     """The gate's decision: promote the challenger or not.

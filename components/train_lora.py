@@ -3,10 +3,10 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
-from components import IMAGE
+from components import TRAIN_IMAGE
 
 
-@dsl.component(base_image=IMAGE)
+@dsl.component(base_image=TRAIN_IMAGE)
 def train_lora(
     dataset: Input[Dataset],
     model: Output[Model],
@@ -22,6 +22,11 @@ def train_lora(
     precision: str = "auto",
     num_threads: int = 0,
     tracking_uri: str = "",
+    gpus: int = 1,
+    trainer: str = "pod",
+    trainjob_nodes: int = 2,
+    trainjob_gpus_per_node: int = 1,
+    gpu_resource: str = "nvidia.com/gpu",
 ) -> None:
     from pathlib import Path
 
@@ -31,8 +36,9 @@ def train_lora(
         Path(dataset.path), Path(model.path), base_model=base_model, lora_r=lora_r,
         lora_alpha=lora_alpha, learning_rate=learning_rate, max_steps=max_steps,
         batch_size=batch_size, max_length=max_length, seed=seed, precision=precision,
-        num_threads=num_threads,
-        tracking_uri=tracking_uri,
+        num_threads=num_threads, tracking_uri=tracking_uri, gpus=gpus, trainer=trainer,
+        trainjob_nodes=trainjob_nodes, trainjob_gpus_per_node=trainjob_gpus_per_node,
+        gpu_resource=gpu_resource,
     )  # fmt: skip
     for name, value in result.items():
         if isinstance(value, int | float) and not isinstance(value, bool):

@@ -4,11 +4,15 @@ Every parameter is one a person can set from the Kubeflow UI. Only a challenger
 that passes the gate is registered as ``challenger`` and staged in Triton; the
 rollout controller then gives it traffic step by step and promotes or rolls back.
 
-Cluster settings compiled in: the training step asks for a GPU on the GPU node
-pool (node selector and toleration), credentials come from Kubernetes Secrets as
-environment (MLflow and S3, the same Secrets the Helm chart references), steps
-retry on transient failures, and caching is off for steps that read moving
-state (the span window, the champion).
+Cluster settings compiled in: every step gets the chart's pipeline ConfigMap and
+the Secrets beside it as environment (spanmill.pipeline.cluster), so a run
+started from the UI needs only the agent; a connection parameter left empty
+comes from there, and one a person sets wins. The training step asks for `gpus`
+GPUs on the GPU node pool (node selector and toleration) and trains with one
+process per GPU, or hands the run to the Kubeflow Trainer (`trainer=trainjob`,
+spanmill.train.trainjob) for several nodes; steps retry on transient
+failures, and caching is off for steps that read moving state (the span window,
+the champion).
 """
 
 from kfp import dsl, kubernetes
@@ -18,29 +22,17 @@ from components.deploy_model import deploy_model
 from components.evaluate import evaluate
 from components.register_model import register_model
 from components.train_lora import train_lora
+from spanmill.pipeline import cluster
 
 GPU_POOL_LABEL = ("spanmill.io/pool", "gpu")
 GPU_TAINT = ("nvidia.com/gpu", "Exists", "NoSchedule")
-MLFLOW_SECRET = "spanmill-mlflow"
-MLFLOW_ENV = {
-    "tracking-uri": "SPANMILL_MLFLOW_TRACKING_URI",
-    "username": "MLFLOW_TRACKING_USERNAME",
-    "password": "MLFLOW_TRACKING_PASSWORD",
-}
-S3_SECRET = "spanmill-s3"
-S3_ENV = {
-    "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
-}
-
-# The LLM judge's endpoint key, for the evaluate step only.
-JUDGE_SECRET = "spanmill-judge"
-JUDGE_ENV = {"api-key": "SPANMILL_EVAL_JUDGE_API_KEY"}
 
 
-def _credentials(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    kubernetes.use_secret_as_env(task, MLFLOW_SECRET, MLFLOW_ENV, optional=True)
-    kubernetes.use_secret_as_env(task, S3_SECRET, S3_ENV, optional=True)
+def _cluster(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """The chart's settings and the Secrets, as every step's environment."""
+    kubernetes.use_config_map_as_env(task, cluster.CONFIGMAP, {k: k for k in cluster.SETTINGS})
+    for secret, keys in cluster.SECRETS.items():
+        kubernetes.use_secret_as_env(task, secret, keys, optional=True)
     return task
 
 
@@ -61,7 +53,7 @@ def flywheel(
     credit: str = "episode",
     feedback_horizon_hours: float = 72.0,
     reward: str = "",
-    base_model: str = "smollm2-135m",
+    base_model: str = "",
     lora_r: int = 16,
     lora_alpha: int = 32,
     learning_rate: float = 3e-4,
@@ -76,11 +68,15 @@ def flywheel(
     judge_model: str = "",
     margin: float = 0.05,
     num_threads: int = 0,
-    flavour: str = "python",
+    flavour: str = "",
     triton_url: str = "",
     model_repository: str = "",
     tracking_uri: str = "",
     gpu_type: str = "nvidia.com/gpu",
+    gpus: int = 1,
+    trainer: str = "pod",
+    trainjob_nodes: int = 2,
+    trainjob_gpus_per_node: int = 1,
 ) -> None:
     data = build_dataset(
         agent=agent, store_url=store_url, since=since, until=until, mode=dataset_mode,
@@ -89,20 +85,26 @@ def flywheel(
         reward=reward,
     )  # fmt: skip
     data.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
-    _credentials(data)
+    _cluster(data)
 
     trained = train_lora(
         dataset=data.outputs["dataset"], base_model=base_model, lora_r=lora_r,
         lora_alpha=lora_alpha, learning_rate=learning_rate, max_steps=max_steps,
         batch_size=batch_size, max_length=max_length, precision=precision,
-        num_threads=num_threads, tracking_uri=tracking_uri,
+        num_threads=num_threads, tracking_uri=tracking_uri, gpus=gpus, trainer=trainer,
+        trainjob_nodes=trainjob_nodes, trainjob_gpus_per_node=trainjob_gpus_per_node,
+        gpu_resource=gpu_type,
     )  # fmt: skip
-    trained.set_accelerator_type(gpu_type).set_accelerator_limit(1)
+    # One training process per GPU of the pod (0: the CPU); with trainer=trainjob the pod
+    # only waits for the Kubeflow Trainer and asks for none (gpus=0).
+    trained.set_accelerator_type(gpu_type).set_accelerator_limit(gpus)
     trained.set_cpu_limit("8").set_memory_limit("32G")
     trained.set_retry(num_retries=1, backoff_duration="60s")
     kubernetes.add_node_selector(trained, *GPU_POOL_LABEL)
     kubernetes.add_toleration(trained, key=GPU_TAINT[0], operator=GPU_TAINT[1], effect=GPU_TAINT[2])
-    _credentials(trained)
+    _cluster(trained)
+    trainjob = {key: key for key in cluster.TRAINJOB_SETTINGS}
+    kubernetes.use_config_map_as_env(trained, cluster.TRAINJOB_CONFIGMAP, trainjob, optional=True)
 
     judged = evaluate(
         dataset=data.outputs["dataset"], model=trained.outputs["model"], agent=agent,
@@ -112,8 +114,9 @@ def flywheel(
         flavour=flavour, tracking_uri=tracking_uri,
     )  # fmt: skip
     judged.set_caching_options(False)
-    _credentials(judged)
-    kubernetes.use_secret_as_env(judged, JUDGE_SECRET, JUDGE_ENV, optional=True)
+    _cluster(judged)
+    for secret, keys in cluster.JUDGE_SECRETS.items():
+        kubernetes.use_secret_as_env(judged, secret, keys, optional=True)
 
     with dsl.If(judged.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
         registered = register_model(
@@ -122,10 +125,10 @@ def flywheel(
             tracking_uri=tracking_uri,
         )  # fmt: skip
         registered.set_caching_options(False)
-        _credentials(registered)
+        _cluster(registered)
         staged = deploy_model(
             agent=agent, version=registered.output, triton_url=triton_url,
             model_repository=model_repository, flavour=flavour, tracking_uri=tracking_uri,
         )  # fmt: skip
         staged.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
-        _credentials(staged)
+        _cluster(staged)

@@ -1,21 +1,25 @@
 """Fixtures shared by every test: the real services, each started once per session.
 
 Each service binds 127.0.0.1 on free ports, keeps its files under the session's
-temporary folder, and is stopped (with everything it spawned) at the end.
+temporary folder, and is stopped (with everything it spawned) at the end. `kube` is
+kmock's in-memory Kubernetes API (kube_emulator.py), one per test.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from kube_emulator import KubeAPI, VersionedEmulator
 
 from spanmill.stack.ports import free_port
 from spanmill.stack.services import (
@@ -146,3 +150,45 @@ def _serve(app: Any, health_path: str = "/healthz") -> Iterator[str]:
 def serve_app() -> Callable[..., AbstractContextManager[str]]:
     """``with serve_app(app) as url:`` runs an ASGI app with uvicorn on a free port."""
     return _serve
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeAPI]:
+    """kmock's in-memory Kubernetes API on a port, served from a thread of its own.
+
+    The official client is synchronous, so the emulator cannot share the test's
+    event loop. kmock takes ``?watch=true`` only in lower case; the official
+    client sends ``watch=True``, which the real API server reads as true too, so
+    the emulator is taught the same. It also keeps resource versions as the real API
+    server does (kube_emulator.py): writes with a stale one are answered 409 Conflict.
+    """
+    import kmock
+    from kmock._internal import parsing
+
+    original = parsing.guess_k8s
+
+    def guess(k8s: Any, method: Any, query: dict[str, str]) -> Any:
+        if str(query.get("watch", "")).lower() == "true":
+            query = {**query, "watch": "true"}
+        return original(k8s, method, query)
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    stack = AsyncExitStack()
+
+    async def start() -> tuple[str, Any]:
+        emulator = await stack.enter_async_context(VersionedEmulator())
+        server = await stack.enter_async_context(kmock.Server(emulator))
+        return str(server.url).rstrip("/"), emulator
+
+    parsing.guess_k8s = guess
+    try:
+        url, emulator = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+        yield KubeAPI(url, emulator)
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stack.aclose(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        parsing.guess_k8s = original

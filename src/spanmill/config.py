@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spanmill import paths, semconv
@@ -100,6 +100,37 @@ class TritonSettings(BaseSettings):
         default_factory=lambda: str(paths.home() / "model-repository"),
         description="A local folder or an fsspec URL such as s3://bucket/prefix.",
     )
+    repository_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options for an s3:// model repository, JSON."
+    )
+    server_repository: str | None = Field(
+        None,
+        description="The model repository as tritonserver names it, when that differs from "
+        "model_repository (an S3 endpoint of its own goes into the URL).",
+    )
+
+
+class ServingSettings(BaseSettings):
+    """How versions are written into the model repository. Env prefix ``SPANMILL_SERVING_``.
+
+    One set for everything that writes versions (the rollout controller, the pipeline's
+    evaluation and deploy steps), so a version staged by the pipeline is served the way
+    the controller serves it.
+    """
+
+    model_config = _config("SPANMILL_SERVING_")
+
+    flavour: Literal["python", "vllm"] = Field(
+        "python", description="python: transformers in Triton's Python backend; vllm: vLLM."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    num_threads: int = Field(0, ge=0, description="torch threads per Python-backend instance.")
+    copy_base: bool = Field(
+        False,
+        description="Copy the base model's weights into each version folder: needed wherever "
+        "Triton cannot read the writer's own files (every cluster).",
+    )
+    gpu: bool = Field(False, description="Python-backend instances on a GPU.")
 
 
 class StackSettings(BaseSettings):
@@ -289,17 +320,7 @@ class RolloutSettings(BaseSettings):
     reward_name: str | None = Field(None, description="Reward judged; default: the primary one.")
 
     # How versions are written into the Triton model repository and checked.
-    flavour: Literal["python", "vllm"] = "python"
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    num_threads: int = Field(0, ge=0, description="torch threads per Python-backend instance.")
-    copy_base: bool = Field(False, description="Copy the base model into each version folder.")
-    gpu: bool = Field(False, description="Python-backend instances on a GPU.")
-    triton_root: str | None = Field(
-        None, description="Where Triton sees the model repository, when not where we write it."
-    )
-    repository_options: dict[str, Any] = Field(
-        default_factory=dict, description="fsspec options for an s3:// model repository."
-    )
+    serving: ServingSettings = Field(default_factory=ServingSettings)
     smoke_timeout_s: float = Field(120.0, gt=0)
     load_timeout_s: float = Field(600.0, gt=0)
     retry_after_s: float = Field(60.0, gt=0, description="Wait before retrying a failed deploy.")
@@ -316,6 +337,34 @@ class RolloutSettings(BaseSettings):
     namespace: str = "default"
     configmap: str = Field("spanmill-routing", description="Holds the routes and the state.")
 
+    # Where the Triton servers are: the one at SPANMILL_TRITON_HTTP_URL, or every pod of a
+    # headless Service in `namespace`, from its EndpointSlices (spanmill.rollout.fleet);
+    # each version is loaded on every one of them.
+    triton_discovery: Literal["none", "endpointslices"] = Field(
+        "none", description="none: one Triton server; endpointslices: every pod of a Service."
+    )
+    triton_service: str = Field(
+        "spanmill-triton-pods", min_length=1, description="The headless Service of Triton's pods."
+    )
+    triton_port_name: str = Field(
+        "http", min_length=1, description="The Service's port for Triton's HTTP API."
+    )
+
+    # Leader election, for more than one replica: only the holder of a coordination.k8s.io/v1
+    # Lease in `namespace` reconciles; the others stand by (spanmill.rollout.leader).
+    leader_election: bool = Field(False, description="Reconcile only while holding the Lease.")
+    lease_name: str = Field("spanmill-rollout", min_length=1, description="The Lease's name.")
+    lease_duration_s: int = Field(
+        15, ge=1, description="How long one renewal holds the standbys off, whole seconds."
+    )
+    renew_deadline_s: float = Field(
+        10.0, gt=0, description="A leader that could not renew for this long stops acting."
+    )
+    retry_period_s: float = Field(2.0, gt=0, description="Between tries to acquire or renew.")
+    leader_identity: str | None = Field(
+        None, description="Holder identity; default: POD_NAME, else the host and a random suffix."
+    )
+
     # The controller's own /metrics, /healthz and /readyz.
     http_host: str = LOOPBACK
     http_port: int = Field(18090, gt=0, lt=65536)
@@ -326,6 +375,24 @@ class RolloutSettings(BaseSettings):
         from spanmill.rollout.schemas import check_steps
 
         return check_steps(value)
+
+    @field_validator("renew_deadline_s")
+    @classmethod
+    def _renew_deadline(cls, value: float, info: ValidationInfo) -> float:
+        # The leader must stop acting before a standby may take the Lease over.
+        duration = info.data.get("lease_duration_s")
+        if duration is not None and value >= duration:
+            raise ValueError(f"must be shorter than SPANMILL_ROLLOUT_LEASE_DURATION_S ({duration})")
+        return value
+
+    @field_validator("retry_period_s")
+    @classmethod
+    def _retry_period(cls, value: float, info: ValidationInfo) -> float:
+        # At least one renewal is tried within the deadline.
+        deadline = info.data.get("renew_deadline_s")
+        if deadline is not None and value >= deadline:
+            raise ValueError(f"must be shorter than SPANMILL_ROLLOUT_RENEW_DEADLINE_S ({deadline})")
+        return value
 
 
 S = TypeVar("S", bound=BaseSettings)

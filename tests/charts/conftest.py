@@ -7,40 +7,17 @@ helm comes from ``$SPANMILL_HOME/bin/helm`` or ``.cache/spanmill/bin/helm`` (whe
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from helm_render import CHART, ROOT, VALUE_SETS, Rendered, parse, template
-
-
-def _helm_candidates() -> list[Path]:
-    candidates = []
-    home = os.environ.get("SPANMILL_HOME", "").strip()
-    if home:
-        candidates.append(Path(home).expanduser() / "bin" / "helm")
-    candidates.append(ROOT / ".cache" / "spanmill" / "bin" / "helm")
-    return candidates
+from helm_render import CHART, VALUE_SETS, Rendered, helm_binary, parse, template
 
 
 @pytest.fixture(scope="session")
 def helm() -> Path:
-    for candidate in _helm_candidates():
-        if os.access(candidate, os.X_OK):
-            return candidate
-    target = _helm_candidates()[0]
-    subprocess.run(
-        [str(ROOT / "infra" / "local" / "fetch-helm.sh"), str(target.parent)],
-        env={**os.environ, "PYTHON": sys.executable},
-        check=True,
-        timeout=600,
-    )
-    assert os.access(target, os.X_OK), f"fetch-helm.sh did not produce {target}"
-    return target
+    return helm_binary()
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,8 @@ from helm_render import (
     env_of,
     manifest_validator,
     merged_values,
+    parse,
+    template,
 )
 
 from spanmill.gateway.configmap import ROUTES_KEY
@@ -24,6 +26,7 @@ from spanmill.gateway.routing import RoutingTable
 
 FULLNAME = "spanmill"
 ROUTES = f"{FULLNAME}-routing"
+TRAINJOBS_ROLE = f"{FULLNAME}-pipeline-trainjobs"
 # An env var with one of these in its name carries a credential: only secretKeyRef.
 SECRET_WORDS = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|ACCESS_KEY|CREDENTIAL|STORE_URI", re.I)
 # user:password@ inside a URL, anywhere in a rendered value.
@@ -149,7 +152,18 @@ def test_triton_on_gpu_nodes_when_it_has_gpus(render_set: Any) -> None:
 def test_triton_readiness_and_model_repository(render_set: Any) -> None:
     defaults = render_set("defaults")
     triton = defaults.container(f"{FULLNAME}-triton")
-    assert triton["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    # Ready once up and holding every routed version (spanmill.serving.readiness), judged
+    # on the routing ConfigMap mounted as a folder the kubelet keeps current.
+    command = triton["readinessProbe"]["exec"]["command"]
+    assert command[:3] == ["spanmill", "triton", "ready"]
+    routing_file = Path(command[command.index("--routing-file") + 1])
+    assert command[command.index("--url") + 1] == "127.0.0.1:8000"
+    mount = next(m for m in triton["volumeMounts"] if m["name"] == "routing")
+    assert routing_file.parent == Path(mount["mountPath"]) and "subPath" not in mount
+    assert routing_file.name == ROUTES_KEY
+    pod = defaults.get("Deployment", f"{FULLNAME}-triton")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "routing")
+    assert volume["configMap"] == {"name": ROUTES, "optional": True}
     # A custom S3 endpoint goes between s3:// and the bucket, as tritonserver expects.
     assert "--model-repository=s3://minio.minio.svc:9000/spanmill/models" in triton["args"]
     gateway = env_of(defaults.container(f"{FULLNAME}-gateway"))
@@ -211,6 +225,9 @@ def test_rbac_is_exactly_what_the_controller_and_gateway_use(rendered: Rendered)
     watch = merged_values(rendered.name)["gateway"]["routing"]["watch"]
     roles = {r["metadata"]["name"]: r for r in rendered.kinds("Role")}
     expected = {f"{FULLNAME}-rollout"} | ({f"{FULLNAME}-gateway"} if watch else set())
+    # The pipeline's own ServiceAccount on TrainJobs: tests/charts/test_trainer.py.
+    if merged_values(rendered.name)["trainer"]["enabled"]:
+        expected |= {TRAINJOBS_ROLE}
     assert set(roles) == expected
     # spanmill.rollout.k8s_backend: read and merge-patch the routing ConfigMap; create
     # an Event per decision, or read and patch it to count a repeat.
@@ -222,6 +239,19 @@ def test_rbac_is_exactly_what_the_controller_and_gateway_use(rendered: Rendered)
             "verbs": ["get", "patch"],
         },
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "patch"]},
+        # spanmill.rollout.fleet: the Triton pods, from the headless Service's EndpointSlices.
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["list", "watch"],
+        },
+        # spanmill.rollout.leader: read and replace its one Lease, by name, nothing more.
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [f"{FULLNAME}-rollout"],
+            "verbs": ["get", "update"],
+        },
     ]
     if watch:
         # spanmill.gateway.configmap: read, then list and watch by metadata.name.
@@ -240,6 +270,8 @@ def test_rbac_is_exactly_what_the_controller_and_gateway_use(rendered: Rendered)
             "kind": "Role",
             "name": name,
         }
+        if name == TRAINJOBS_ROLE:
+            continue
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}
         ]
@@ -274,7 +306,7 @@ def test_services_probes_and_policies_point_at_declared_ports(rendered: Rendered
         labels[deployment["metadata"]["name"]] = template["metadata"]["labels"]
         for container in template["spec"]["containers"]:
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-                if probe in container:
+                if "httpGet" in container.get(probe, {}):
                     assert container[probe]["httpGet"]["port"] in names
 
     def selected(selector: dict[str, str]) -> list[str]:
@@ -315,6 +347,30 @@ def test_triton_accepts_only_the_gateway_controller_and_pipeline_runs(render_set
     assert namespaces == [{"matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}}]
 
 
+@pytest.mark.parametrize("value_set", ["defaults", "triton-replicas"])
+def test_the_controller_loads_every_triton_pod(render_set: Any, value_set: str) -> None:
+    """Through a headless Service that lists pods before they are ready
+    (spanmill.rollout.fleet), beside the gateway's Service of ready pods only."""
+    rendered = render_set(value_set)
+    replicas = merged_values(value_set)["triton"]["replicas"]
+    assert rendered.get("Deployment", f"{FULLNAME}-triton")["spec"]["replicas"] == replicas
+    pods = rendered.get("Service", f"{FULLNAME}-triton-pods")["spec"]
+    assert pods["clusterIP"] == "None" and pods["publishNotReadyAddresses"] is True
+    service = rendered.get("Service", f"{FULLNAME}-triton")["spec"]
+    assert pods["selector"] == service["selector"]
+    assert "clusterIP" not in service and "publishNotReadyAddresses" not in service
+    (http,) = [p for p in pods["ports"] if p["name"] == "http"]
+    assert http["targetPort"] == "http"
+    env = env_of(rendered.container(f"{FULLNAME}-rollout"))
+    assert env["SPANMILL_ROLLOUT_TRITON_DISCOVERY"]["value"] == "endpointslices"
+    assert env["SPANMILL_ROLLOUT_TRITON_SERVICE"]["value"] == f"{FULLNAME}-triton-pods"
+    assert env["SPANMILL_ROLLOUT_NAMESPACE"]["value"] == NAMESPACE
+    # The port the controller reads from each slice is the one this Service names.
+    from spanmill.config import RolloutSettings
+
+    assert RolloutSettings.model_fields["triton_port_name"].default == http["name"]
+
+
 def test_strimzi_resources_when_enabled(render_set: Any) -> None:
     everything = render_set("all-features")
     kafka = everything.get("Kafka", FULLNAME)
@@ -345,7 +401,7 @@ def test_pipeline_upload_job_runs_the_documented_contract(render_set: Any) -> No
         "/pipelines/flywheel.yaml",
     ]
     assert container["image"] == "ghcr.io/spanmill/pipeline:0.1.0"
-    assert render_set("defaults").kinds("Job") == []
+    assert render_set("defaults").find("Job", f"{FULLNAME}-pipeline-upload") is None
 
 
 def _metric_names() -> set[str]:
@@ -388,3 +444,169 @@ def test_dashboard_queries_only_metrics_the_services_expose(render_set: Any) -> 
 def test_disruption_budgets_cover_the_serving_path(render_set: Any, component: str) -> None:
     pdb = render_set("defaults").get("PodDisruptionBudget", f"{FULLNAME}-{component}")
     assert pdb["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("value_set", ["defaults", "leader-election"])
+def test_controller_replicas_elect_a_leader_on_the_charts_lease(
+    render_set: Any, value_set: str
+) -> None:
+    rendered = render_set(value_set)
+    values = merged_values(value_set)["rollout"]
+    name = f"{FULLNAME}-rollout"
+    deployment = rendered.get("Deployment", name)
+    assert deployment["spec"]["replicas"] == values["replicas"] > 1
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    # The chart makes the Lease, so the Role can name it (the RBAC test); with an empty
+    # spec an upgrade never resets the holder the replicas wrote.
+    lease = rendered.get("Lease", name)
+    assert lease["apiVersion"] == "coordination.k8s.io/v1" and lease["spec"] == {}
+    env = env_of(rendered.container(name))
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    election = values["leaderElection"]
+    expected = {
+        "SPANMILL_ROLLOUT_LEADER_ELECTION": "true",
+        "SPANMILL_ROLLOUT_LEASE_NAME": name,
+        "SPANMILL_ROLLOUT_LEASE_DURATION_S": str(election["leaseDurationSeconds"]),
+        "SPANMILL_ROLLOUT_RENEW_DEADLINE_S": str(election["renewDeadlineSeconds"]),
+        "SPANMILL_ROLLOUT_RETRY_PERIOD_S": str(election["retryPeriodSeconds"]),
+    }
+    assert {key: env[key].get("value") for key in expected} == expected
+    # A node drain takes one replica at a time; the leader hands over as it goes.
+    pdb = rendered.get("PodDisruptionBudget", name)
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def _secret_ref(entry: dict[str, Any]) -> tuple[str, str]:
+    ref = entry["valueFrom"]["secretKeyRef"]
+    return ref["name"], ref["key"]
+
+
+@pytest.mark.parametrize("value_set", ["defaults", "mlflow-ingress-auth"])
+def test_mlflow_signs_everyone_in_with_credentials_from_secrets(
+    render_set: Any, value_set: str
+) -> None:
+    rendered = render_set(value_set)
+    values = merged_values(value_set)["mlflow"]
+    auth = values["server"]["auth"]
+    mlflow = rendered.container(f"{FULLNAME}-mlflow")
+    # The image's wrapper writes the auth config under /tmp, then runs the server.
+    assert mlflow["command"] == ["mlflow-with-auth"]
+    assert mlflow["args"][:2] == ["server", "--app-name=basic-auth"]
+    env = env_of(mlflow)
+    admin = auth["existingSecret"]
+    assert _secret_ref(env["MLFLOW_AUTH_ADMIN_USERNAME"]) == (admin, auth["usernameKey"])
+    assert _secret_ref(env["MLFLOW_AUTH_ADMIN_PASSWORD"]) == (admin, auth["passwordKey"])
+    assert env["MLFLOW_AUTH_DEFAULT_PERMISSION"]["value"] == auth["defaultPermission"]
+    # The users' database beside the backend store: the same database, or beside the
+    # SQLite file on its volume.
+    database = values["server"]["backendStore"]["existingSecret"]
+    if database:
+        assert _secret_ref(env["MLFLOW_AUTH_DATABASE_URI"]) == (database, "uri")
+    else:
+        assert env["MLFLOW_AUTH_DATABASE_URI"]["value"] == "sqlite:////data/mlflow-auth.db"
+        assert "/data" in {m["mountPath"] for m in mlflow["volumeMounts"]}
+    # No credential in any argument or ConfigMap: only Secret references.
+    for where, container, _ in rendered.containers():
+        for arg in container.get("args", []):
+            assert not re.search(r"password|MLFLOW_AUTH|\$\(", arg, re.I), f"{where}: {arg}"
+    for config_map in rendered.kinds("ConfigMap"):
+        text = json.dumps(config_map.get("data", {}))
+        assert not re.search(r"admin_password|database_uri|MLFLOW_AUTH", text), config_map
+
+    # The controller signs in as its own user.
+    controller = env_of(rendered.container(f"{FULLNAME}-rollout"))
+    secret = values["auth"]["controllerSecret"]
+    assert _secret_ref(controller["MLFLOW_TRACKING_USERNAME"]) == (secret, "username")
+    assert _secret_ref(controller["MLFLOW_TRACKING_PASSWORD"]) == (secret, "password")
+
+    # The hook Job makes the controller's and the pipeline's users, as the admin.
+    job = rendered.get("Job", f"{FULLNAME}-mlflow-users")
+    assert set(job["metadata"]["annotations"]["helm.sh/hook"].split(",")) == {
+        "post-install",
+        "post-upgrade",
+    }
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"].startswith("ghcr.io/spanmill/rollout:")
+    args = container["args"]
+    assert args[:2] == ["models", "users"]
+    uri = args[args.index("--tracking-uri") + 1]
+    assert (
+        uri
+        == env_of(rendered.container(f"{FULLNAME}-rollout"))["SPANMILL_MLFLOW_TRACKING_URI"][
+            "value"
+        ]
+    )
+    job_env = env_of(container)
+    assert _secret_ref(job_env["MLFLOW_TRACKING_USERNAME"]) == (admin, auth["usernameKey"])
+    assert _secret_ref(job_env["MLFLOW_TRACKING_PASSWORD"]) == (admin, auth["passwordKey"])
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for role in ("controller", "pipeline"):
+        folder = args[args.index(f"--{role}") + 1]
+        mounted = volumes[mounts[folder]]["secret"]
+        assert mounted["secretName"] == values["auth"][f"{role}Secret"]
+        assert {i["key"] for i in mounted["items"]} == {"username", "password"}
+    # The Job's pods may reach MLflow.
+    policy = rendered.get("NetworkPolicy", f"{FULLNAME}-mlflow")
+    peers = policy["spec"]["ingress"][0]["from"]
+    components = {p["podSelector"]["matchLabels"].get("app.kubernetes.io/component")
+                  for p in peers if "podSelector" in p}  # fmt: skip
+    assert {"rollout", "mlflow-users"} <= components
+
+
+def test_mlflow_ingress_with_tls_reaches_the_service(render_set: Any) -> None:
+    rendered = render_set("mlflow-ingress-auth")
+    values = merged_values("mlflow-ingress-auth")
+    ingress_values = values["mlflow"]["server"]["ingress"]
+    ingress = rendered.get("Ingress", f"{FULLNAME}-mlflow")
+    spec = ingress["spec"]
+    assert spec["ingressClassName"] == ingress_values["className"]
+    assert ingress["metadata"]["annotations"] == ingress_values["annotations"]
+    host = ingress_values["host"]
+    assert spec["tls"] == [{"hosts": [host], "secretName": ingress_values["tls"]["existingSecret"]}]
+    (rule,) = spec["rules"]
+    assert rule["host"] == host
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    service = rendered.get("Service", backend["name"])
+    assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    # MLflow answers requests for the Ingress's host.
+    args = rendered.container(f"{FULLNAME}-mlflow")["args"]
+    allowed = next(a for a in args if a.startswith("--allowed-hosts="))
+    assert host in allowed.split("=", 1)[1].split(",")
+    # The ingress controller's pods may reach MLflow.
+    policy = rendered.get("NetworkPolicy", f"{FULLNAME}-mlflow")
+    for peer in values["networkPolicy"]["mlflowClients"]:
+        assert peer in policy["spec"]["ingress"][0]["from"]
+    assert render_set("defaults").find("Ingress", f"{FULLNAME}-mlflow") is None
+
+
+def test_mlflow_without_authentication_runs_plain(helm: Path) -> None:
+    result = template(helm, extra=["--set", "mlflow.server.auth.enabled=false"])
+    assert result.returncode == 0, result.output
+    rendered = parse("no-auth", result.stdout)
+    mlflow = rendered.container(f"{FULLNAME}-mlflow")
+    assert mlflow["command"] == ["mlflow"] and "--app-name=basic-auth" not in mlflow["args"]
+    assert not [name for name in env_of(mlflow) if name.startswith("MLFLOW_AUTH")]
+    assert rendered.find("Job", f"{FULLNAME}-mlflow-users") is None
+
+
+def test_triton_image_follows_the_flavour_unless_named(render_set: Any, helm: Path) -> None:
+    # The Python flavour runs spanmill's own image (services/triton/Dockerfile), tagged
+    # like every spanmill image; the vLLM flavour NVIDIA's.
+    python = render_set("defaults").container(f"{FULLNAME}-triton")
+    assert python["image"] == "ghcr.io/spanmill/triton:0.1.0"
+    vllm = render_set("gpu-cluster").container(f"{FULLNAME}-triton")
+    assert vllm["image"] == "nvcr.io/nvidia/tritonserver:24.10-vllm-python-py3"
+    digest = "sha256:" + "ab" * 32
+    result = template(
+        helm,
+        extra=[
+            "--set", "triton.image.repository=registry.example.internal/triton",
+            "--set", f"triton.image.tag={digest}",
+        ],
+    )  # fmt: skip
+    assert result.returncode == 0, result.output
+    named = parse("named", result.stdout).container(f"{FULLNAME}-triton")
+    assert named["image"] == f"registry.example.internal/triton@{digest}"

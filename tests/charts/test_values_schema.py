@@ -50,6 +50,10 @@ BAD_VALUES = {
     "vllm-without-gpu": ("triton:\n  flavour: vllm\n", "triton.gpu.count: Must be greater"),
     "floating-image-tag": ("image:\n  tag: latest\n", "image.tag: Must not validate"),
     "floating-triton-tag": ("triton:\n  image:\n    tag: latest\n", "triton.image.tag"),
+    "triton-repository-without-tag": (
+        "triton:\n  image:\n    repository: registry.example.internal/triton\n",
+        "triton.image.tag: String length must be greater than or equal to 1",
+    ),
     "more-collectors-than-partitions": (
         "collector:\n  autoscaling:\n    maxReplicas: 12\n",
         "collector.autoscaling.maxReplicas (12) exceeds kafka.topics.partitions (6)",
@@ -58,10 +62,43 @@ BAD_VALUES = {
         "rollout:\n  signals: gateway\n",
         "gateway.autoscaling.enabled: gateway.autoscaling.enabled does not match: false",
     ),
+    "renew-deadline-past-the-lease": (
+        "rollout:\n  leaderElection:\n    renewDeadlineSeconds: 15\n",
+        "rollout.leaderElection.renewDeadlineSeconds (15) must be below "
+        "rollout.leaderElection.leaseDurationSeconds (15)",
+    ),
+    "mlflow-auth-without-admin": (
+        'mlflow:\n  server:\n    auth:\n      existingSecret: ""\n',
+        "mlflow.server.auth.existingSecret",
+    ),
+    "mlflow-auth-without-controller-user": (
+        'mlflow:\n  auth:\n    controllerSecret: ""\n',
+        "mlflow.server.auth.enabled refuses anonymous requests: the rollout controller needs",
+    ),
+    "mlflow-ingress-without-host": (
+        "mlflow:\n  server:\n    ingress:\n      enabled: true\n",
+        "mlflow.server.ingress.host",
+    ),
+    "mlflow-ingress-without-auth": (
+        "mlflow:\n  server:\n    auth:\n      enabled: false\n"
+        "    ingress:\n      enabled: true\n      host: mlflow.example.internal\n",
+        "mlflow.server.ingress.enabled exposes MLflow outside the cluster",
+    ),
+    "mlflow-ingress-blocked-by-network-policy": (
+        "mlflow:\n  server:\n    ingress:\n      enabled: true\n"
+        "      host: mlflow.example.internal\n",
+        "mlflow.server.ingress.enabled with networkPolicy.enabled: list the ingress controller's",
+    ),
 }
 # Checks across values that JSON schema cannot express are template errors: they fail
 # `helm template` and `helm install`; `helm lint` reports them without failing.
-TEMPLATE_CHECKS = {"more-collectors-than-partitions"}
+TEMPLATE_CHECKS = {
+    "more-collectors-than-partitions",
+    "renew-deadline-past-the-lease",
+    "mlflow-auth-without-controller-user",
+    "mlflow-ingress-without-auth",
+    "mlflow-ingress-blocked-by-network-policy",
+}
 
 
 @pytest.fixture(params=sorted(BAD_VALUES))

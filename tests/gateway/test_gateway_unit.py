@@ -6,6 +6,7 @@ import json
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,3 +150,142 @@ def test_llm_span_carries_what_training_needs() -> None:
     assert span.output_messages[0]["parts"][0]["content"] == "hello"
     assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
     assert "other" not in span.attributes
+
+
+# -- another replica when the first lacks the version ---------------------------------
+
+MISSING = "Request for unknown model: 'calculator' version 2 is not found"
+
+
+class Replicas:
+    """A Triton HTTP endpoint whose connections land on different replicas, as behind a
+    Kubernetes Service: the n-th connection is answered as ``plan[n]`` says (the last
+    entry for any later one): "ok", "missing" (Triton's words for a version it does not
+    hold) or "fails" (any other error)."""
+
+    def __init__(self, plan: list[str]) -> None:
+        self.plan = plan
+        self.connections: list[object] = []
+        self.requests: list[int] = []  # the connection of each request, in order
+
+    async def infer(self, request: Any) -> Any:
+        from aiohttp import web
+
+        from spanmill.serving import protocol
+        from spanmill.serving.protocol import Choice, GenerationResult
+
+        if request.transport not in self.connections:
+            self.connections.append(request.transport)
+        connection = self.connections.index(request.transport)
+        self.requests.append(connection)
+        await request.read()
+        answer = self.plan[min(connection, len(self.plan) - 1)]
+        if answer == "missing":
+            return web.json_response({"error": MISSING}, status=404)
+        if answer == "fails":
+            return web.json_response({"error": "out of memory"}, status=500)
+        result = GenerationResult(
+            choices=[Choice(text="5", token_ids=[20], logprobs=[-0.5], finish_reason="stop")],
+            prompt_token_ids=[1, 2],
+            model_version=request.match_info["version"],
+        )
+        return _binary_infer_response(protocol.encode_result(result))
+
+
+def _binary_infer_response(outputs: dict[str, Any]) -> Any:
+    """Outputs as Triton sends them to the client library: a JSON header, then the data."""
+    import numpy as np
+    from aiohttp import web
+    from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+
+    header: dict[str, Any] = {"outputs": []}
+    blobs = []
+    for name, array in outputs.items():
+        data = (
+            serialize_byte_tensor(array).item()
+            if array.dtype == np.object_
+            else np.ascontiguousarray(array).tobytes()
+        )
+        dtype = "BYTES" if array.dtype == np.object_ else np_to_triton_dtype(array.dtype)
+        header["outputs"].append({"name": name, "datatype": dtype, "shape": list(array.shape),
+                                  "parameters": {"binary_data_size": len(data)}})  # fmt: skip
+        blobs.append(data)
+    head = json.dumps(header).encode()
+    return web.Response(
+        body=head + b"".join(blobs),
+        headers={"Inference-Header-Content-Length": str(len(head)),
+                 "Content-Type": "application/octet-stream"},
+    )  # fmt: skip
+
+
+async def _generate(replicas: Replicas, calls: int = 1) -> tuple[list[Any], int]:
+    """``calls`` generations through one TritonUpstream; (results or errors, retries)."""
+    from aiohttp import web
+
+    from spanmill.gateway.upstream import TritonUpstream, UpstreamError
+    from spanmill.serving.protocol import GenerationParams
+
+    app = web.Application()
+    app.router.add_post("/v2/models/{model}/versions/{version}/infer", replicas.infer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    retries = 0
+
+    def count() -> None:
+        nonlocal retries
+        retries += 1
+
+    upstream = TritonUpstream(f"127.0.0.1:{port}", timeout_s=10, on_retry=count)
+    outcomes: list[Any] = []
+    try:
+        for _ in range(calls):
+            try:
+                outcomes.append(
+                    await upstream.generate("calculator", "2", [{"role": "user", "content": "2+3"}],
+                                            GenerationParams(max_tokens=2), None)
+                )  # fmt: skip
+            except UpstreamError as exc:
+                outcomes.append(exc)
+    finally:
+        await upstream.close()
+        await runner.cleanup()
+    return outcomes, retries
+
+
+def test_a_missing_version_is_tried_once_more_on_a_fresh_connection() -> None:
+    import asyncio
+
+    replicas = Replicas(["missing", "ok"])
+    outcomes, retries = asyncio.run(_generate(replicas, calls=2))
+    # Each call reached the replica without the version on the kept-alive connection,
+    # then the other one on a connection of its own.
+    assert [o.model_version for o in outcomes] == ["2", "2"]
+    assert outcomes[0].choices[0].text == "5"
+    assert replicas.requests == [0, 1, 0, 2] and retries == 2
+
+
+def test_only_one_retry_and_only_for_a_missing_version() -> None:
+    import asyncio
+
+    from spanmill.gateway.upstream import UpstreamError
+
+    replicas = Replicas(["missing"])
+    (error,), retries = asyncio.run(_generate(replicas))
+    assert isinstance(error, UpstreamError) and error.missing and error.status == 503
+    assert "is not being served" in str(error) and MISSING in str(error)
+    assert replicas.requests == [0, 1] and retries == 1
+
+    # Any other error would happen again: it goes back to the caller at once.
+    replicas = Replicas(["fails", "ok"])
+    (error,), retries = asyncio.run(_generate(replicas))
+    assert isinstance(error, UpstreamError) and not error.missing and error.status == 502
+    assert replicas.requests == [0] and retries == 0
+
+    # The retry may meet another error, which is the one reported.
+    replicas = Replicas(["missing", "fails"])
+    (error,), retries = asyncio.run(_generate(replicas))
+    assert error.status == 502 and "out of memory" in str(error)
+    assert replicas.requests == [0, 1] and retries == 1

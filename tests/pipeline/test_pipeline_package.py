@@ -10,12 +10,15 @@ import yaml
 from kfp import components
 from kfp_fake import kfp_app
 
+from components import IMAGE, TRAIN_IMAGE
+from spanmill.pipeline import cluster
 from spanmill.pipeline.build import DEFAULT_PACKAGE, compile_pipeline
 from spanmill.pipeline.kubeflow import KubeflowError, schedule, upload
 
 
 def test_committed_yaml_is_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SPANMILL_PIPELINE_IMAGE", raising=False)
+    monkeypatch.delenv("SPANMILL_PIPELINE_TRAIN_IMAGE", raising=False)
     fresh = compile_pipeline(tmp_path / "flywheel.yaml").read_text()
     assert DEFAULT_PACKAGE.read_text() == fresh, (
         "pipelines/flywheel.yaml is stale: run `spanmill pipeline compile` and commit it"
@@ -31,7 +34,18 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     spec, platform = yaml.safe_load_all(DEFAULT_PACKAGE.read_text())
     executors = spec["deploymentSpec"]["executors"]
     accelerator = executors["exec-train-lora"]["container"]["resources"]["accelerator"]
-    assert accelerator["resourceCount"] == "1"
+    # One training process per GPU: the pod asks for the run's `gpus`, 1 unless set.
+    assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--gpus']}}"
+    root_inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert root_inputs["gpus"]["defaultValue"] == 1
+    assert root_inputs["trainer"]["defaultValue"] == "pod"
+    train_task = spec["root"]["dag"]["tasks"]["train-lora"]["inputs"]["parameters"]
+    for name in ("gpus", "trainer", "trainjob_nodes", "trainjob_gpus_per_node"):
+        assert train_task[name]["componentInputParameter"] == name
+    # The training step runs the CUDA image, every other step the CPU pipeline image.
+    images = {name: e["container"]["image"] for name, e in executors.items()}
+    assert images.pop("exec-train-lora") == TRAIN_IMAGE
+    assert set(images.values()) == {IMAGE}
     gpu_users = [
         n for n, e in executors.items() if "accelerator" in e["container"].get("resources", {})
     ]
@@ -45,7 +59,19 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
         judged = {"spanmill-judge"} if name == "exec-evaluate" else set()
         assert secrets == {"spanmill-mlflow", "spanmill-s3", *judged}, name
         envs = {m["envVar"] for s in k8s[name]["secretAsEnv"] for m in s["keyToEnv"]}
-        assert "SPANMILL_MLFLOW_TRACKING_URI" in envs
+        assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= envs
+        # Every connection setting from the chart's ConfigMap, required: a run whose
+        # namespace lacks it fails to start, naming it, instead of reaching 127.0.0.1.
+        settings, *handover = k8s[name]["configMapAsEnv"]
+        # The training step alone also reads the Kubeflow Trainer hand-over's settings.
+        assert len(handover) == (name == "exec-train-lora"), name
+        assert settings["configMapName"] == cluster.CONFIGMAP and not settings.get("optional")
+        mapped = {m["configMapKey"]: m["envVar"] for m in settings["keyToEnv"]}
+        assert mapped == {key: key for key in cluster.SETTINGS}, name
+    (handover,) = k8s["exec-train-lora"]["configMapAsEnv"][1:]
+    assert handover["configMapName"] == cluster.TRAINJOB_CONFIGMAP and handover["optional"]
+    mapped = {m["configMapKey"]: m["envVar"] for m in handover["keyToEnv"]}
+    assert mapped == {key: key for key in cluster.TRAINJOB_SETTINGS}
     # The judge's key reaches the evaluate step only, from its own Secret.
     judge_env = {m["envVar"] for s in k8s["exec-evaluate"]["secretAsEnv"] for m in s["keyToEnv"]}
     assert "SPANMILL_EVAL_JUDGE_API_KEY" in judge_env

@@ -3,17 +3,12 @@ of the session's Triton, the registry, and an in-memory Kubernetes API."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import threading
 from collections.abc import Iterator
-from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
-from rollout_helpers import KubeAPI, gateway_settings
+from rollout_helpers import gateway_settings
 
 from spanmill.gateway.app import create_app
 from spanmill.registry import ModelRegistry
@@ -87,44 +82,3 @@ def gateway(kafka, triton, serve_app, tmp_path: Path) -> Iterator[tuple[str, Pat
 @pytest.fixture
 def registry(mlflow_server) -> ModelRegistry:  # type: ignore[no-untyped-def]
     return ModelRegistry(mlflow_server.tracking_uri)
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeAPI]:
-    """kmock's in-memory Kubernetes API on a port, served from a thread of its own.
-
-    The official client is synchronous, so the emulator cannot share the test's
-    event loop. kmock takes ``?watch=true`` only in lower case; the official
-    client sends ``watch=True``, which the real API server reads as true too, so
-    the emulator is taught the same.
-    """
-    import kmock
-    from kmock._internal import parsing
-
-    original = parsing.guess_k8s
-
-    def guess(k8s: Any, method: Any, query: dict[str, str]) -> Any:
-        if str(query.get("watch", "")).lower() == "true":
-            query = {**query, "watch": "true"}
-        return original(k8s, method, query)
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    stack = AsyncExitStack()
-
-    async def start() -> tuple[str, Any]:
-        emulator = await stack.enter_async_context(kmock.KubernetesEmulator())
-        server = await stack.enter_async_context(kmock.Server(emulator))
-        return str(server.url).rstrip("/"), emulator
-
-    parsing.guess_k8s = guess
-    try:
-        url, emulator = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-        yield KubeAPI(url, emulator)
-    finally:
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(stack.aclose(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        parsing.guess_k8s = original

@@ -3,7 +3,6 @@ tick, and kmock's API as the official client sees it."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -19,6 +18,7 @@ from spanmill.config import (
     KafkaSettings,
     MLflowSettings,
     RolloutSettings,
+    ServingSettings,
     TritonSettings,
 )
 from spanmill.rollout.reconciler import Reconciler
@@ -161,7 +161,7 @@ def rollout_settings(mlflow_server: Any, triton: Any, tmp_path: Path, agent: str
         "state_file": tmp_path / f"{agent}-state.json",
         "smoke_timeout_s": 120,
         "retry_after_s": 5,
-        "num_threads": 1,
+        "serving": ServingSettings(num_threads=1),
     }  # fmt: skip
     values.update(extra)
     return RolloutSettings(**values)
@@ -169,29 +169,3 @@ def rollout_settings(mlflow_server: Any, triton: Any, tmp_path: Path, agent: str
 
 def controller(settings: RolloutSettings, **parts: Any) -> Controller:
     return Controller(settings, build_reconciler(settings, **parts))
-
-
-# -- Kubernetes ----------------------------------------------------------------------
-
-
-@dataclass
-class KubeAPI:
-    url: str
-    emulator: Any
-
-    def api_client(self) -> Any:
-        from kubernetes import client
-
-        configuration = client.Configuration()
-        configuration.host = self.url
-        return client.ApiClient(configuration)
-
-    def kubeconfig(self, path: Path, namespace: str) -> Path:
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-            "users": [{"name": "test", "user": {"token": "unused"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test",
-                                                       "namespace": namespace}}],
-        }))  # fmt: skip
-        return path

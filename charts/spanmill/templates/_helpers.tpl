@@ -209,9 +209,75 @@ securityContext:
 {{- end -}}
 {{- end -}}
 
+{{/*
+The MLflow user a spanmill client signs in as: MLflow's own client variables, from
+the Secret named (keys username, password). Optional, so that a server without
+authentication needs no Secret. (dict "root" $ "secret" "<name>")
+*/}}
+{{- define "spanmill.mlflowCredentialsEnv" -}}
+{{- with .secret }}
+- name: MLFLOW_TRACKING_USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: username
+      optional: true
+- name: MLFLOW_TRACKING_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: password
+      optional: true
+{{- end }}
+{{- end -}}
+
 {{/* ---- Triton: TritonSettings, env prefix SPANMILL_TRITON_ ---- */}}
+{{/*
+The Triton image. Unless triton.image.repository names one, it follows the flavour:
+spanmill's own (services/triton/Dockerfile: tritonserver with spanmill.serving) for
+python, NVIDIA's vLLM image for vllm. A sha256: tag is pinned as a digest.
+*/}}
+{{- define "spanmill.tritonImage" -}}
+{{- $i := .Values.triton.image -}}
+{{- $repository := $i.repository -}}
+{{- $tag := $i.tag -}}
+{{- if not $repository -}}
+{{- if eq .Values.triton.flavour "vllm" -}}
+{{- $repository = "nvcr.io/nvidia/tritonserver" -}}
+{{- $tag = $tag | default "24.10-vllm-python-py3" -}}
+{{- else -}}
+{{- $repository = printf "%s/triton" (trimSuffix "/" .Values.image.registry) -}}
+{{- $tag = $tag | default .Values.image.tag | default .Chart.AppVersion -}}
+{{- end -}}
+{{- end -}}
+{{- $tag = required "triton.image.tag is required when triton.image.repository is set" $tag -}}
+{{- printf "%s%s%s" $repository (ternary "@" ":" (hasPrefix "sha256:" $tag)) $tag -}}
+{{- end -}}
+
 {{- define "spanmill.tritonHost" -}}
 {{- printf "%s.%s.svc" (include "spanmill.componentName" (dict "root" . "component" "triton")) .Release.Namespace -}}
+{{- end -}}
+
+{{/* The headless Service listing every Triton pod, ready or not (spanmill.rollout.fleet). */}}
+{{- define "spanmill.tritonPodsService" -}}
+{{- include "spanmill.componentName" (dict "root" . "component" "triton-pods") -}}
+{{- end -}}
+
+{{/* Triton's HTTP and gRPC endpoints: the release's Service, or triton.external's. */}}
+{{- define "spanmill.tritonHttpUrl" -}}
+{{- if .Values.triton.enabled -}}
+{{- printf "%s:8000" (include "spanmill.tritonHost" .) -}}
+{{- else -}}
+{{- required "triton.external.httpUrl is required when triton.enabled is false" .Values.triton.external.httpUrl -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "spanmill.tritonGrpcUrl" -}}
+{{- if .Values.triton.enabled -}}
+{{- printf "%s:8001" (include "spanmill.tritonHost" .) -}}
+{{- else -}}
+{{- required "triton.external.grpcUrl is required when triton.enabled is false" .Values.triton.external.grpcUrl -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The model repository as spanmill (fsspec) names it. */}}
@@ -219,7 +285,7 @@ securityContext:
 {{- if eq .Values.triton.modelRepository.type "s3" -}}
 {{- printf "s3://%s/%s" .Values.objectStore.bucket (trimAll "/" .Values.triton.modelRepository.s3Prefix) -}}
 {{- else -}}
-/models
+{{- .Values.triton.modelRepository.pvc.mountPath -}}
 {{- end -}}
 {{- end -}}
 
@@ -238,7 +304,7 @@ s3:// and the bucket, with the scheme kept only for https.
 {{- include "spanmill.modelRepository" . -}}
 {{- end -}}
 {{- else -}}
-/models
+{{- .Values.triton.modelRepository.pvc.mountPath -}}
 {{- end -}}
 {{- end -}}
 
@@ -248,11 +314,32 @@ s3:// and the bucket, with the scheme kept only for https.
 
 {{- define "spanmill.tritonEnv" -}}
 - name: SPANMILL_TRITON_HTTP_URL
-  value: {{ printf "%s:8000" (include "spanmill.tritonHost" .) | quote }}
+  value: {{ include "spanmill.tritonHttpUrl" . | quote }}
 - name: SPANMILL_TRITON_GRPC_URL
-  value: {{ printf "%s:8001" (include "spanmill.tritonHost" .) | quote }}
+  value: {{ include "spanmill.tritonGrpcUrl" . | quote }}
 - name: SPANMILL_TRITON_MODEL_REPOSITORY
   value: {{ include "spanmill.modelRepository" . | quote }}
+{{- end -}}
+
+{{/*
+Settings shared by everything that writes model versions (the rollout controller and
+the pipeline's evaluate and deploy steps): TritonSettings' repository access and
+ServingSettings. A dict of environment variable to value; the Deployment renders it
+as env, the pipeline ConfigMap as data. Base weights always go into each version
+folder: no pod sees another pod's files.
+*/}}
+{{- define "spanmill.servingSettings" -}}
+{{- $settings := dict
+  "SPANMILL_TRITON_HTTP_URL" (include "spanmill.tritonHttpUrl" .)
+  "SPANMILL_TRITON_MODEL_REPOSITORY" (include "spanmill.modelRepository" .)
+  "SPANMILL_TRITON_REPOSITORY_OPTIONS" (ternary (include "spanmill.storageOptions" .) "{}" (eq .Values.triton.modelRepository.type "s3"))
+  "SPANMILL_TRITON_SERVER_REPOSITORY" (include "spanmill.tritonModelRepository" .)
+  "SPANMILL_SERVING_FLAVOUR" .Values.triton.flavour
+  "SPANMILL_SERVING_DTYPE" .Values.rollout.dtype
+  "SPANMILL_SERVING_GPU" (gt (int .Values.triton.gpu.count) 0 | toString)
+  "SPANMILL_SERVING_COPY_BASE" "true"
+-}}
+{{- toJson $settings -}}
 {{- end -}}
 
 {{/* Checks across values that a JSON schema cannot express. */}}
@@ -285,8 +372,25 @@ s3:// and the bucket, with the scheme kept only for https.
 {{- if and .Values.kafka.strimzi.enabled (hasPrefix "SASL" .Values.kafka.securityProtocol) -}}
 {{- fail "kafka.securityProtocol SASL_* needs external brokers: the chart's Strimzi cluster (kafka.strimzi.enabled) listens with PLAINTEXT (9092) and SSL (9093)" -}}
 {{- end -}}
+{{- $election := .Values.rollout.leaderElection -}}
+{{- if and .Values.rollout.enabled (ge (float64 $election.renewDeadlineSeconds) (float64 $election.leaseDurationSeconds)) -}}
+{{- fail (printf "rollout.leaderElection.renewDeadlineSeconds (%v) must be below rollout.leaderElection.leaseDurationSeconds (%v): a leader stops acting before a standby may take the Lease" $election.renewDeadlineSeconds $election.leaseDurationSeconds) -}}
+{{- end -}}
+{{- if and .Values.rollout.enabled (ge (float64 $election.retryPeriodSeconds) (float64 $election.renewDeadlineSeconds)) -}}
+{{- fail (printf "rollout.leaderElection.retryPeriodSeconds (%v) must be below rollout.leaderElection.renewDeadlineSeconds (%v): a leader tries to renew at least once before it stops" $election.retryPeriodSeconds $election.renewDeadlineSeconds) -}}
+{{- end -}}
 {{- if and (eq .Values.triton.modelRepository.type "pvc") .Values.rollout.enabled (not .Values.triton.enabled) (not .Values.triton.modelRepository.pvc.existingClaim) -}}
 {{- fail "triton.modelRepository.pvc.existingClaim is required when Triton runs outside the release" -}}
+{{- end -}}
+{{- $mlflow := .Values.mlflow.server -}}
+{{- if and $mlflow.enabled $mlflow.ingress.enabled (not $mlflow.auth.enabled) -}}
+{{- fail "mlflow.server.ingress.enabled exposes MLflow outside the cluster: it needs mlflow.server.auth.enabled" -}}
+{{- end -}}
+{{- if and $mlflow.enabled $mlflow.ingress.enabled .Values.networkPolicy.enabled (not .Values.networkPolicy.mlflowClients) -}}
+{{- fail "mlflow.server.ingress.enabled with networkPolicy.enabled: list the ingress controller's pods in networkPolicy.mlflowClients, or the Ingress cannot reach MLflow" -}}
+{{- end -}}
+{{- if and $mlflow.enabled $mlflow.auth.enabled .Values.rollout.enabled (not .Values.mlflow.auth.controllerSecret) -}}
+{{- fail "mlflow.server.auth.enabled refuses anonymous requests: the rollout controller needs mlflow.auth.controllerSecret" -}}
 {{- end -}}
 {{- end -}}
 

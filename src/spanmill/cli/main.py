@@ -22,6 +22,7 @@ from spanmill.cli import (
     spans,
     stack,
     train,
+    triton,
 )
 
 app = typer.Typer(
@@ -44,6 +45,7 @@ app.command()(collector.collector)
 app.add_typer(spans.app, name="spans")
 app.add_typer(rollout.app, name="rollout")
 app.add_typer(pipeline.app, name="pipeline")
+app.add_typer(triton.app, name="triton")
 app.command()(train.train)
 app.command()(evaluate.evaluate)
 

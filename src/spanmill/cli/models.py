@@ -188,3 +188,33 @@ def register(
     alias = " and is the challenger" if result.challenger else " (gate not passed: no alias)"
     console.print(f"[green]✓[/] registered {agent} version {result.version.version}{alias}")
     typer.echo(str(result.version.version))
+
+
+@app.command()
+@handle_errors
+def users(
+    controller: Path = typer.Option(
+        None, help="Folder with the controller user's username and password files (a Secret)."
+    ),
+    pipeline: Path = typer.Option(
+        None, help="Folder with the pipeline user's username and password files (a Secret)."
+    ),
+    wait: float = typer.Option(300.0, help="Seconds to wait for the server to come up."),
+    tracking_uri: str = _TRACKING,
+) -> None:
+    """Create or update spanmill's own MLflow users and their grants (basic auth).
+
+    Signs in as the admin from MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD.
+    """
+    from spanmill.config import MLflowSettings, load_settings
+    from spanmill.errors import ConfigError
+    from spanmill.registry.users import ensure_users, user_from_folder, wait_for_server
+
+    given = {"controller": controller, "pipeline": pipeline}
+    found = [user_from_folder(role, folder) for role, folder in given.items() if folder]
+    if not found:
+        raise ConfigError("name at least one user: --controller and/or --pipeline")
+    uri = tracking_uri or load_settings(MLflowSettings).tracking_uri
+    wait_for_server(uri, wait)
+    for line in ensure_users(uri, found):
+        console.print(f"[green]✓[/] {line}", highlight=False)

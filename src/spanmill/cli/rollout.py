@@ -45,9 +45,14 @@ def rollout(
         for decision in build_reconciler(settings).tick():
             console.print(decision.message(), highlight=False)
         return
+    triton = (
+        settings.triton.http_url
+        if settings.triton_discovery == "none"
+        else f"every pod of {settings.namespace}/{settings.triton_service}"
+    )
     console.print(
         f"rollout controller: MLflow {settings.mlflow.tracking_uri}, Triton "
-        f"{settings.triton.http_url}, {settings.backend} backend, steps {settings.steps}, "
+        f"{triton}, {settings.backend} backend, steps {settings.steps}, "
         f"bake {settings.bake_s:g}s; metrics on http://{settings.http_host}:{settings.http_port}"
     )
     run(settings)

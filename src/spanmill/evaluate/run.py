@@ -316,7 +316,14 @@ def model_ref(ref: str, base_override: str | None = None) -> ModelRef:
     if adapter_config.is_file():
         manifest = _read_json(path / MANIFEST_FILE)
         config = _read_json(adapter_config)
-        base = base_override or manifest.get("base_model") or config.get("base_model_name_or_path")
+        # The base as training was asked for it; where it resolved it to is that pod's own.
+        asked = (manifest.get("settings") or {}).get("base_model")
+        base = (
+            base_override
+            or asked
+            or manifest.get("base_model")
+            or config.get("base_model_name_or_path")
+        )
         if not base:
             raise EvaluationError(
                 f"adapter {path} does not say which base model it adapts; pass base_model"
@@ -359,10 +366,8 @@ def _serve(
 
     triton_url = settings.triton.http_url
     triton = TritonControl(triton_url)
-    repository = ModelRepository(settings.triton.model_repository)
-    options = ServingOptions(
-        flavour=settings.flavour, dtype=settings.dtype, num_threads=settings.num_threads
-    )
+    repository = ModelRepository.from_settings(settings.triton)
+    options = ServingOptions.from_settings(settings.serving, settings.triton)
     registry = ModelRegistry(settings.mlflow.tracking_uri)
     version = settings.champion_version
     if version is None:

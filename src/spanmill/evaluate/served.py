@@ -112,7 +112,7 @@ def staged_candidate(
     if options.flavour != "python":
         raise ServingError(
             f"evaluation stages challengers as python-flavour versions, and this deployment "
-            f"serves the {options.flavour!r} flavour (SPANMILL_EVAL_FLAVOUR): evaluating "
+            f"serves the {options.flavour!r} flavour (SPANMILL_SERVING_FLAVOUR): evaluating "
             "vLLM-served adapters is not supported yet"
         )
     model = names.triton_candidate_model(agent)

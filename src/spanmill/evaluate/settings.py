@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from spanmill.config import MLflowSettings, TritonSettings
+from spanmill.config import MLflowSettings, ServingSettings, TritonSettings
 
 Suite = Literal["auto", "tasks", "replay"]
 
@@ -83,13 +83,7 @@ class EvalSettings(BaseSettings):
     prompt_style: Literal["zero_shot", "few_shot"] = "zero_shot"
     max_new_tokens: int = Field(96, gt=0, le=4096)
     batch_size: int = Field(16, gt=0)
-    flavour: Literal["python", "vllm"] = Field(
-        "python", description="How the deployment serves versions (only python is evaluated)."
-    )
-    dtype: Literal["bfloat16", "float32", "float16"] = Field(
-        "bfloat16", description="How Triton runs the staged challenger."
-    )
-    num_threads: int = Field(0, ge=0, description="torch threads of the staged challenger.")
+    serving: ServingSettings = Field(default_factory=ServingSettings)
     triton: TritonSettings = Field(default_factory=TritonSettings)
 
     bootstrap_resamples: int = Field(2000, ge=100)

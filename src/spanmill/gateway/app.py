@@ -90,7 +90,7 @@ def create_app(
     metrics = GatewayMetrics()
     state = GatewayState(
         settings=settings,
-        upstream=upstream or TritonUpstream(settings.triton.http_url),
+        upstream=upstream or TritonUpstream(settings.triton.http_url, on_retry=metrics.retries.inc),
         emitter=emitter or SpanEmitter(settings.kafka, metrics, settings.span_queue_size),
         metrics=metrics,
         routing_file=routing_source(settings.routing_file, settings.routing_configmap),

@@ -32,6 +32,11 @@ class GatewayMetrics:
             ["model", "version"],
             registry=r,
         )
+        self.retries = Counter(
+            "spanmill_gateway_upstream_retries",
+            "Calls tried again on another Triton replica because the first lacked the version.",
+            registry=r,
+        )
         self.spans_emitted = Counter(
             "spanmill_gateway_spans_emitted", "LLM spans delivered to Kafka.", registry=r
         )

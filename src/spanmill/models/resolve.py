@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 from spanmill.errors import ModelError
@@ -22,13 +26,19 @@ def looks_like_hf_id(ref: str) -> bool:
 def resolve_model(
     ref: str, cache_dir: Path | None = None, *, progress: Progress | None = None
 ) -> str:
-    """Resolve ``ref`` in this order: an existing local folder or file, a catalog name
+    """Resolve ``ref`` in this order: an object store folder (``s3://bucket/path``,
+    downloaded once into ``cache_dir``), an existing local folder or file, a catalog name
     (pulled into ``cache_dir`` if missing), a Hugging Face id ``org/name`` (returned
     unchanged). Anything else raises ModelError.
+
+    On a cluster only the first and the last are the same in every pod; the others
+    name one machine's files.
     """
     ref = ref.strip()
     if not ref:
         raise ModelError(f"no model given; use a local folder, an org/name id or one of {_known()}")
+    if "://" in ref:
+        return str(download_model(ref, cache_dir if cache_dir is not None else models_dir()))
     local = Path(ref).expanduser()
     if local.exists():
         return str(local.resolve())
@@ -46,3 +56,32 @@ def resolve_model(
 
 def _known() -> str:
     return ", ".join(catalog_names())
+
+
+def download_model(url: str, cache_dir: Path) -> Path:
+    """The model folder at ``url`` (any fsspec URL; S3 credentials, endpoint and region
+    from the ``AWS_*`` environment), copied once into ``cache_dir``.
+
+    The copy lands under a temporary name and is renamed when whole, so a process
+    killed mid-download leaves nothing that a later call would take for the model.
+    """
+    import fsspec
+
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    target = cache_dir / "remote" / digest
+    if (target / "config.json").is_file():
+        return target
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+        if not fs.exists(f"{root.rstrip('/')}/config.json"):
+            raise ModelError(f"{url} holds no config.json: give the folder of a saved model")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{digest}-", dir=target.parent) as scratch:
+            fs.get(f"{root.rstrip('/')}/", f"{scratch}/model/", recursive=True)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(f"{scratch}/model", target)
+    except ModelError:
+        raise
+    except Exception as exc:  # credentials, network, missing bucket, unknown protocol
+        raise ModelError(f"cannot download model {url}: {type(exc).__name__}: {exc}") from None
+    return target

@@ -21,16 +21,18 @@ def compile_pipeline(out: Path) -> Path:
     return out
 
 
-def run_local(pipeline_root: Path, **params: Any) -> None:
-    """Run the flywheel in subprocesses of this environment, against the ``SPANMILL_*`` services.
+def run_local(pipeline_root: Path, package: Path = DEFAULT_PACKAGE, **params: Any) -> None:
+    """Run the compiled flywheel (the file users upload) in subprocesses of this environment.
 
-    Cluster settings (GPU, node selector, secrets) have no effect here; kfp warns
+    Connections come from the ``SPANMILL_*`` environment, as on a cluster they come
+    from the chart's ConfigMap and Secrets (:mod:`spanmill.pipeline.cluster`); the
+    other cluster settings (GPU, node selector) have no effect here, and kfp warns
     about them once per task.
     """
     import kfp.local
+    from kfp import components
 
-    from pipelines.flywheel import flywheel
-
+    flywheel = components.load_component_from_file(str(package))
     # Each task first runs `python3 -m pip install kfp` with the first python3 on
     # PATH: make that this environment's, where kfp is already installed.
     bin_dir = str(Path(sys.executable).parent)

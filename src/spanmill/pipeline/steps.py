@@ -2,8 +2,10 @@
 
 The Kubeflow components in ``components/`` are thin shells around these; the
 demo and the tests call them directly. Connections (MLflow, Triton, the span
-store) come from the ``SPANMILL_*`` environment unless a value is given, so the
-same step runs on one machine and in a cluster pod whose secrets set them.
+store, the object store) and how versions are served come from the
+``SPANMILL_*`` environment unless a value is given: on a cluster the chart's
+pipeline ConfigMap and Secrets set that environment in every step's pod
+(:mod:`spanmill.pipeline.cluster`), and a run parameter a person sets wins.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spanmill.config import CollectorSettings, MLflowSettings, TritonSettings, load_settings
+from spanmill.config import (
+    CollectorSettings,
+    MLflowSettings,
+    ServingSettings,
+    TritonSettings,
+    load_settings,
+)
 
 
 def build_dataset_step(
@@ -54,15 +62,15 @@ def build_dataset_step(
         feedback_horizon_hours=feedback_horizon_hours,
         reward=reward or None,
     )
-    store = store_url or load_settings(CollectorSettings).store_url
-    return build_dataset(store, out_dir, spec)
+    store = load_settings(CollectorSettings, **_given(store_url=store_url))
+    return build_dataset(store.store_url, out_dir, spec, storage_options=store.storage_options)
 
 
 def train_step(
     dataset_dir: Path,
     out_dir: Path,
     *,
-    base_model: str,
+    base_model: str = "",
     lora_r: int = 16,
     lora_alpha: int = 32,
     learning_rate: float = 3e-4,
@@ -74,12 +82,35 @@ def train_step(
     num_threads: int = 0,
     experiment: str = "spanmill",
     tracking_uri: str = "",
+    gpus: int = 1,
+    trainer: str = "pod",
+    trainjob_nodes: int = 2,
+    trainjob_gpus_per_node: int = 1,
+    gpu_resource: str = "nvidia.com/gpu",
 ) -> dict[str, Any]:
-    """Train a LoRA adapter into ``out_dir``; returns the training metrics."""
-    from spanmill.train import TrainSettings, train
+    """Train a LoRA adapter into ``out_dir``; returns the training metrics.
 
-    settings = TrainSettings(
-        base_model=base_model,
+    ``trainer`` "pod" trains here, one process per GPU of the ``gpus`` this pod was
+    given (:mod:`spanmill.train.launch`); "trainjob" hands the same run to the
+    Kubeflow Trainer, ``trainjob_nodes`` nodes of ``trainjob_gpus_per_node`` GPUs,
+    and waits for it (:mod:`spanmill.train.trainjob`). Either way rank 0 alone logs
+    to MLflow and writes the adapter, and the result is that of a single process.
+    """
+    from spanmill.errors import ConfigError
+    from spanmill.train import TrainSettings
+    from spanmill.train.launch import launch, plan_processes, visible_gpus
+
+    if trainer not in ("pod", "trainjob"):
+        raise ConfigError(f"trainer must be pod or trainjob, not {trainer!r}")
+    if trainer == "trainjob" and gpus:
+        raise ConfigError(
+            f"trainer=trainjob trains on the TrainJob's {trainjob_nodes} node(s) of "
+            f"{trainjob_gpus_per_node} GPU(s); set gpus to 0, so that this step's pod, which "
+            "only waits, holds no GPU the TrainJob may need"
+        )
+    settings = load_settings(
+        TrainSettings,
+        **_given(base_model=base_model),
         lora_r=lora_r,
         lora_alpha=lora_alpha,
         learning_rate=learning_rate,
@@ -92,7 +123,24 @@ def train_step(
         experiment=experiment,
         mlflow=_mlflow(tracking_uri),
     )
-    result = train(dataset_dir, out_dir, settings)
+    if trainer == "trainjob":
+        from spanmill.pipeline import cluster
+        from spanmill.train.settings import TrainJobSettings
+        from spanmill.train.trainjob import train_on_trainer
+
+        result = train_on_trainer(
+            dataset_dir,
+            out_dir,
+            settings,
+            nodes=trainjob_nodes,
+            gpus_per_node=trainjob_gpus_per_node,
+            gpu_resource=gpu_resource,
+            job=load_settings(TrainJobSettings),
+            config_maps={cluster.CONFIGMAP: cluster.SETTINGS},
+            secrets=cluster.SECRETS,
+        )
+    else:
+        result = launch(dataset_dir, out_dir, settings, plan_processes(gpus, visible_gpus()))
     return {**result.metrics, "global_step": result.global_step, "run_id": result.run_id}
 
 
@@ -114,7 +162,7 @@ def evaluate_step(
     tracking_uri: str = "",
     triton_url: str = "",
     model_repository: str = "",
-    flavour: str = "python",
+    flavour: str = "",
 ) -> dict[str, Any]:
     """Judge the challenger against the agent's champion, both served by Triton.
 
@@ -133,8 +181,7 @@ def evaluate_step(
         "base_model": base_model,
         "instances": instances,
         "evaluators": [name.strip() for name in evaluators.split(",") if name.strip()],
-        "num_threads": num_threads,
-        "flavour": flavour,
+        "serving": _serving(flavour, num_threads),
         "experiment": experiment,
         "gate": GatePolicy(margin=margin, metric=gate_metric),
         "mlflow": _mlflow(tracking_uri),
@@ -178,7 +225,7 @@ def deploy_step(
     version: int,
     triton_url: str = "",
     model_repository: str = "",
-    flavour: str = "python",
+    flavour: str = "",
     tracking_uri: str = "",
 ) -> float:
     """Stage ``version`` in Triton and smoke-check it; traffic is the controller's call."""
@@ -191,18 +238,28 @@ def deploy_step(
     deployer = Deployer(
         ModelRegistry(_mlflow(tracking_uri).tracking_uri),
         TritonControl(triton.http_url),
-        ModelRepository(triton.model_repository),
-        ServingOptions(flavour=flavour),  # type: ignore[arg-type]
+        ModelRepository.from_settings(triton),
+        ServingOptions.from_settings(_serving(flavour), triton),
     )
     return deployer.deploy(agent, version)
 
 
+def _given(**values: Any) -> dict[str, Any]:
+    """The values a caller set; an empty one (a run parameter left blank) is not set."""
+    return {k: v for k, v in values.items() if v not in ("", None)}
+
+
 def _triton(http_url: str, model_repository: str) -> TritonSettings:
-    given = {"http_url": http_url, "model_repository": model_repository}
-    return load_settings(TritonSettings, **{k: v for k, v in given.items() if v})
+    return load_settings(
+        TritonSettings, **_given(http_url=http_url, model_repository=model_repository)
+    )
+
+
+def _serving(flavour: str, num_threads: int = 0) -> ServingSettings:
+    return load_settings(
+        ServingSettings, **_given(flavour=flavour, num_threads=num_threads or None)
+    )
 
 
 def _mlflow(tracking_uri: str) -> MLflowSettings:
-    if tracking_uri:
-        return MLflowSettings(tracking_uri=tracking_uri)
-    return load_settings(MLflowSettings)
+    return load_settings(MLflowSettings, **_given(tracking_uri=tracking_uri))

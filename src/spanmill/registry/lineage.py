@@ -142,7 +142,10 @@ def lineage_from_outputs(
     manifest = (
         _read_json(model_dir / TRAIN_MANIFEST) if (model_dir / TRAIN_MANIFEST).is_file() else {}
     )
-    base = base_model or str(manifest.get("base_model") or "")
+    # The base as training was asked for it (a Hugging Face id, an object store path, a
+    # catalog name): where training resolved it to is a path in the training pod alone.
+    asked = (manifest.get("settings") or {}).get("base_model")
+    base = base_model or str(asked or manifest.get("base_model") or "")
     if kind == "adapter" and not base:
         adapter_config = _read_json(model_dir / "adapter_config.json")
         base = str(adapter_config.get("base_model_name_or_path") or "")

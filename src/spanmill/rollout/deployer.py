@@ -3,6 +3,13 @@
 Deploying is: write the version into the model repository (unless it is there),
 load the agent's model so Triton picks it up, and send the version one request
 of its own. Only a version that answers is handed to the gateway.
+
+With several Triton replicas this happens on every one of them (the fleet, see
+:mod:`spanmill.rollout.fleet`): the repository is shared, the load and the check
+are per server, and a deployment is done only when every server answers. Asking
+whether a version is ready asks every server too, so a replica that joins later
+is found lacking on the controller's next pass, and the same deployment loads
+what it lacks onto it.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import time
 from spanmill.errors import SpanmillError
 from spanmill.registry import names
 from spanmill.registry.client import ModelRegistry
+from spanmill.rollout.fleet import TritonFleet
 from spanmill.rollout.materialize import (
     ORIGIN,
     ModelRepository,
@@ -33,7 +41,7 @@ class Deployer:
     def __init__(
         self,
         registry: ModelRegistry,
-        triton: TritonControl,
+        triton: TritonFleet,
         repository: ModelRepository,
         options: ServingOptions | None = None,
         *,
@@ -45,19 +53,18 @@ class Deployer:
         self.options = options or ServingOptions()
         self.smoke_timeout_s = smoke_timeout_s
 
-    def loaded(self, agent: str) -> dict[int, str]:
-        """Version -> Triton state for the agent's model."""
-        return self.triton.versions(names.triton_model(agent))
-
     def ready(self, agent: str, version: int) -> bool:
-        return self.loaded(agent).get(version) == "READY"
+        """Whether every Triton server has ``version`` loaded and ready."""
+        model = names.triton_model(agent)
+        return all(s.versions(model).get(version) == "READY" for s in self.triton.members())
 
     def deploy(self, agent: str, version: int) -> float:
-        """Write, load and smoke-check ``version``; returns the seconds it took.
+        """Write, load and smoke-check ``version`` on every server; returns the seconds it took.
 
-        On failure the version is removed from the repository again (a version that
-        cannot load would make every later load of the agent's model fail) and
-        DeployError says what went wrong.
+        On failure DeployError says what went wrong, and on which server. A version that
+        no server had before is removed from the repository again (a version that cannot
+        load would make every later load of the agent's model fail); one that others
+        serve stays with them.
         """
         started = time.perf_counter()
         model = names.triton_model(agent)
@@ -71,46 +78,57 @@ class Deployer:
                     f"{found}); Triton versions must match MLflow versions: remove that folder "
                     "(and unload it), or register what it holds"
                 )
-        if self.ready(agent, version):
-            self._smoke(agent, version)
-            return time.perf_counter() - started
-        stage = "writing"
         try:
-            if not self.repository.has(model, version):
+            servers = self.triton.members()
+            lacking = [s for s in servers if s.versions(model).get(version) != "READY"]
+        except TritonError as exc:
+            raise DeployError(f"finding where {agent} version {version} is loaded failed: "
+                              f"{exc}") from None  # fmt: skip
+        stage, server = "writing", None
+        try:
+            if lacking and not self.repository.has(model, version):
                 materialize(registered, self.registry, self.repository, self.options)
             stage = "loading"
-            self.triton.load(model)
+            for server in lacking:
+                server.load(model)
             stage = "checking"
-            self._smoke(agent, version)
+            for server in servers:
+                self._smoke(server, agent, version)
         except SpanmillError as exc:
-            detail = str(exc)
-            if stage == "loading":
+            where = f" on {server.describe()}" if server is not None else ""
+            detail = str(exc).removeprefix(f"{server.describe()}: " if server else "")
+            if stage == "loading" and server is not None:
                 try:
-                    reason = self.triton.reasons(model).get(version, "")
+                    reason = server.reasons(model).get(version, "")
                 except SpanmillError:
                     reason = ""
                 detail = _first_line(reason) or _first_line(detail)
-            try:
-                self._drop(agent, version)
-            except SpanmillError as cleanup:
-                log.warning(
-                    "%s version %d: cleaning up after the failure: %s", agent, version, cleanup
-                )
-            raise DeployError(f"{stage} {agent} version {version} failed: {detail}") from None
+            elif stage == "checking":
+                detail = f"it does not answer: {detail}"
+            if len(lacking) == len(servers):
+                self._clean_up(agent, version)
+            raise DeployError(
+                f"{stage} {agent} version {version} failed{where}: {detail}"
+            ) from None
         seconds = time.perf_counter() - started
-        log.info("%s version %d deployed in %.1fs", agent, version, seconds)
+        if lacking:
+            onto = ", ".join(s.describe() for s in lacking)
+            log.info("%s version %d deployed in %.1fs onto %s", agent, version, seconds, onto)
         return seconds
 
-    def _smoke(self, agent: str, version: int) -> None:
-        lora = names.lora_name(agent, version) if self.options.flavour == "vllm" else None
+    def _clean_up(self, agent: str, version: int) -> None:
         try:
-            self.triton.smoke(names.triton_model(agent), version, flavour=self.options.flavour,
-                              lora=lora, timeout_s=self.smoke_timeout_s)  # fmt: skip
-        except TritonError as exc:
-            raise DeployError(f"{agent} version {version} does not answer: {exc}") from None
+            self._drop(agent, version)
+        except SpanmillError as cleanup:
+            log.warning("%s version %d: cleaning up after the failure: %s", agent, version, cleanup)
+
+    def _smoke(self, server: TritonControl, agent: str, version: int) -> None:
+        lora = names.lora_name(agent, version) if self.options.flavour == "vllm" else None
+        server.smoke(names.triton_model(agent), version, flavour=self.options.flavour,
+                     lora=lora, timeout_s=self.smoke_timeout_s)  # fmt: skip
 
     def retire(self, agent: str, version: int) -> None:
-        """Take ``version`` out of Triton and out of the repository."""
+        """Take ``version`` out of every Triton server and out of the repository."""
         self._drop(agent, version)
         log.info("%s version %d retired", agent, version)
 
@@ -119,16 +137,27 @@ class Deployer:
 
 
 def drop_version(
-    triton: TritonControl, repository: ModelRepository, model: str, version: int
+    triton: TritonFleet, repository: ModelRepository, model: str, version: int
 ) -> None:
-    """Remove one version from the repository and from Triton; the model's others stay."""
+    """Remove one version from the repository and from every server; the model's others stay.
+
+    Every server is tried even when one fails; the first failure is raised after.
+    """
     repository.remove(model, version)
-    if triton.versions(model).get(version) not in ("READY", "LOADING"):
-        return  # never loaded, or failed to: nothing to unload
-    if repository.versions(model):
-        triton.load(model)
-    else:
-        triton.unload(model)
+    others = repository.versions(model)
+    failures: list[TritonError] = []
+    for server in triton.members():
+        try:
+            if server.versions(model).get(version) not in ("READY", "LOADING"):
+                continue  # never loaded here, or failed to: nothing to unload
+            if others:
+                server.load(model)
+            else:
+                server.unload(model)
+        except TritonError as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 def _first_line(text: str) -> str:

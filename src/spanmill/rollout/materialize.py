@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from spanmill.config import ServingSettings, TritonSettings
 from spanmill.errors import SpanmillError
 from spanmill.registry import names
 from spanmill.registry.client import RegisteredVersion
@@ -58,9 +59,25 @@ class ServingOptions:
     vllm_gpu_memory_utilization: float = 0.9
     vllm_max_model_len: int = 4096
 
+    @classmethod
+    def from_settings(cls, serving: ServingSettings, triton: TritonSettings) -> ServingOptions:
+        """The options every writer of versions shares (controller, evaluation, deploy step)."""
+        return cls(
+            flavour=serving.flavour,
+            dtype=serving.dtype,
+            num_threads=serving.num_threads,
+            copy_base=serving.copy_base,
+            gpu=serving.gpu,
+            triton_root=triton.server_repository,
+        )
+
 
 class ModelRepository:
     """A Triton model repository on a local folder or an fsspec URL (s3://...)."""
+
+    @classmethod
+    def from_settings(cls, triton: TritonSettings) -> ModelRepository:
+        return cls(triton.model_repository, triton.repository_options)
 
     def __init__(self, location: str, storage_options: dict[str, Any] | None = None) -> None:
         self.location = location.rstrip("/")
@@ -214,7 +231,7 @@ def _vllm(
     if lineage.kind != "adapter":
         raise MaterializeError(
             f"{agent} version {version} is a {lineage.kind!r} version; the vllm flavour serves "
-            "LoRA adapters on a base model (use SPANMILL_ROLLOUT_FLAVOUR=python for it)"
+            "LoRA adapters on a base model (use SPANMILL_SERVING_FLAVOUR=python for it)"
         )
     model = names.triton_model(agent)
     adapter = downloader.download(agent, version, download)

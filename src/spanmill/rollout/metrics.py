@@ -52,3 +52,9 @@ class RolloutMetrics:
             "When the last reconcile pass ended.",
             registry=r,
         )
+        self.leader = Gauge(
+            "spanmill_rollout_leader",
+            "1 while this replica leads (holds the Lease, or runs alone) and reconciles; "
+            "0 while it stands by.",
+            registry=r,
+        )

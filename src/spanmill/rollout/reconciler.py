@@ -73,10 +73,24 @@ class Reconciler:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, interval_s: float) -> None:
-        """Tick every ``interval_s`` until ``stop`` is set; a failed tick is logged and retried."""
+    def run(
+        self,
+        stop: threading.Event,
+        interval_s: float,
+        *,
+        active: Callable[[], bool] | None = None,
+        standby_poll_s: float = 1.0,
+    ) -> None:
+        """Tick every ``interval_s`` until ``stop`` is set; a failed tick is logged and retried.
+
+        With ``active`` (this replica leads), tick only while it says so, asking again every
+        ``standby_poll_s`` meanwhile.
+        """
         log.info("rollout controller: %s, every %.1fs", self.backend.describe(), interval_s)
         while not stop.is_set():
+            if active is not None and not active():
+                stop.wait(min(interval_s, standby_poll_s))
+                continue
             try:
                 self.tick()
             except SpanmillError as exc:

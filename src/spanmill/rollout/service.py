@@ -21,6 +21,8 @@ from spanmill.config import RolloutSettings
 from spanmill.registry.client import ModelRegistry
 from spanmill.rollout.backend import RolloutBackend
 from spanmill.rollout.deployer import Deployer
+from spanmill.rollout.fleet import TritonFleet
+from spanmill.rollout.leader import LeaderElector
 from spanmill.rollout.materialize import ModelRepository, ServingOptions
 from spanmill.rollout.metrics import RolloutMetrics
 from spanmill.rollout.reconciler import Reconciler
@@ -71,28 +73,34 @@ def signals_of(settings: RolloutSettings) -> Signals:
     return GatewayMetricsSignals(settings.gateway_urls)
 
 
+def fleet_of(settings: RolloutSettings) -> TritonFleet:
+    """The Triton servers each version goes onto: the one configured, or every pod."""
+    if settings.triton_discovery == "endpointslices":
+        from spanmill.rollout.fleet import EndpointSliceFleet
+
+        return EndpointSliceFleet(settings.namespace, settings.triton_service,
+                                  port_name=settings.triton_port_name,
+                                  load_timeout_s=settings.load_timeout_s)  # fmt: skip
+    return TritonControl(settings.triton.http_url, load_timeout_s=settings.load_timeout_s)
+
+
 def build_reconciler(
     settings: RolloutSettings,
     *,
     backend: RolloutBackend | None = None,
     signals: Signals | None = None,
+    fleet: TritonFleet | None = None,
     metrics: RolloutMetrics | None = None,
     clock: Callable[[], float] = time.time,
 ) -> Reconciler:
-    """Every part of the controller from its settings; ``backend`` and ``signals`` may be given."""
+    """Every part of the controller from its settings; ``backend``, ``signals`` and ``fleet``
+    may be given."""
     registry = ModelRegistry(settings.mlflow.tracking_uri)
-    options = ServingOptions(
-        flavour=settings.flavour,
-        dtype=settings.dtype,
-        num_threads=settings.num_threads,
-        copy_base=settings.copy_base,
-        gpu=settings.gpu,
-        triton_root=settings.triton_root,
-    )
+    options = ServingOptions.from_settings(settings.serving, settings.triton)
     deployer = Deployer(
         registry,
-        TritonControl(settings.triton.http_url, load_timeout_s=settings.load_timeout_s),
-        ModelRepository(settings.triton.model_repository, settings.repository_options),
+        fleet or fleet_of(settings),
+        ModelRepository.from_settings(settings.triton),
         options,
         smoke_timeout_s=settings.smoke_timeout_s,
     )
@@ -143,12 +151,33 @@ def serve_http(
 
 
 def run(settings: RolloutSettings, stop: threading.Event | None = None) -> None:
-    """Run the controller until SIGTERM/SIGINT (or ``stop``)."""
+    """Run the controller until SIGTERM/SIGINT (or ``stop``).
+
+    With ``settings.leader_election`` several replicas run and only the holder of the Lease
+    (:mod:`spanmill.rollout.leader`) reconciles; /metrics says which (``spanmill_rollout_leader``)
+    and /readyz answers ready for a standby that can read the Lease.
+    """
     stop = stop or threading.Event()
     metrics = RolloutMetrics()
     reconciler = build_reconciler(settings, metrics=metrics)
+    # With leader election only the holder of the Lease reconciles. The Lease is released
+    # after the last pass has ended, so a standby never starts while that pass still writes.
+    elector = LeaderElector.from_settings(settings) if settings.leader_election else None
+    lease_stop = threading.Event()
+    lease_thread = None
+    if elector is not None:
+        metrics.leader.set_function(lambda: float(elector.is_leader()))
+        lease_thread = threading.Thread(
+            target=elector.run, args=(lease_stop,), name="rollout-lease", daemon=True
+        )
+        lease_thread.start()
+    else:
+        metrics.leader.set(1)
 
     def ready() -> bool:
+        # A standby is healthy while it can read the Lease; the leader while it reconciles.
+        if elector is not None and not elector.is_leader():
+            return elector.in_touch()
         last = reconciler.last_tick_at
         return last is not None and time.time() - last < 3 * settings.interval_s + 30
 
@@ -157,7 +186,15 @@ def run(settings: RolloutSettings, stop: threading.Event | None = None) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
     try:
-        reconciler.run(stop, settings.interval_s)
+        reconciler.run(
+            stop,
+            settings.interval_s,
+            active=elector.is_leader if elector is not None else None,
+            standby_poll_s=settings.retry_period_s,
+        )
     finally:
+        lease_stop.set()
+        if lease_thread is not None:
+            lease_thread.join(timeout=settings.renew_deadline_s + 5)
         server.shutdown()
         log.info("rollout controller stopped")

@@ -5,6 +5,10 @@ writes use ``version_policy: all``), so "load version 3" means "write version 3
 into the folder, then load the model", and "unload version 2" means "remove it
 from the folder, then load the model again". Triton swaps versions in without
 dropping requests to the ones that stay.
+
+One TritonControl talks to one server. It is also the simplest
+:class:`~spanmill.rollout.fleet.TritonFleet`, a fleet of one (the local stack);
+on Kubernetes the fleet is every pod of Triton's headless Service.
 """
 
 from __future__ import annotations
@@ -24,13 +28,23 @@ class TritonError(SpanmillError):
 
 
 class TritonControl:
-    def __init__(self, url: str, *, load_timeout_s: float = 600.0) -> None:
+    """One Triton server; ``pod`` names it when it is one of several (a Kubernetes pod)."""
+
+    def __init__(self, url: str, *, load_timeout_s: float = 600.0, pod: str | None = None) -> None:
         import tritonclient.http as triton_http
 
         self.url = url
+        self.pod = pod
         self._client = triton_http.InferenceServerClient(
             url, connection_timeout=30.0, network_timeout=load_timeout_s
         )
+
+    def describe(self) -> str:
+        return f"Triton pod {self.pod} at {self.url}" if self.pod else f"Triton at {self.url}"
+
+    def members(self) -> list[TritonControl]:
+        """A fleet of one: what a version is loaded on when there is a single server."""
+        return [self]
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from tritonclient.utils import InferenceServerException
@@ -38,12 +52,23 @@ class TritonControl:
         try:
             return fn(*args, **kwargs)
         except InferenceServerException as exc:
-            raise TritonError(f"Triton at {self.url}: {what}: {exc.message() or exc}") from None
+            raise TritonError(f"{self.describe()}: {what}: {exc.message() or exc}") from None
         except Exception as exc:  # connection refused, reset, timeout
+            hint = (
+                "check that the pod runs"
+                if self.pod
+                else "check that it runs and SPANMILL_TRITON_HTTP_URL points at it"
+            )
             raise TritonError(
-                f"cannot reach Triton at {self.url} ({what}): {type(exc).__name__}: {exc}; "
-                "check that it runs and SPANMILL_TRITON_HTTP_URL points at it"
+                f"cannot reach {self.describe()} ({what}): {type(exc).__name__}: {exc}; {hint}"
             ) from None
+
+    def live(self) -> bool:
+        """Whether the server answers at all (it may still be starting, or have nothing loaded)."""
+        try:
+            return bool(self._client.is_server_live())
+        except Exception:
+            return False
 
     def versions(self, model: str) -> dict[int, str]:
         """Version -> state (READY, LOADING, UNAVAILABLE, ...) of one model, from the index."""

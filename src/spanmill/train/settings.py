@@ -119,3 +119,36 @@ class TrainSettings(BaseSettings):
             key: json.dumps(value) if isinstance(value, list | dict) else str(value)
             for key, value in self.model_dump(exclude={"mlflow"}).items()
         }
+
+
+class TrainJobSettings(BaseSettings):
+    """How the pipeline's training step hands a run to the Kubeflow Trainer (trainer=trainjob).
+
+    Env prefix ``SPANMILL_TRAINJOB_``; on a cluster the chart's ConfigMap
+    ``spanmill-trainjob`` sets them (``trainer.enabled``). See
+    :mod:`spanmill.train.trainjob` for what the TrainJob runs.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPANMILL_TRAINJOB_", extra="ignore", validate_default=True
+    )
+
+    runtime: str = Field(
+        "spanmill-train", min_length=1, description="The training runtime the TrainJob runs on."
+    )
+    runtime_kind: Literal["TrainingRuntime", "ClusterTrainingRuntime"] = Field(
+        "TrainingRuntime", description="TrainingRuntime (in the TrainJob's namespace) or cluster."
+    )
+    namespace: str = Field("", description="Where TrainJobs go; empty: this pod's own namespace.")
+    image: str = Field("", description="The training image; empty: the runtime's own image.")
+    staging_url: str = Field(
+        "",
+        description="Object store folder (s3://bucket/prefix) through which the dataset goes "
+        "to the TrainJob and the adapter comes back.",
+    )
+    cpu_per_node: str = Field("8", min_length=1, description="CPU limit of each node's pod.")
+    memory_per_node: str = Field("32Gi", min_length=1, description="Memory limit of each pod.")
+    poll_s: float = Field(15.0, gt=0, description="Seconds between looks at the TrainJob.")
+    deadline_s: int = Field(
+        86400, gt=0, description="Seconds the TrainJob may run (its activeDeadlineSeconds)."
+    )

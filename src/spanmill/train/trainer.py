@@ -14,10 +14,10 @@ the CLI and the pipeline component call. Folder in, folder out:
     folder resumes from the last one (same dataset and settings only) and
     continues the same MLflow run; they are removed once the run has finished.
 
-On several GPUs launch the same command under torchrun or accelerate, e.g.
-``torchrun --nproc_per_node 8 -m spanmill.cli.main train DATASET OUT --precision bf16``:
-the Trainer runs data parallel from the launcher's environment, every process
-checks the inputs, and only the main process logs to MLflow and writes files.
+Under torchrun or accelerate every process calls it (:mod:`spanmill.train.launch`
+starts one per GPU): the Trainer runs data parallel from the launcher's environment,
+every process checks the inputs, and only the main process logs to MLflow and
+writes files.
 """
 
 from __future__ import annotations
@@ -68,6 +68,22 @@ class TrainResult:
         data["output_dir"] = str(self.output_dir)
         data["merged_dir"] = str(self.merged_dir) if self.merged_dir else None
         return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainResult:
+        """Back from :meth:`to_json` (or the manifest, which holds more)."""
+        merged = data.get("merged_dir")
+        return cls(
+            output_dir=Path(data["output_dir"]),
+            base_model=str(data["base_model"]),
+            method=str(data["method"]),
+            global_step=int(data["global_step"]),
+            resumed_from_step=data.get("resumed_from_step"),
+            run_id=data.get("run_id"),
+            dataset_digest=str(data["dataset_digest"]),
+            merged_dir=Path(merged) if merged else None,
+            metrics={k: float(v) for k, v in (data.get("metrics") or {}).items()},
+        )
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -14,7 +15,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "spanmill"
 VALUE_SETS = sorted(p.stem for p in (CHART / "ci").glob("*.yaml"))
 KUBE_VERSION = "1.30.0"
@@ -53,11 +54,15 @@ class Rendered:
         return found[0] if found else None
 
     def pod_specs(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(workload name, pod spec) of every Deployment, StatefulSet, DaemonSet and Job."""
+        """(workload name, pod spec) of every Deployment, StatefulSet, DaemonSet and Job,
+        and of every replicated job of a Kubeflow Trainer TrainingRuntime."""
         for document in self.documents:
+            name = f"{document['kind']}/{document['metadata']['name']}"
             if document["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
-                name = f"{document['kind']}/{document['metadata']['name']}"
                 yield name, document["spec"]["template"]["spec"]
+            elif document["kind"] == "TrainingRuntime":
+                for job in document["spec"]["template"]["spec"]["replicatedJobs"]:
+                    yield name, job["template"]["spec"]["template"]["spec"]
 
     def containers(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
         """(workload/container, container, pod spec) of every container, init ones included."""
@@ -130,3 +135,28 @@ def manifest_validator() -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _helm_candidates() -> list[Path]:
+    candidates = []
+    home = os.environ.get("SPANMILL_HOME", "").strip()
+    if home:
+        candidates.append(Path(home).expanduser() / "bin" / "helm")
+    candidates.append(ROOT / ".cache" / "spanmill" / "bin" / "helm")
+    return candidates
+
+
+def helm_binary() -> Path:
+    """helm from $SPANMILL_HOME/bin or .cache/spanmill/bin (make install); fetched if absent."""
+    for candidate in _helm_candidates():
+        if os.access(candidate, os.X_OK):
+            return candidate
+    target = _helm_candidates()[0]
+    subprocess.run(
+        [str(ROOT / "infra" / "local" / "fetch-helm.sh"), str(target.parent)],
+        env={**os.environ, "PYTHON": sys.executable},
+        check=True,
+        timeout=600,
+    )
+    assert os.access(target, os.X_OK), f"fetch-helm.sh did not produce {target}"
+    return target

@@ -1,0 +1,124 @@
+"""What every flywheel step's pod gets from the cluster: one ConfigMap and a few Secrets.
+
+The Helm chart writes the ConfigMap :data:`CONFIGMAP` in the namespace pipeline
+runs execute in, one key per setting, each key the name of the environment
+variable it becomes (:data:`SETTINGS`). The compiled pipeline mounts it into
+every step, and the Secrets in :data:`SECRETS` beside it, so a run started from
+the Kubeflow UI needs only the agent's name: a step reads a connection from its
+run parameter when a person set one, from this environment otherwise
+(:mod:`spanmill.pipeline.steps`).
+
+Declared here once: ``pipelines/flywheel.py`` compiles these names in, and the
+chart's tests check that the ConfigMap it renders has exactly these keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+CONFIGMAP = "spanmill-pipeline"
+
+# Keys of the ConfigMap; each becomes the environment variable of the same name.
+SETTINGS: tuple[str, ...] = (
+    # The span store the dataset is built from (CollectorSettings).
+    "SPANMILL_COLLECTOR_STORE_URL",
+    "SPANMILL_COLLECTOR_STORAGE_OPTIONS",
+    # The base model training starts from when the run names none (TrainSettings): a
+    # Hugging Face id or an object store folder, the same in every pod.
+    "SPANMILL_TRAIN_BASE_MODEL",
+    # The registry (MLflowSettings); the credentials come from a Secret.
+    "SPANMILL_MLFLOW_TRACKING_URI",
+    # Triton and its model repository (TritonSettings).
+    "SPANMILL_TRITON_HTTP_URL",
+    "SPANMILL_TRITON_MODEL_REPOSITORY",
+    "SPANMILL_TRITON_REPOSITORY_OPTIONS",
+    "SPANMILL_TRITON_SERVER_REPOSITORY",
+    # How versions are written, the same as the rollout controller (ServingSettings).
+    "SPANMILL_SERVING_FLAVOUR",
+    "SPANMILL_SERVING_DTYPE",
+    "SPANMILL_SERVING_COPY_BASE",
+    "SPANMILL_SERVING_GPU",
+    # The object store, for every other reader and writer of s3:// (base models).
+    "AWS_ENDPOINT_URL",
+    "AWS_DEFAULT_REGION",
+)
+
+# Secret -> (key -> environment variable). Optional: a cluster whose pods reach the
+# object store by their own identity (IRSA, workload identity) creates no S3 Secret.
+MLFLOW_SECRET = "spanmill-mlflow"
+S3_SECRET = "spanmill-s3"
+JUDGE_SECRET = "spanmill-judge"
+SECRETS: dict[str, dict[str, str]] = {
+    MLFLOW_SECRET: {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD"},
+    S3_SECRET: {
+        "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
+    },
+}
+# The LLM judge's endpoint key, for the evaluate step only.
+JUDGE_SECRETS: dict[str, dict[str, str]] = {
+    JUDGE_SECRET: {"api-key": "SPANMILL_EVAL_JUDGE_API_KEY"}
+}
+
+# The hand-over of training to the Kubeflow Trainer (run parameter trainer=trainjob,
+# spanmill.train.trainjob), for the training step only: the chart writes this ConfigMap
+# beside the other when trainer.enabled; every key is optional (TrainJobSettings).
+TRAINJOB_CONFIGMAP = "spanmill-trainjob"
+TRAINJOB_SETTINGS: tuple[str, ...] = (
+    "SPANMILL_TRAINJOB_RUNTIME",
+    "SPANMILL_TRAINJOB_IMAGE",
+    "SPANMILL_TRAINJOB_STAGING_URL",
+    "SPANMILL_TRAINJOB_CPU_PER_NODE",
+    "SPANMILL_TRAINJOB_MEMORY_PER_NODE",
+)
+
+
+class ClusterSettingsError(ValueError):
+    """A ConfigMap or Secret does not hold what the pipeline's steps need."""
+
+
+def step_environment(
+    platform: Mapping[str, object],
+    configmaps: Mapping[str, Mapping[str, str]],
+    secrets: Mapping[str, Mapping[str, str]],
+) -> dict[str, str]:
+    """The environment a step's pod gets from a compiled step's Kubernetes platform spec.
+
+    ``platform`` is one executor's entry under ``platforms.kubernetes.deploymentSpec``
+    of the compiled package; ``configmaps`` and ``secrets`` are the objects' ``data``
+    (Secrets already decoded) by name. As the kubelet does: a required ConfigMap or
+    key that is missing is an error; an optional Secret that is missing adds nothing.
+    """
+    env: dict[str, str] = {}
+    for entry in _entries(platform, "configMapAsEnv"):
+        name = str(entry.get("configMapName", ""))
+        data = configmaps.get(name)
+        if data is None:
+            if entry.get("optional"):
+                continue
+            raise ClusterSettingsError(f"ConfigMap {name} is missing")
+        for mapping in _entries(entry, "keyToEnv"):
+            key = str(mapping["configMapKey"])
+            if key not in data:
+                raise ClusterSettingsError(f"ConfigMap {name} has no key {key}")
+            env[str(mapping["envVar"])] = data[key]
+    for entry in _entries(platform, "secretAsEnv"):
+        name = str(entry.get("secretName", ""))
+        data = secrets.get(name)
+        if data is None:
+            if entry.get("optional"):
+                continue
+            raise ClusterSettingsError(f"Secret {name} is missing")
+        for mapping in _entries(entry, "keyToEnv"):
+            key = str(mapping["secretKey"])
+            if key not in data:
+                raise ClusterSettingsError(f"Secret {name} has no key {key}")
+            env[str(mapping["envVar"])] = data[key]
+    return env
+
+
+def _entries(parent: Mapping[str, object], field: str) -> list[Mapping[str, object]]:
+    value = parent.get(field) or []
+    if not isinstance(value, list):
+        raise ClusterSettingsError(f"{field} is not a list")
+    return value

@@ -1,0 +1,154 @@
+"""The Triton servers every version is loaded on: one, or every pod of a headless Service.
+
+On one machine the fleet is the one server at ``SPANMILL_TRITON_HTTP_URL`` (a
+:class:`~spanmill.rollout.triton.TritonControl` is a fleet of one). On Kubernetes,
+with several Triton replicas, the ClusterIP Service the gateway calls sends each
+connection to one ready pod, so a load through it reaches one pod only. The
+controller therefore finds the pods through the EndpointSlices of a headless
+Service that publishes pods before they are ready (``publishNotReadyAddresses``):
+a new pod is listed while its readiness check still waits for the versions the
+routing table names (``spanmill triton ready``), and the controller loads them
+onto it (see :mod:`spanmill.rollout.deployer`).
+
+The slices are listed afresh on each call, so a pod that appears or goes is seen
+on the controller's next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from spanmill.rollout.triton import TritonControl, TritonError
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+class TritonFleet(Protocol):
+    def members(self) -> list[TritonControl]:
+        """The servers a version must be loaded on, now; raises TritonError when none is."""
+        ...
+
+
+@dataclass(frozen=True)
+class PodEndpoint:
+    """One Triton pod as an EndpointSlice lists it."""
+
+    pod: str
+    url: str
+
+
+def pod_endpoints(slices: list[Any], service: str, port_name: str) -> list[PodEndpoint]:
+    """The pods of ``service`` from its EndpointSlices (``V1EndpointSlice`` objects).
+
+    Every endpoint counts whether or not it is ready: an unready pod is the one that
+    still needs the routed versions. Terminating pods do not, and an endpoint's
+    address is paired with the port its own slice names ``port_name``.
+    """
+    found: dict[str, PodEndpoint] = {}
+    for item in slices:
+        labels = (item.metadata.labels or {}) if item.metadata else {}
+        if labels.get(SERVICE_NAME_LABEL) != service:
+            continue
+        ports = [p.port for p in item.ports or [] if p.name == port_name and p.port]
+        if not ports:
+            log.warning(
+                "EndpointSlice %s of Service %s has no port named %r; its pods are skipped",
+                item.metadata.name, service, port_name,
+            )  # fmt: skip
+            continue
+        for endpoint in item.endpoints or []:
+            conditions = endpoint.conditions
+            if conditions is not None and conditions.terminating:
+                continue
+            if not endpoint.addresses:
+                continue
+            address = endpoint.addresses[0]
+            host = f"[{address}]" if ":" in address else address
+            url = f"{host}:{ports[0]}"
+            target = endpoint.target_ref
+            pod = (target.name if target is not None else None) or endpoint.hostname or address
+            found.setdefault(url, PodEndpoint(pod=pod, url=url))
+    return sorted(found.values(), key=lambda e: (e.pod, e.url))
+
+
+class EndpointSliceFleet:
+    """Every live pod behind a headless Service, from its EndpointSlices."""
+
+    def __init__(
+        self,
+        namespace: str,
+        service: str,
+        *,
+        port_name: str = "http",
+        load_timeout_s: float = 600.0,
+        api_client: Any = None,
+    ) -> None:
+        from kubernetes import client
+
+        from spanmill.gateway.configmap import kube_api_client
+
+        self.namespace = namespace
+        self.service = service
+        self.port_name = port_name
+        self.load_timeout_s = load_timeout_s
+        self.discovery = client.DiscoveryV1Api(api_client or kube_api_client())
+        self._controls: dict[PodEndpoint, TritonControl] = {}
+        self._silent: set[PodEndpoint] = set()
+
+    def describe(self) -> str:
+        return f"the pods of Service {self.namespace}/{self.service}"
+
+    def endpoints(self) -> list[PodEndpoint]:
+        try:
+            listed = self.discovery.list_namespaced_endpoint_slice(
+                self.namespace, label_selector=f"{SERVICE_NAME_LABEL}={self.service}"
+            )
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            hint = (
+                "; the controller's service account needs list on endpointslices "
+                "(discovery.k8s.io) in this namespace"
+                if status == 403
+                else ""
+            )
+            reason = getattr(exc, "reason", None) or exc
+            raise TritonError(
+                f"listing the EndpointSlices of {self.describe()} failed: {reason}{hint}"
+            ) from None
+        return pod_endpoints(listed.items, self.service, self.port_name)
+
+    def members(self) -> list[TritonControl]:
+        """The listed pods whose Triton answers; one still starting is left for a later tick.
+
+        A pod that does not answer yet cannot take a load, and takes no traffic either:
+        it is not ready before it holds the routed versions.
+        """
+        endpoints = self.endpoints()
+        for gone in set(self._controls) - set(endpoints):
+            self._controls.pop(gone).close()
+            self._silent.discard(gone)
+        live: list[TritonControl] = []
+        for endpoint in endpoints:
+            control = self._controls.get(endpoint)
+            if control is None:
+                control = TritonControl(endpoint.url, load_timeout_s=self.load_timeout_s,
+                                        pod=endpoint.pod)  # fmt: skip
+                self._controls[endpoint] = control
+            if control.live():
+                live.append(control)
+                self._silent.discard(endpoint)
+            elif endpoint not in self._silent:
+                self._silent.add(endpoint)
+                log.info("%s does not answer yet; it gets its versions once it does",
+                         control.describe())  # fmt: skip
+        if not live:
+            listed = ", ".join(e.pod for e in endpoints) or "none listed"
+            raise TritonError(
+                f"no Triton pod answers among {self.describe()} ({listed}); check that Triton "
+                "runs and that SPANMILL_ROLLOUT_TRITON_SERVICE names its headless Service"
+            )
+        return live

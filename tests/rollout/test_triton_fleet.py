@@ -1,0 +1,226 @@
+"""Several Triton replicas: the controller finds every pod through the EndpointSlices of a
+headless Service (kmock's API) and loads each version on all of them, real tritonserver
+processes standing in for the pods.
+
+Pods on a cluster share one port; these share one machine, so each is its own
+EndpointSlice with its own port, which is how the controller reads any slice (every
+address with its slice's port). The processes share one model repository, as the pods
+share their volume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rollout_helpers import controller, new_agent, rollout_settings
+
+from spanmill.gateway.routing import RoutingFile
+from spanmill.registry import CHALLENGER, Lineage, names
+from spanmill.rollout.fleet import SERVICE_NAME_LABEL, EndpointSliceFleet
+from spanmill.rollout.schemas import Phase
+from spanmill.rollout.triton import TritonControl
+from spanmill.serving.readiness import ReadinessError, check
+from spanmill.stack.ports import free_port
+from spanmill.stack.services import RunningService, TritonServer
+
+pytestmark = pytest.mark.services
+
+NS = "flywheel"
+SERVICE = "spanmill-triton-pods"
+
+
+def start_pod(services_dir: Path, name: str, repository: Path) -> RunningService:
+    server = TritonServer("127.0.0.1", services_dir / name, repository, http_port=free_port(),
+                          grpc_port=free_port(), metrics_port=free_port())  # fmt: skip
+    return server.start()
+
+
+@pytest.fixture(scope="module")
+def pods(triton, services_dir: Path) -> Iterator[dict[str, str]]:  # type: ignore[no-untyped-def]
+    """Pod name -> HTTP address: the session's Triton and three more on its repository."""
+    started: list[RunningService] = []
+    try:
+        for name in ("triton-b", "triton-c", "triton-d"):
+            started.append(start_pod(services_dir, name, triton.model_repository))
+        yield {"triton-a": triton.http_url} | {
+            name: running.url for name, running in zip(("triton-b", "triton-c", "triton-d"),
+                                                       started, strict=True)
+        }  # fmt: skip
+    finally:
+        for running in started:
+            running.stop()
+
+
+def register(kube: Any, pod: str, url: str, *, ready: bool) -> None:
+    """The pod as the EndpointSlice controller lists it behind a headless Service that
+    publishes unready pods: ``ready`` always true, ``serving`` the pod's readiness."""
+    from kubernetes import client
+
+    host, port = url.rsplit(":", 1)
+    slice_ = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": f"{SERVICE}-{pod}", "labels": {SERVICE_NAME_LABEL: SERVICE}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": int(port), "protocol": "TCP"}],
+        "endpoints": [{
+            "addresses": [host],
+            "conditions": {"ready": True, "serving": ready, "terminating": False},
+            "targetRef": {"kind": "Pod", "name": pod, "namespace": NS},
+        }],
+    }  # fmt: skip
+    api = client.DiscoveryV1Api(kube.api_client())
+    with contextlib.suppress(Exception):
+        api.delete_namespaced_endpoint_slice(f"{SERVICE}-{pod}", NS)
+    api.create_namespaced_endpoint_slice(NS, slice_)
+
+
+def loaded(url: str, agent: str) -> dict[int, str]:
+    control = TritonControl(url)
+    try:
+        return control.versions(names.triton_model(agent))
+    finally:
+        control.close()
+
+
+async def _through_round_robin(backends: list[str], call: Any) -> tuple[Any, list[str]]:
+    """Run ``call(url)`` against a proxy that sends each new connection to the next backend,
+    as a Service's virtual IP spreads connections over its pods; returns what each
+    connection reached."""
+    reached: list[str] = []
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        backend = backends[len(reached) % len(backends)]
+        reached.append(backend)
+        host, port = backend.rsplit(":", 1)
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await call(f"127.0.0.1:{port}")
+    finally:
+        server.close()
+    return result, reached
+
+
+def test_every_pod_holds_each_version_and_a_new_pod_gets_them_before_it_is_ready(  # type: ignore[no-untyped-def]
+    kube, triton, pods, mlflow_server, registry, tmp_path: Path
+) -> None:
+    routes = tmp_path / "routes.json"  # what each Triton pod's readiness probe reads
+    agent = new_agent()
+    model = names.triton_model(agent)
+    first = ("triton-a", "triton-b", "triton-c")
+    for pod in first:
+        register(kube, pod, pods[pod], ready=True)
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                signals="spans", store_url=str(tmp_path / "spans"),
+                                steps=[20, 100], bake_s=600,
+                                triton_discovery="endpointslices", namespace=NS,
+                                triton_service=SERVICE)  # fmt: skip
+    fleet = EndpointSliceFleet(NS, SERVICE, api_client=kube.api_client())
+    ctl = controller(settings, fleet=fleet)
+
+    v1 = registry.register(agent, Lineage(kind="echo")).version
+    registry.promote(agent, v1)
+    ctl.until(lambda: model in RoutingFile(routes).current().routes, timeout=60)
+    for pod in first:
+        assert loaded(pods[pod], agent) == {v1: "READY"}, pod
+        check(pods[pod], RoutingFile(routes).current())
+    # Nothing reached the pod the Service does not list yet.
+    assert loaded(pods["triton-d"], agent) == {}
+
+    v2 = registry.register(agent, Lineage(kind="echo")).version
+    registry.set_alias(agent, CHALLENGER, v2)
+    ctl.until(lambda: ctl.reconciler.state(agent).phase == Phase.CANARY, timeout=60)  # type: ignore[union-attr]
+    canary = RoutingFile(routes).current()
+    assert {b.version for b in canary.routes[model].backends} == {str(v1), str(v2)}
+    for pod in first:
+        assert loaded(pods[pod], agent) == {v1: "READY", v2: "READY"}, pod
+        check(pods[pod], canary)
+
+    # A fourth pod starts: listed, not ready, and its readiness says what it lacks.
+    register(kube, "triton-d", pods["triton-d"], ready=False)
+    with pytest.raises(ReadinessError, match=f"{model} version {v1}: the model is not loaded"):
+        check(pods["triton-d"], canary)
+
+    # Meanwhile a call the Service sends there is tried once more on a fresh connection,
+    # which reaches a pod that holds the version.
+    from spanmill.gateway.upstream import TritonUpstream
+    from spanmill.serving.protocol import GenerationParams
+
+    retries: list[int] = []
+
+    async def call(url: str) -> Any:
+        upstream = TritonUpstream(url, timeout_s=30, on_retry=lambda: retries.append(1))
+        try:
+            return await upstream.generate(model, str(v2), [{"role": "user", "content": "hi"}],
+                                           GenerationParams(max_tokens=2), None)  # fmt: skip
+        finally:
+            await upstream.close()
+
+    backends = [pods["triton-d"], pods["triton-a"]]
+    result, reached = asyncio.run(_through_round_robin(backends, call))
+    assert result.model_version == str(v2)
+    assert reached == backends and retries == [1]
+
+    # The controller's next pass loads both routed versions onto it; then it is ready.
+    made = ctl.tick()
+    assert not [d for d in made if d.action in ("error", "rollback")], made
+    assert loaded(pods["triton-d"], agent) == {v1: "READY", v2: "READY"}
+    check(pods["triton-d"], canary)
+
+    # Rolled back: the challenger leaves every pod. A probe reading a table that still
+    # routes to it (the kubelet's copy lags the ConfigMap) keeps every pod ready.
+    registry.delete_alias(agent, CHALLENGER)
+    ctl.until(lambda: all(loaded(url, agent).get(v2) != "READY" for url in pods.values()),
+              timeout=60)  # fmt: skip
+    for pod, url in pods.items():
+        assert loaded(url, agent).get(v1) == "READY", pod
+        check(url, canary)
+    assert not (Path(settings.triton.model_repository) / model / str(v2)).exists()
+
+
+def test_a_pod_that_cannot_load_a_version_fails_its_deploy_by_name(  # type: ignore[no-untyped-def]
+    kube, triton, services_dir: Path, mlflow_server, registry, tmp_path: Path
+) -> None:
+    # A pod whose volume holds another repository: the version is not there to load.
+    elsewhere = start_pod(services_dir, "triton-e", tmp_path / "other-repository")
+    try:
+        register(kube, "triton-a", triton.http_url, ready=True)
+        register(kube, "triton-e", elsewhere.url, ready=True)
+        agent = new_agent()
+        model = names.triton_model(agent)
+        routes = tmp_path / "routes.json"
+        settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                    signals="spans", store_url=str(tmp_path / "spans"),
+                                    triton_discovery="endpointslices", namespace=NS,
+                                    triton_service=SERVICE)  # fmt: skip
+        fleet = EndpointSliceFleet(NS, SERVICE, api_client=kube.api_client())
+        ctl = controller(settings, fleet=fleet)
+        v1 = registry.register(agent, Lineage(kind="echo")).version
+        registry.promote(agent, v1)
+        (error,) = [d for d in ctl.tick() if d.action == "error"]
+        assert error.version == v1
+        assert f"loading {agent} version {v1} failed on Triton pod triton-e at {elsewhere.url}" in (
+            error.reason
+        )
+        # Nothing serves it, so nothing routes to it, and it left the pod that had loaded it.
+        assert model not in RoutingFile(routes).current().routes
+        assert loaded(triton.http_url, agent).get(v1) != "READY"
+        assert not (triton.model_repository / model / str(v1)).exists()
+    finally:
+        elsewhere.stop()
