@@ -610,3 +610,37 @@ def test_triton_image_follows_the_flavour_unless_named(render_set: Any, helm: Pa
     assert result.returncode == 0, result.output
     named = parse("named", result.stdout).container(f"{FULLNAME}-triton")
     assert named["image"] == f"registry.example.internal/triton@{digest}"
+
+
+def test_multi_user_upload_signs_with_a_projected_token_of_its_own_account(
+    render_set: Any,
+) -> None:
+    rendered = render_set("kubeflow-multi-user")
+    name = f"{FULLNAME}-pipeline-upload"
+    pod = rendered.get("Job", name)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == name
+    assert rendered.get("ServiceAccount", name)["automountServiceAccountToken"] is False
+    # No Kubernetes API token: only the one Kubeflow Pipelines accepts.
+    assert pod["automountServiceAccountToken"] is False
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    (source,) = volumes["kfp-token"]["projected"]["sources"]
+    assert source["serviceAccountToken"] == {
+        "audience": "pipelines.kubeflow.org",
+        "expirationSeconds": 7200,
+        "path": "token",
+    }
+    # Where the command reads it: spanmill.pipeline.kubeflow.SA_TOKEN_PATH.
+    from spanmill.pipeline.kubeflow import SA_TOKEN_AUDIENCE, SA_TOKEN_PATH
+
+    assert source["serviceAccountToken"]["audience"] == SA_TOKEN_AUDIENCE
+    mounted = Path(mounts["kfp-token"]["mountPath"]) / source["serviceAccountToken"]["path"]
+    assert mounted == SA_TOKEN_PATH and mounts["kfp-token"]["readOnly"] is True
+    assert container["args"][-1] == "--sa-token" and "--token-file" not in container["args"]
+    # Without multiUser: no token, no account of its own.
+    plain = render_set("all-features")
+    plain_pod = plain.get("Job", name)["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in plain_pod
+    assert "kfp-token" not in {v["name"] for v in plain_pod["volumes"]}
+    assert plain.find("ServiceAccount", name) is None

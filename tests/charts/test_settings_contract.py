@@ -40,7 +40,7 @@ PENDING_COMMANDS: dict[tuple[str, ...], str] = {}
 
 # Variables read outside the settings models: spanmill.paths, the pod's name (the
 # leader-election identity, spanmill.rollout.leader) and the libraries the services use
-# (the AWS SDK behind s3fs and MLflow; Python itself).
+# (the AWS SDK behind s3fs and MLflow; MLflow's client credentials; Python itself).
 PROCESS_ENV = {
     "SPANMILL_HOME",
     "POD_NAME",
@@ -50,6 +50,8 @@ PROCESS_ENV = {
     "AWS_SECRET_ACCESS_KEY",
     "AWS_DEFAULT_REGION",
     "AWS_ENDPOINT_URL",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
 }
 
 
@@ -292,10 +294,16 @@ def test_mlflow_runs_as_the_local_stack_runs_it(render_set: Any, tmp_path: Path)
     env = {k: v for k, v in local.env().items() if k.startswith("MLFLOW_")}
     for name in ("defaults", "all-features"):
         mlflow = render_set(name).container("spanmill-mlflow")
-        assert mlflow["command"] == ["mlflow"] and mlflow["args"][0] == argv[1] == "server"
+        # With authentication, mlflow-with-auth (services/mlflow/mlflow-with-auth.sh)
+        # writes the auth config and runs `mlflow` with the same arguments.
+        assert mlflow["command"] in (["mlflow"], ["mlflow-with-auth"])
+        assert mlflow["args"][0] == argv[1] == "server"
         chart_options = set(_flags(mlflow["args"]))
-        assert local_options <= chart_options, f"{name}: {local_options - chart_options}"
         chart_env = env_of(mlflow)
+        # A database URI holds a password: MLflow reads it from its environment.
+        if "MLFLOW_BACKEND_STORE_URI" in chart_env:
+            chart_options.add("--backend-store-uri")
+        assert local_options <= chart_options, f"{name}: {local_options - chart_options}"
         for key, value in env.items():
             if key not in os.environ:
                 assert chart_env[key]["value"] == value

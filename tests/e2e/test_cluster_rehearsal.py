@@ -64,6 +64,7 @@ STEPS = 40
 SECRETS = {
     "spanmill-s3": {"AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal"},
     "spanmill-mlflow": {"username": "pipeline", "password": "rehearsal"},
+    "spanmill-mlflow-controller": {"username": "controller", "password": "rehearsal"},
 }
 
 
@@ -163,6 +164,8 @@ def pod_env(container: dict[str, Any], pod: str, scratch: Path) -> dict[str, str
             value = str(entry["value"])
         elif "secretKeyRef" in entry["valueFrom"]:
             ref = entry["valueFrom"]["secretKeyRef"]
+            if ref["name"] not in SECRETS and ref.get("optional"):
+                continue
             value = SECRETS[ref["name"]][ref["key"]]
         else:
             field = entry["valueFrom"]["fieldRef"]["fieldPath"]

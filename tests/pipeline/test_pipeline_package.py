@@ -119,3 +119,49 @@ def test_upload_creates_then_versions_and_schedule(  # type: ignore[no-untyped-d
             schedule(url, pipeline_id="p", version_id=None, cron="0 2 * * *")
     with pytest.raises(KubeflowError, match="no compiled pipeline"):
         upload(url, tmp_path / "missing.yaml")
+
+
+def test_upload_signs_with_the_service_account_token_only_when_asked(  # type: ignore[no-untyped-def]
+    serve_app, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from spanmill.cli.main import app as cli
+    from spanmill.pipeline.kubeflow import client
+
+    monkeypatch.delenv("SPANMILL_KFP_TOKEN", raising=False)
+    token = tmp_path / "token"
+    token.write_text("projected-token-1\n")
+    app = kfp_app()
+    with serve_app(app, health_path="/apis/v2beta1/healthz") as url:
+        upload(url, DEFAULT_PACKAGE)
+        assert app.state.auth and set(app.state.auth) == {None}, "no option, no header"
+        app.state.auth.clear()
+        upload(url, DEFAULT_PACKAGE, token_file=token)
+        assert app.state.auth and set(app.state.auth) == {"Bearer projected-token-1"}
+        # The kubelet replaces the token before it expires: the next request reads it.
+        app.state.auth.clear()
+        kfp_client = client(url, token_file=token)
+        kfp_client.get_pipeline_id("flywheel")
+        token.write_text("projected-token-2")
+        kfp_client.get_pipeline_id("flywheel")
+        assert app.state.auth[-1] == "Bearer projected-token-2"
+        assert "Bearer projected-token-1" in app.state.auth
+        # The chart's Job: `spanmill pipeline upload --sa-token` (the file given here).
+        app.state.auth.clear()
+        args = ["pipeline", "upload", "--endpoint", url, "--sa-token", "--token-file", str(token)]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        assert app.state.auth and set(app.state.auth) == {"Bearer projected-token-2"}
+        # No token where it should be: a clear error before any request.
+        app.state.auth.clear()
+        with pytest.raises(KubeflowError, match="cannot read the service-account token"):
+            upload(url, DEFAULT_PACKAGE, token_file=tmp_path / "missing")
+        token.write_text("")
+        with pytest.raises(KubeflowError, match="is empty"):
+            upload(url, DEFAULT_PACKAGE, token_file=token)
+        token.write_text("projected-token-3")
+        monkeypatch.setenv("SPANMILL_KFP_TOKEN", "fixed-token")
+        with pytest.raises(KubeflowError, match="use one of them"):
+            upload(url, DEFAULT_PACKAGE, token_file=token)
+        assert app.state.auth == []

@@ -53,6 +53,25 @@ def run(
     console.print(f"[green]✓[/] flywheel finished; artifacts under {root}")
 
 
+_SA_TOKEN = typer.Option(
+    False,
+    "--sa-token",
+    help="Sign requests with the pod's projected service-account token (audience "
+    "pipelines.kubeflow.org), as multi-user Kubeflow wants; read from --token-file.",
+)
+_TOKEN_FILE = typer.Option(
+    None,
+    help="The token's file, read again for every request (default with --sa-token: "
+    "/var/run/secrets/kubeflow/pipelines/token).",
+)
+
+
+def _token_file(sa_token: bool, token_file: Path | None) -> Path | None:
+    from spanmill.pipeline.kubeflow import SA_TOKEN_PATH
+
+    return token_file or (SA_TOKEN_PATH if sa_token else None)
+
+
 @app.command()
 @handle_errors
 def upload(
@@ -61,12 +80,17 @@ def upload(
     ),
     file: Path = typer.Option(None, help="Compiled pipeline (default: pipelines/flywheel.yaml)."),
     name: str = typer.Option("flywheel", help="Pipeline name in Kubeflow."),
+    sa_token: bool = _SA_TOKEN,
+    token_file: Path = _TOKEN_FILE,
 ) -> None:
-    """Upload the compiled pipeline as a new version (token from SPANMILL_KFP_TOKEN)."""
+    """Upload the compiled pipeline as a new version (token from SPANMILL_KFP_TOKEN, or
+    the service-account token with --sa-token)."""
     from spanmill.pipeline.build import DEFAULT_PACKAGE
     from spanmill.pipeline.kubeflow import upload as send
 
-    result = send(endpoint, file or DEFAULT_PACKAGE, name)
+    result = send(
+        endpoint, file or DEFAULT_PACKAGE, name, token_file=_token_file(sa_token, token_file)
+    )
     what = "new pipeline" if result.new_pipeline else "new version"
     console.print(f"[green]✓[/] {what} {result.version_name} ({result.version_id})")
     typer.echo(json.dumps(result.__dict__))
@@ -82,6 +106,8 @@ def schedule(
     name: str = typer.Option("flywheel-nightly", help="Recurring run name."),
     experiment: str = typer.Option("spanmill", help="Kubeflow experiment."),
     params: str = typer.Option("{}", help="Pipeline parameters as JSON."),
+    sa_token: bool = _SA_TOKEN,
+    token_file: Path = _TOKEN_FILE,
 ) -> None:
     """Create a recurring run of the flywheel."""
     from spanmill.pipeline.kubeflow import schedule as create
@@ -89,5 +115,6 @@ def schedule(
     run_id = create(
         endpoint, pipeline_id=pipeline_id, version_id=version_id, cron=cron, job_name=name,
         experiment=experiment, params=json.loads(params),
+        token_file=_token_file(sa_token, token_file),
     )  # fmt: skip
     console.print(f"[green]✓[/] recurring run {run_id} ({cron})")

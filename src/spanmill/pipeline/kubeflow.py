@@ -3,6 +3,11 @@
 Each upload adds a pipeline version (named from the package's content hash and
 the time) under one pipeline, so the Kubeflow UI keeps the history and a person
 picks which version a run uses.
+
+Kubeflow Pipelines in multi-user mode wants every request signed: a fixed bearer
+token (SPANMILL_KFP_TOKEN), or, inside the cluster, a projected service-account
+token with the audience ``pipelines.kubeflow.org`` that the kubelet keeps fresh in a
+file; that file is read again for every request, so a rotated token is used at once.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from typing import Any
 from spanmill.errors import SpanmillError
 
 TOKEN_ENV = "SPANMILL_KFP_TOKEN"
+# Where Kubeflow mounts a pod's projected service-account token for its Pipelines API
+# (and where the chart's upload Job mounts it), and the audience it must carry.
+SA_TOKEN_PATH = Path("/var/run/secrets/kubeflow/pipelines/token")
+SA_TOKEN_AUDIENCE = "pipelines.kubeflow.org"
 
 
 class KubeflowError(SpanmillError):
@@ -31,14 +40,42 @@ class Uploaded:
     new_pipeline: bool
 
 
-def client(endpoint: str, token: str | None = None) -> Any:
-    """A kfp.Client for ``endpoint``; the bearer token defaults to SPANMILL_KFP_TOKEN."""
+def client(endpoint: str, token: str | None = None, token_file: Path | None = None) -> Any:
+    """A kfp.Client for ``endpoint``, sending ``Authorization: Bearer`` with ``token``
+    (default SPANMILL_KFP_TOKEN) or with the token in ``token_file``, read again for
+    every request; with neither, no credentials."""
     import kfp
+    from kfp.client import ServiceAccountTokenVolumeCredentials
 
+    fixed = token or os.environ.get(TOKEN_ENV) or None
+    credentials = None
+    if token_file is not None:
+        if fixed:
+            raise KubeflowError(
+                f"both a token ({TOKEN_ENV}) and a token file ({token_file}) were given; "
+                "use one of them"
+            )
+        read_token(token_file)  # fail now, naming the file, rather than at the first call
+        credentials = ServiceAccountTokenVolumeCredentials(path=str(token_file))
     try:
-        return kfp.Client(host=endpoint, existing_token=token or os.environ.get(TOKEN_ENV))
+        return kfp.Client(host=endpoint, existing_token=fixed, credentials=credentials)
     except Exception as exc:
         raise KubeflowError(f"cannot reach Kubeflow Pipelines at {endpoint}: {exc}") from None
+
+
+def read_token(path: Path) -> str:
+    """The token in ``path``; a clear error when it is missing or empty."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise KubeflowError(
+            f"cannot read the service-account token {path} ({exc.strerror}): mount a projected "
+            f"serviceAccountToken with audience {SA_TOKEN_AUDIENCE} there "
+            "(the chart does with pipelineUpload.multiUser)"
+        ) from None
+    if not token:
+        raise KubeflowError(f"the service-account token file {path} is empty")
+    return token
 
 
 def _version_name(package: Path, name: str) -> str:
@@ -47,12 +84,16 @@ def _version_name(package: Path, name: str) -> str:
 
 
 def upload(
-    endpoint: str, package: Path, name: str = "flywheel", token: str | None = None
+    endpoint: str,
+    package: Path,
+    name: str = "flywheel",
+    token: str | None = None,
+    token_file: Path | None = None,
 ) -> Uploaded:
     """Upload ``package`` as a new version of pipeline ``name`` (created on first upload)."""
     if not package.is_file():
         raise KubeflowError(f"no compiled pipeline at {package}; run `spanmill pipeline compile`")
-    kfp_client = client(endpoint, token)
+    kfp_client = client(endpoint, token, token_file)
     version_name = _version_name(package, name)
     try:
         pipeline_id = kfp_client.get_pipeline_id(name)
@@ -82,13 +123,14 @@ def schedule(
     experiment: str = "spanmill",
     params: dict[str, Any] | None = None,
     token: str | None = None,
+    token_file: Path | None = None,
 ) -> str:
     """Create a recurring run (6-field cron, e.g. '0 0 2 * * *') and return its id."""
     if len(cron.split()) != 6:
         raise KubeflowError(
             f"cron {cron!r} must have 6 fields (seconds first), e.g. '0 0 2 * * *' for 02:00"
         )
-    kfp_client = client(endpoint, token)
+    kfp_client = client(endpoint, token, token_file)
     try:
         experiment_id = kfp_client.create_experiment(experiment).experiment_id
         run = kfp_client.create_recurring_run(
