@@ -97,8 +97,10 @@ def trainjob_env(
         for key, variable in key_to_env.items():
             if variable not in named:
                 named.add(variable)
-                ref = {"secretKeyRef": {"name": secret, "key": key, "optional": True}}
-                env.append({"name": variable, "valueFrom": ref})
+                secret_ref: dict[str, dict[str, Any]] = {
+                    "secretKeyRef": {"name": secret, "key": key, "optional": True}
+                }
+                env.append({"name": variable, "valueFrom": secret_ref})
     return env
 
 
