@@ -184,6 +184,8 @@ def kube_api() -> Iterator[Any]:
 
     async def start() -> str:
         emulator = await stack.enter_async_context(kmock.KubernetesEmulator())
+        # The CRD, installed: the kind is listed as the real API server lists it.
+        emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = {}
         server = await stack.enter_async_context(kmock.Server(emulator))
         return str(server.url).rstrip("/")
 
@@ -249,6 +251,7 @@ class FakeTrainer:
         self.api_client = api_client
         self.act = act
         self.seen: list[dict[str, Any]] = []
+        self.errors: list[BaseException] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -259,20 +262,22 @@ class FakeTrainer:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        assert self.errors == []
 
     def _loop(self) -> None:
         api = _objects(self.api_client)
         while not self._stop.is_set():
-            listed = api.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
-            for trainjob in listed.get("items", []):
-                if trainjob.get("status"):
-                    continue
-                self.seen.append(trainjob)
-                try:
+            try:
+                listed = api.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+                for trainjob in listed.get("items", []):
+                    if trainjob.get("status"):
+                        continue
+                    self.seen.append(trainjob)
                     state, message = self.act(trainjob)
-                except Exception as exc:  # the test sees it as a failed TrainJob
-                    state, message = "Failed", repr(exc)
-                _set_status(self.api_client, trainjob["metadata"]["name"], state, message)
+                    _set_status(self.api_client, trainjob["metadata"]["name"], state, message)
+            except Exception as exc:  # the step gives up after its wait_s; the test says why
+                self.errors.append(exc)
+                return
             self._stop.wait(0.1)
 
 
@@ -321,7 +326,7 @@ def test_the_step_trains_on_two_trainjob_nodes_and_gets_rank_0s_adapter(
     # Each node copies the base model from the "object store" into its own home once.
     monkeypatch.setenv("SPANMILL_HOME", str(tmp_path / "home"))
     staging = f"file://{tmp_path}/staging"
-    job = TrainJobSettings(namespace=NAMESPACE, staging_url=staging, poll_s=0.2)
+    job = TrainJobSettings(namespace=NAMESPACE, staging_url=staging, poll_s=0.2, wait_s=300)
     settings = TrainSettings(
         base_model=f"file://{tiny_model_dir}", max_steps=2, batch_size=2, max_length=512,
         lora_r=4, lora_alpha=8, track=False, eval_loss=False,
@@ -372,7 +377,9 @@ def test_a_failed_trainjob_fails_the_step_and_a_retry_replaces_it(
     tmp_path: Path, small_dataset: Path, kube_api: Any
 ) -> None:
     staging = tmp_path / "staging"
-    job = TrainJobSettings(namespace=NAMESPACE, staging_url=f"file://{staging}", poll_s=0.1)
+    job = TrainJobSettings(
+        namespace=NAMESPACE, staging_url=f"file://{staging}", poll_s=0.1, wait_s=30
+    )
     out = tmp_path / "adapter"
     name = job_name(out)
     run = {
@@ -420,3 +427,20 @@ def test_an_unknown_kind_or_a_missing_permission_is_named(
     for status, expected in ((404, "install the Kubeflow Trainer"), (403, "trainer.enabled")):
         with pytest.raises(TrainError, match=expected):
             _create(Refusing(status), manifest, "TrainJob x", poll_s=0.1, sleep=time.sleep)
+
+
+def test_the_step_hands_over_only_when_its_pod_holds_no_gpu(
+    tmp_path: Path, small_dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spanmill.errors import ConfigError
+    from spanmill.pipeline.steps import train_step
+
+    monkeypatch.delenv("SPANMILL_TRAINJOB_STAGING_URL", raising=False)
+    out = tmp_path / "adapter"
+    with pytest.raises(ConfigError, match="set gpus to 0"):
+        train_step(small_dataset, out, trainer="trainjob", gpus=1)
+    with pytest.raises(ConfigError, match="pod or trainjob"):
+        train_step(small_dataset, out, trainer="job")
+    # Without the chart's settings the step says which one it lacks, before any API call.
+    with pytest.raises(TrainError, match="SPANMILL_TRAINJOB_STAGING_URL"):
+        train_step(small_dataset, out, trainer="trainjob", gpus=0)

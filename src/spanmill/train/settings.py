@@ -152,3 +152,9 @@ class TrainJobSettings(BaseSettings):
     deadline_s: int = Field(
         86400, gt=0, description="Seconds the TrainJob may run (its activeDeadlineSeconds)."
     )
+    wait_s: float = Field(
+        172800.0,
+        gt=0,
+        description="Seconds the step waits for the TrainJob to end, queueing included, "
+        "before it gives up and leaves the TrainJob in place.",
+    )

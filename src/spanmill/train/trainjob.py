@@ -29,7 +29,11 @@ waits for it:
 5. The step copies the adapter into its own output folder, deletes the TrainJob
    and the staging folder, and returns rank 0's result, as training in the pod does.
 
-A failed TrainJob and its staging folder are left for inspection.
+A failed TrainJob and its staging folder are left for inspection. The TrainJob may
+run ``deadline_s`` (its ``activeDeadlineSeconds``); the step waits at most ``wait_s``,
+queueing included. These come from :class:`~spanmill.train.settings.TrainJobSettings`
+(``SPANMILL_TRAINJOB_*``), which on a cluster the chart's ConfigMap
+``spanmill-trainjob`` sets (:data:`spanmill.pipeline.cluster.TRAINJOB_SETTINGS`).
 """
 
 from __future__ import annotations
@@ -206,8 +210,8 @@ def run_trainjob(
             reported = state
         if time.monotonic() - started > timeout_s:
             raise TrainError(
-                f"{where} has not finished within {timeout_s:.0f} s; is the Kubeflow Trainer "
-                "controller running? The TrainJob is left in place"
+                f"{where} has not finished within {timeout_s:.0f} s (SPANMILL_TRAINJOB_WAIT_S); "
+                "is the Kubeflow Trainer controller running? The TrainJob is left in place"
             )
         sleep(poll_s)
 
@@ -312,8 +316,7 @@ def train_on_trainer(
     )
     api_client = api_client if api_client is not None else _api_client()
     copy_to(Path(dataset_dir), f"{staging}/dataset")
-    timeout_s = job.deadline_s + 3600.0  # the deadline counts from the start, not the queue
-    run_trainjob(api_client, manifest, poll_s=job.poll_s, timeout_s=timeout_s)
+    run_trainjob(api_client, manifest, poll_s=job.poll_s, timeout_s=job.wait_s)
     copy_from(f"{staging}/output", Path(output_dir))
     result = read_result(Path(output_dir))
     delete_trainjob(api_client, namespace, name)
@@ -345,8 +348,11 @@ def run_node(
 def copy_to(local: Path, url: str) -> None:
     """Copy a folder's files (checkpoints left out) to ``url``, any fsspec URL."""
     import fsspec
+    from fsspec.implementations.local import LocalFileSystem
 
     fs, root = fsspec.core.url_to_fs(url)
+    # Object stores have no folders to make; a local folder (file://) needs its parents.
+    make_parents = isinstance(fs, LocalFileSystem)
     files = [
         p
         for p in sorted(local.rglob("*"))
@@ -357,7 +363,8 @@ def copy_to(local: Path, url: str) -> None:
     try:
         for path in files:
             target = str(PurePosixPath(root) / path.relative_to(local).as_posix())
-            fs.makedirs(str(PurePosixPath(target).parent), exist_ok=True)
+            if make_parents:
+                fs.makedirs(str(PurePosixPath(target).parent), exist_ok=True)
             fs.put_file(str(path), target)
     except OSError as exc:
         raise TrainError(f"cannot copy {local} to {url}: {exc}") from None
