@@ -108,6 +108,19 @@ class TritonSettings(BaseSettings):
         description="The model repository as tritonserver names it, when that differs from "
         "model_repository (an S3 endpoint of its own goes into the URL).",
     )
+    # Where versions are loaded: the one server at http_url, or every pod of a headless
+    # Service, from its EndpointSlices (spanmill.rollout.fleet). The controller and the
+    # pipeline's steps load onto every pod; requests go through http_url (the Service).
+    discovery: Literal["none", "endpointslices"] = Field(
+        "none", description="none: one Triton server; endpointslices: every pod of a Service."
+    )
+    pods_service: str = Field(
+        "spanmill-triton-pods", min_length=1, description="The headless Service of Triton's pods."
+    )
+    namespace: str = Field("default", min_length=1, description="The namespace of that Service.")
+    port_name: str = Field(
+        "http", min_length=1, description="The Service's port for Triton's HTTP API."
+    )
 
 
 class ServingSettings(BaseSettings):
@@ -336,19 +349,6 @@ class RolloutSettings(BaseSettings):
     # The Kubernetes backend.
     namespace: str = "default"
     configmap: str = Field("spanmill-routing", description="Holds the routes and the state.")
-
-    # Where the Triton servers are: the one at SPANMILL_TRITON_HTTP_URL, or every pod of a
-    # headless Service in `namespace`, from its EndpointSlices (spanmill.rollout.fleet);
-    # each version is loaded on every one of them.
-    triton_discovery: Literal["none", "endpointslices"] = Field(
-        "none", description="none: one Triton server; endpointslices: every pod of a Service."
-    )
-    triton_service: str = Field(
-        "spanmill-triton-pods", min_length=1, description="The headless Service of Triton's pods."
-    )
-    triton_port_name: str = Field(
-        "http", min_length=1, description="The Service's port for Triton's HTTP API."
-    )
 
     # Leader election, for more than one replica: only the holder of a coordination.k8s.io/v1
     # Lease in `namespace` reconciles; the others stand by (spanmill.rollout.leader).

@@ -27,6 +27,7 @@ from spanmill.gateway.routing import RoutingTable
 FULLNAME = "spanmill"
 ROUTES = f"{FULLNAME}-routing"
 TRAINJOBS_ROLE = f"{FULLNAME}-pipeline-trainjobs"
+TRITON_PODS_ROLE = f"{FULLNAME}-pipeline-triton-pods"
 # An env var with one of these in its name carries a credential: only secretKeyRef.
 SECRET_WORDS = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|ACCESS_KEY|CREDENTIAL|STORE_URI", re.I)
 # user:password@ inside a URL, anywhere in a rendered value.
@@ -226,8 +227,24 @@ def test_rbac_is_exactly_what_the_controller_and_gateway_use(rendered: Rendered)
     roles = {r["metadata"]["name"]: r for r in rendered.kinds("Role")}
     expected = {f"{FULLNAME}-rollout"} | ({f"{FULLNAME}-gateway"} if watch else set())
     # The pipeline's own ServiceAccount on TrainJobs: tests/charts/test_trainer.py.
-    if merged_values(rendered.name)["trainer"]["enabled"]:
+    values = merged_values(rendered.name)
+    if values["trainer"]["enabled"]:
         expected |= {TRAINJOBS_ROLE}
+    pipeline = values["pipelineSettings"]
+    if pipeline["enabled"] and values["triton"]["enabled"]:
+        expected |= {TRITON_PODS_ROLE}
+        # spanmill.rollout.fleet in the pipeline's evaluate and deploy steps: list the
+        # Triton pods, for the pipeline's ServiceAccount from the runs' namespace.
+        assert _rules(roles[TRITON_PODS_ROLE]) == [
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+             "verbs": ["list"]}
+        ]  # fmt: skip
+        (binding,) = [b for b in rendered.kinds("RoleBinding")
+                      if b["metadata"]["name"] == TRITON_PODS_ROLE]  # fmt: skip
+        assert binding["subjects"] == [{
+            "kind": "ServiceAccount", "name": pipeline["serviceAccount"],
+            "namespace": pipeline["namespace"] or NAMESPACE,
+        }]  # fmt: skip
     assert set(roles) == expected
     # spanmill.rollout.k8s_backend: read and merge-patch the routing ConfigMap; create
     # an Event per decision, or read and patch it to count a repeat.
@@ -270,7 +287,7 @@ def test_rbac_is_exactly_what_the_controller_and_gateway_use(rendered: Rendered)
             "kind": "Role",
             "name": name,
         }
-        if name == TRAINJOBS_ROLE:
+        if name in (TRAINJOBS_ROLE, TRITON_PODS_ROLE):
             continue
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}
@@ -362,13 +379,13 @@ def test_the_controller_loads_every_triton_pod(render_set: Any, value_set: str) 
     (http,) = [p for p in pods["ports"] if p["name"] == "http"]
     assert http["targetPort"] == "http"
     env = env_of(rendered.container(f"{FULLNAME}-rollout"))
-    assert env["SPANMILL_ROLLOUT_TRITON_DISCOVERY"]["value"] == "endpointslices"
-    assert env["SPANMILL_ROLLOUT_TRITON_SERVICE"]["value"] == f"{FULLNAME}-triton-pods"
-    assert env["SPANMILL_ROLLOUT_NAMESPACE"]["value"] == NAMESPACE
+    assert env["SPANMILL_TRITON_DISCOVERY"]["value"] == "endpointslices"
+    assert env["SPANMILL_TRITON_PODS_SERVICE"]["value"] == f"{FULLNAME}-triton-pods"
+    assert env["SPANMILL_TRITON_NAMESPACE"]["value"] == NAMESPACE
     # The port the controller reads from each slice is the one this Service names.
-    from spanmill.config import RolloutSettings
+    from spanmill.config import TritonSettings
 
-    assert RolloutSettings.model_fields["triton_port_name"].default == http["name"]
+    assert TritonSettings.model_fields["port_name"].default == http["name"]
 
 
 def test_strimzi_resources_when_enabled(render_set: Any) -> None:

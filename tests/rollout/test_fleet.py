@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from spanmill.config import RolloutSettings
-from spanmill.rollout.fleet import SERVICE_NAME_LABEL, EndpointSliceFleet, PodEndpoint
-from spanmill.rollout.service import fleet_of
+from spanmill.config import TritonSettings
+from spanmill.rollout.fleet import SERVICE_NAME_LABEL, EndpointSliceFleet, PodEndpoint, fleet_of
 from spanmill.rollout.triton import TritonControl, TritonError
 from spanmill.stack.ports import free_port
 
@@ -75,7 +74,13 @@ def test_no_pod_that_answers_is_an_error_that_names_the_service(kube) -> None:  
         fleet.members()
 
 
-def test_one_server_without_discovery() -> None:
-    single = fleet_of(RolloutSettings())
+def test_one_server_without_discovery_every_pod_with_it(  # type: ignore[no-untyped-def]
+    kube, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    single = fleet_of(TritonSettings())
     assert isinstance(single, TritonControl) and single.members() == [single]
     assert single.describe() == f"Triton at {single.url}"
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig", "ns")))
+    every = fleet_of(TritonSettings(discovery="endpointslices", namespace="ns", pods_service="t"))
+    assert isinstance(every, EndpointSliceFleet)
+    assert (every.namespace, every.service, every.port_name) == ("ns", "t", "http")

@@ -129,8 +129,7 @@ def test_every_pod_holds_each_version_and_a_new_pod_gets_them_before_it_is_ready
     settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
                                 signals="spans", store_url=str(tmp_path / "spans"),
                                 steps=[20, 100], bake_s=600,
-                                triton_discovery="endpointslices", namespace=NS,
-                                triton_service=SERVICE)  # fmt: skip
+                                namespace=NS)  # fmt: skip
     fleet = EndpointSliceFleet(NS, SERVICE, api_client=kube.api_client())
     ctl = controller(settings, fleet=fleet)
 
@@ -207,8 +206,7 @@ def test_a_pod_that_cannot_load_a_version_fails_its_deploy_by_name(  # type: ign
         routes = tmp_path / "routes.json"
         settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
                                     signals="spans", store_url=str(tmp_path / "spans"),
-                                    triton_discovery="endpointslices", namespace=NS,
-                                    triton_service=SERVICE)  # fmt: skip
+                                    namespace=NS)  # fmt: skip
         fleet = EndpointSliceFleet(NS, SERVICE, api_client=kube.api_client())
         ctl = controller(settings, fleet=fleet)
         v1 = registry.register(agent, Lineage(kind="echo")).version
@@ -224,3 +222,36 @@ def test_a_pod_that_cannot_load_a_version_fails_its_deploy_by_name(  # type: ign
         assert not (triton.model_repository / model / str(v1)).exists()
     finally:
         elsewhere.stop()
+
+
+def test_the_evaluation_stages_its_candidate_on_every_pod(  # type: ignore[no-untyped-def]
+    kube, triton, pods, no_system_model: Path
+) -> None:
+    """The pipeline's evaluation sends its requests through the Service, which may reach any
+    pod: the candidate is loaded on every one for the evaluation's length, then gone."""
+    from spanmill.evaluate.served import staged_candidate
+    from spanmill.rollout.materialize import ModelRepository, ServingOptions
+
+    every = ("triton-a", "triton-b", "triton-c")
+    for pod in every:
+        register(kube, pod, pods[pod], ready=True)
+    fleet = EndpointSliceFleet(NS, SERVICE, api_client=kube.api_client())
+    agent = new_agent()
+    model = names.triton_candidate_model(agent)
+    repository = ModelRepository(str(triton.model_repository))
+    with staged_candidate(fleet, repository, agent, str(no_system_model), None,
+                          ServingOptions(dtype="float32", num_threads=1),
+                          triton_url=triton.http_url) as served:  # fmt: skip
+        for pod in every:
+            control = TritonControl(pods[pod])
+            try:
+                assert control.versions(model) == {served.version: "READY"}, pod
+            finally:
+                control.close()
+    for pod in every:
+        control = TritonControl(pods[pod])
+        try:
+            assert control.versions(model).get(served.version) not in ("READY", "LOADING"), pod
+        finally:
+            control.close()
+    assert not repository.versions(model)

@@ -322,9 +322,10 @@ s3:// and the bucket, with the scheme kept only for https.
 {{- end -}}
 
 {{/*
-Settings shared by everything that writes model versions (the rollout controller and
-the pipeline's evaluate and deploy steps): TritonSettings' repository access and
-ServingSettings. A dict of environment variable to value; the Deployment renders it
+Settings shared by everything that writes and loads model versions (the rollout
+controller and the pipeline's evaluate and deploy steps): TritonSettings (the
+repository, and every Triton pod through the headless Service's EndpointSlices when
+Triton runs in the release) and ServingSettings. A dict of environment variable to value; the Deployment renders it
 as env, the pipeline ConfigMap as data. Base weights always go into each version
 folder: no pod sees another pod's files.
 */}}
@@ -334,6 +335,9 @@ folder: no pod sees another pod's files.
   "SPANMILL_TRITON_MODEL_REPOSITORY" (include "spanmill.modelRepository" .)
   "SPANMILL_TRITON_REPOSITORY_OPTIONS" (ternary (include "spanmill.storageOptions" .) "{}" (eq .Values.triton.modelRepository.type "s3"))
   "SPANMILL_TRITON_SERVER_REPOSITORY" (include "spanmill.tritonModelRepository" .)
+  "SPANMILL_TRITON_DISCOVERY" (ternary "endpointslices" "none" .Values.triton.enabled)
+  "SPANMILL_TRITON_PODS_SERVICE" (include "spanmill.tritonPodsService" .)
+  "SPANMILL_TRITON_NAMESPACE" .Release.Namespace
   "SPANMILL_SERVING_FLAVOUR" .Values.triton.flavour
   "SPANMILL_SERVING_DTYPE" .Values.rollout.dtype
   "SPANMILL_SERVING_GPU" (gt (int .Values.triton.gpu.count) 0 | toString)

@@ -47,8 +47,8 @@ def rollout(
         return
     triton = (
         settings.triton.http_url
-        if settings.triton_discovery == "none"
-        else f"every pod of {settings.namespace}/{settings.triton_service}"
+        if settings.triton.discovery == "none"
+        else f"every pod of {settings.triton.namespace}/{settings.triton.pods_service}"
     )
     console.print(
         f"rollout controller: MLflow {settings.mlflow.tracking_uri}, Triton "

@@ -361,11 +361,11 @@ def _serve(
     without a champion, the challenger's base model staged beside it."""
     from spanmill.registry import CHAMPION, ModelRegistry, names
     from spanmill.rollout.deployer import Deployer
+    from spanmill.rollout.fleet import fleet_of
     from spanmill.rollout.materialize import ModelRepository, ServingOptions
-    from spanmill.rollout.triton import TritonControl
 
     triton_url = settings.triton.http_url
-    triton = TritonControl(triton_url)
+    triton = fleet_of(settings.triton)
     repository = ModelRepository.from_settings(settings.triton)
     options = ServingOptions.from_settings(settings.serving, settings.triton)
     registry = ModelRegistry(settings.mlflow.tracking_uri)

@@ -21,8 +21,8 @@ from typing import Any
 
 from spanmill.errors import SpanmillError
 from spanmill.registry import names
+from spanmill.rollout.fleet import TritonFleet
 from spanmill.rollout.materialize import ModelRepository, ServingOptions
-from spanmill.rollout.triton import TritonControl
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def candidate_version(taken: list[int]) -> int:
 
 @contextmanager
 def staged_candidate(
-    triton: TritonControl,
+    triton: TritonFleet,
     repository: ModelRepository,
     agent: str,
     base_model: str,
@@ -128,8 +128,10 @@ def staged_candidate(
         repository.install(stage / model, model, version)
     try:
         try:
-            triton.load(model)
-            triton.smoke(model, version, timeout_s=smoke_timeout_s)
+            # Every Triton pod: the evaluation's requests reach any of them.
+            for server in triton.members():
+                server.load(model)
+                server.smoke(model, version, timeout_s=smoke_timeout_s)
         except SpanmillError as exc:
             raise ServingError(f"{model} version {version} does not serve: {exc}") from None
         log.info("challenger staged as %s version %d", model, version)

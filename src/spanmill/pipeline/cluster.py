@@ -33,6 +33,10 @@ SETTINGS: tuple[str, ...] = (
     "SPANMILL_TRITON_MODEL_REPOSITORY",
     "SPANMILL_TRITON_REPOSITORY_OPTIONS",
     "SPANMILL_TRITON_SERVER_REPOSITORY",
+    # Every Triton pod, to stage a candidate on all of them as the controller does.
+    "SPANMILL_TRITON_DISCOVERY",
+    "SPANMILL_TRITON_PODS_SERVICE",
+    "SPANMILL_TRITON_NAMESPACE",
     # How versions are written, the same as the rollout controller (ServingSettings).
     "SPANMILL_SERVING_FLAVOUR",
     "SPANMILL_SERVING_DTYPE",
@@ -90,30 +94,20 @@ def step_environment(
     key that is missing is an error; an optional Secret that is missing adds nothing.
     """
     env: dict[str, str] = {}
-    for entry in _entries(platform, "configMapAsEnv"):
-        name = str(entry.get("configMapName", ""))
-        data = configmaps.get(name)
-        if data is None:
-            if entry.get("optional"):
-                continue
-            raise ClusterSettingsError(f"ConfigMap {name} is missing")
-        for mapping in _entries(entry, "keyToEnv"):
-            key = str(mapping["configMapKey"])
-            if key not in data:
-                raise ClusterSettingsError(f"ConfigMap {name} has no key {key}")
-            env[str(mapping["envVar"])] = data[key]
-    for entry in _entries(platform, "secretAsEnv"):
-        name = str(entry.get("secretName", ""))
-        data = secrets.get(name)
-        if data is None:
-            if entry.get("optional"):
-                continue
-            raise ClusterSettingsError(f"Secret {name} is missing")
-        for mapping in _entries(entry, "keyToEnv"):
-            key = str(mapping["secretKey"])
-            if key not in data:
-                raise ClusterSettingsError(f"Secret {name} has no key {key}")
-            env[str(mapping["envVar"])] = data[key]
+    sources = (("ConfigMap", "configMap", configmaps), ("Secret", "secret", secrets))
+    for kind, prefix, objects in sources:
+        for entry in _entries(platform, f"{prefix}AsEnv"):
+            name = str(entry.get(f"{prefix}Name", ""))
+            data = objects.get(name)
+            if data is None:
+                if entry.get("optional"):
+                    continue
+                raise ClusterSettingsError(f"{kind} {name} is missing")
+            for mapping in _entries(entry, "keyToEnv"):
+                key = str(mapping[f"{prefix}Key"])
+                if key not in data:
+                    raise ClusterSettingsError(f"{kind} {name} has no key {key}")
+                env[str(mapping["envVar"])] = data[key]
     return env
 
 

@@ -231,13 +231,13 @@ def deploy_step(
     """Stage ``version`` in Triton and smoke-check it; traffic is the controller's call."""
     from spanmill.registry import ModelRegistry
     from spanmill.rollout.deployer import Deployer
+    from spanmill.rollout.fleet import fleet_of
     from spanmill.rollout.materialize import ModelRepository, ServingOptions
-    from spanmill.rollout.triton import TritonControl
 
     triton = _triton(triton_url, model_repository)
     deployer = Deployer(
         ModelRegistry(_mlflow(tracking_uri).tracking_uri),
-        TritonControl(triton.http_url),
+        fleet_of(triton),
         ModelRepository.from_settings(triton),
         ServingOptions.from_settings(_serving(flavour), triton),
     )

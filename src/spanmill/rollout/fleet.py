@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from spanmill.config import TritonSettings
 from spanmill.rollout.triton import TritonControl, TritonError
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,18 @@ def pod_endpoints(slices: list[Any], service: str, port_name: str) -> list[PodEn
     return sorted(found.values(), key=lambda e: (e.pod, e.url))
 
 
+def fleet_of(triton: TritonSettings, *, load_timeout_s: float = 600.0) -> TritonFleet:
+    """The Triton servers each version goes onto: the one configured, or every pod."""
+    if triton.discovery == "endpointslices":
+        return EndpointSliceFleet(
+            triton.namespace,
+            triton.pods_service,
+            port_name=triton.port_name,
+            load_timeout_s=load_timeout_s,
+        )
+    return TritonControl(triton.http_url, load_timeout_s=load_timeout_s)
+
+
 class EndpointSliceFleet:
     """Every live pod behind a headless Service, from its EndpointSlices."""
 
@@ -110,8 +123,8 @@ class EndpointSliceFleet:
         except Exception as exc:
             status = getattr(exc, "status", None)
             hint = (
-                "; the controller's service account needs list on endpointslices "
-                "(discovery.k8s.io) in this namespace"
+                "; this pod's service account needs list on endpointslices "
+                "(discovery.k8s.io) in that namespace"
                 if status == 403
                 else ""
             )
@@ -149,6 +162,6 @@ class EndpointSliceFleet:
             listed = ", ".join(e.pod for e in endpoints) or "none listed"
             raise TritonError(
                 f"no Triton pod answers among {self.describe()} ({listed}); check that Triton "
-                "runs and that SPANMILL_ROLLOUT_TRITON_SERVICE names its headless Service"
+                "runs and that SPANMILL_TRITON_PODS_SERVICE names its headless Service"
             )
         return live

@@ -21,14 +21,13 @@ from spanmill.config import RolloutSettings
 from spanmill.registry.client import ModelRegistry
 from spanmill.rollout.backend import RolloutBackend
 from spanmill.rollout.deployer import Deployer
-from spanmill.rollout.fleet import TritonFleet
+from spanmill.rollout.fleet import TritonFleet, fleet_of
 from spanmill.rollout.leader import LeaderElector
 from spanmill.rollout.materialize import ModelRepository, ServingOptions
 from spanmill.rollout.metrics import RolloutMetrics
 from spanmill.rollout.reconciler import Reconciler
 from spanmill.rollout.schemas import RolloutPolicy
 from spanmill.rollout.signals import GatewayMetricsSignals, Signals, SpanStoreSignals
-from spanmill.rollout.triton import TritonControl
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +72,6 @@ def signals_of(settings: RolloutSettings) -> Signals:
     return GatewayMetricsSignals(settings.gateway_urls)
 
 
-def fleet_of(settings: RolloutSettings) -> TritonFleet:
-    """The Triton servers each version goes onto: the one configured, or every pod."""
-    if settings.triton_discovery == "endpointslices":
-        from spanmill.rollout.fleet import EndpointSliceFleet
-
-        return EndpointSliceFleet(settings.namespace, settings.triton_service,
-                                  port_name=settings.triton_port_name,
-                                  load_timeout_s=settings.load_timeout_s)  # fmt: skip
-    return TritonControl(settings.triton.http_url, load_timeout_s=settings.load_timeout_s)
-
-
 def build_reconciler(
     settings: RolloutSettings,
     *,
@@ -99,7 +87,7 @@ def build_reconciler(
     options = ServingOptions.from_settings(settings.serving, settings.triton)
     deployer = Deployer(
         registry,
-        fleet or fleet_of(settings),
+        fleet or fleet_of(settings.triton, load_timeout_s=settings.load_timeout_s),
         ModelRepository.from_settings(settings.triton),
         options,
         smoke_timeout_s=settings.smoke_timeout_s,
