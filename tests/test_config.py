@@ -72,3 +72,17 @@ def test_secrets_are_never_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = load_settings(KafkaSettings, sasl_mechanism="PLAIN", sasl_username="svc")
     assert "hunter2" not in repr(settings)
     assert settings.client_options()["sasl_plain_password"] == "hunter2-not-shown"
+
+
+def test_a_moved_setting_is_refused_naming_the_new_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPANMILL_ROLLOUT_DTYPE", "float32")
+    monkeypatch.setenv("SPANMILL_EVAL_FLAVOUR", "python")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(RolloutSettings)
+    message = str(refused.value)
+    assert "SPANMILL_ROLLOUT_DTYPE is now SPANMILL_SERVING_DTYPE" in message
+    assert "SPANMILL_EVAL_FLAVOUR is now SPANMILL_SERVING_FLAVOUR" in message
+    monkeypatch.delenv("SPANMILL_ROLLOUT_DTYPE")
+    monkeypatch.delenv("SPANMILL_EVAL_FLAVOUR")
+    monkeypatch.setenv("SPANMILL_SERVING_DTYPE", "float32")
+    assert load_settings(RolloutSettings).serving.dtype == "float32"

@@ -12,6 +12,7 @@ Load settings with :func:`load_settings`: a bad value becomes a
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -362,7 +363,9 @@ class RolloutSettings(BaseSettings):
     )
     retry_period_s: float = Field(2.0, gt=0, description="Between tries to acquire or renew.")
     leader_identity: str | None = Field(
-        None, description="Holder identity; default: POD_NAME, else the host and a random suffix."
+        None,
+        description="Holder identity (the pod's name on a cluster); default: the host and a "
+        "random suffix.",
     )
 
     # The controller's own /metrics, /healthz and /readyz.
@@ -397,12 +400,30 @@ class RolloutSettings(BaseSettings):
 
 S = TypeVar("S", bound=BaseSettings)
 
+# Settings that moved: one shared set now says how versions are written and where the
+# model repository is. A deployment still setting an old name would lose that setting
+# without a word, so it is refused, naming the new one.
+RENAMED = {
+    **{f"SPANMILL_{service}_{name}": f"SPANMILL_SERVING_{name}"
+       for service in ("ROLLOUT", "EVAL") for name in ("FLAVOUR", "DTYPE", "NUM_THREADS")},
+    "SPANMILL_ROLLOUT_COPY_BASE": "SPANMILL_SERVING_COPY_BASE",
+    "SPANMILL_ROLLOUT_GPU": "SPANMILL_SERVING_GPU",
+    "SPANMILL_ROLLOUT_TRITON_ROOT": "SPANMILL_TRITON_SERVER_REPOSITORY",
+    "SPANMILL_ROLLOUT_REPOSITORY_OPTIONS": "SPANMILL_TRITON_REPOSITORY_OPTIONS",
+}  # fmt: skip
+
 
 def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build ``cls`` from the environment, turning validation errors into a ConfigError.
 
     The message names each bad setting by the environment variable a user sets.
     """
+    moved = sorted(name for name in RENAMED if name in os.environ)
+    if moved:
+        raise ConfigError(
+            "settings that moved are still set: "
+            + ", ".join(f"{name} is now {RENAMED[name]}" for name in moved)
+        )
     try:
         return cls(**overrides)
     except ValidationError as exc:

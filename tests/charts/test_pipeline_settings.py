@@ -100,3 +100,14 @@ def test_the_configmap_lives_where_runs_execute(helm: Any, tmp_path: Any) -> Non
     values.write_text("pipelineSettings:\n  enabled: false\n")
     result = template(helm, [CHART / "ci" / "defaults.yaml", values])
     assert parse("off", result.stdout).find("ConfigMap", cluster.CONFIGMAP) is None
+
+
+def test_the_defaults_agree_on_where_runs_execute(chart_values: dict[str, Any]) -> None:
+    """The ConfigMap, the ServiceAccount bound to list Triton's pods and the network policy
+    that lets runs reach MLflow and Triton all name the same namespace."""
+    namespace = chart_values["pipelineSettings"]["namespace"]
+    assert namespace == "kubeflow"
+    assert chart_values["pipelineSettings"]["serviceAccount"] == "pipeline-runner"
+    peers = chart_values["networkPolicy"]["pipelineRuns"]
+    selected = [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in peers]
+    assert selected == [namespace]

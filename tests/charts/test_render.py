@@ -478,7 +478,8 @@ def test_controller_replicas_elect_a_leader_on_the_charts_lease(
     lease = rendered.get("Lease", name)
     assert lease["apiVersion"] == "coordination.k8s.io/v1" and lease["spec"] == {}
     env = env_of(rendered.container(name))
-    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    identity = env["SPANMILL_ROLLOUT_LEADER_IDENTITY"]["valueFrom"]
+    assert identity == {"fieldRef": {"fieldPath": "metadata.name"}}
     election = values["leaderElection"]
     expected = {
         "SPANMILL_ROLLOUT_LEADER_ELECTION": "true",

@@ -38,12 +38,10 @@ SERVICES: dict[str, type[BaseSettings]] = {
 PENDING_ENV: dict[str, str] = {}
 PENDING_COMMANDS: dict[tuple[str, ...], str] = {}
 
-# Variables read outside the settings models: spanmill.paths, the pod's name (the
-# leader-election identity, spanmill.rollout.leader) and the libraries the services use
+# Variables read outside the settings models: spanmill.paths and the libraries the services use
 # (the AWS SDK behind s3fs and MLflow; MLflow's client credentials; Python itself).
 PROCESS_ENV = {
     "SPANMILL_HOME",
-    "POD_NAME",
     "HOME",
     "PYTHONUNBUFFERED",
     "AWS_ACCESS_KEY_ID",

@@ -150,3 +150,24 @@ def _served(url: str, agent: str) -> str | None:
     body = {"model": agent, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     response = httpx.post(f"{url}/v1/chat/completions", timeout=30, json=body)
     return response.headers.get("x-spanmill-model-version")
+
+
+def test_a_controller_that_no_longer_leads_cannot_overwrite(kube) -> None:  # type: ignore[no-untyped-def]
+    """Every write is conditional on the ConfigMap's version as this controller read it:
+    after another controller wrote (it took the Lease), the old one's write is refused."""
+    old = KubernetesBackend(NS, "fenced", api_client=kube.api_client())
+    new = KubernetesBackend(NS, "fenced", api_client=kube.api_client())
+    old.save(ControllerState(), table(1, {"1": 100}))
+    old.load()
+    new.load()
+    state = ControllerState(agents={"calc": AgentState(agent="calc", champion=2)})
+    new.save(state, table(2, {"2": 100}))
+    with pytest.raises(Exception, match="changed since this controller read it"):
+        old.save(ControllerState(), table(3, {"1": 100}))
+    with pytest.raises(Exception, match="changed since this controller read it"):
+        old.save(ControllerState(), None)
+    assert new.load() == (state, table(2, {"2": 100}))
+    # Read again, it may write (it leads once more).
+    old.load()
+    old.save(state, table(3, {"2": 100}))
+    assert new.load()[1].revision == 3

@@ -244,10 +244,32 @@ def test_settings_refuse_a_renew_deadline_past_the_lease(monkeypatch: pytest.Mon
     assert not settings.leader_election  # off unless asked for: one local controller
 
 
+def test_a_slow_read_does_not_shorten_the_holders_lease(kube) -> None:  # type: ignore[no-untyped-def]
+    """Expiry counts from when the standby saw the record, after its read returned."""
+    clock = Clock()
+    a, b = candidate(kube, "rollout-a", clock), candidate(kube, "rollout-b", clock)
+    assert a.try_acquire_or_renew()
+    read = b._read
+
+    def slow_read() -> Any:
+        found = read()
+        clock.advance(DURATION - 0.5)  # the answer took most of a lease duration
+        return found
+
+    b._read = slow_read  # type: ignore[method-assign]
+    assert not b.try_acquire_or_renew()
+    b._read = read  # type: ignore[method-assign]
+    # Counted from before the read, the lease would be over now; counted from the
+    # answer, a full duration has not passed and a still holds it.
+    clock.advance(1.0)
+    assert not b.try_acquire_or_renew() and b.holder == "rollout-a"
+    clock.advance(DURATION)
+    assert b.try_acquire_or_renew() and b.is_leader()
+
+
 def test_the_identity_is_the_pod_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("POD_NAME", "spanmill-rollout-7d9f-x2x4q")
-    assert default_identity() == "spanmill-rollout-7d9f-x2x4q"
-    monkeypatch.delenv("POD_NAME")
+    monkeypatch.setenv("SPANMILL_ROLLOUT_LEADER_IDENTITY", "spanmill-rollout-7d9f-x2x4q")
+    assert load_settings(RolloutSettings).leader_identity == "spanmill-rollout-7d9f-x2x4q"
     # Outside a pod: two processes on one host still differ.
     assert default_identity() != default_identity()
 
@@ -262,7 +284,8 @@ class Controller:
         self.name = name
         self.port = free_port()
         self.log = logs / f"{name}.log"
-        env = {**env, "POD_NAME": name, "SPANMILL_ROLLOUT_HTTP_PORT": str(self.port)}
+        env = {**env, "SPANMILL_ROLLOUT_LEADER_IDENTITY": name,
+               "SPANMILL_ROLLOUT_HTTP_PORT": str(self.port)}  # fmt: skip
         with self.log.open("w") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "spanmill.cli.main", "rollout"],

@@ -22,7 +22,7 @@ from rollout_helpers import controller, new_agent, rollout_settings
 from spanmill.gateway.routing import RoutingFile
 from spanmill.registry import CHALLENGER, Lineage, names
 from spanmill.rollout.fleet import SERVICE_NAME_LABEL, EndpointSliceFleet
-from spanmill.rollout.schemas import Phase
+from spanmill.rollout.schemas import AgentState, Phase
 from spanmill.rollout.triton import TritonControl
 from spanmill.serving.readiness import ReadinessError, check
 from spanmill.stack.ports import free_port
@@ -220,6 +220,29 @@ def test_a_pod_that_cannot_load_a_version_fails_its_deploy_by_name(  # type: ign
         assert model not in RoutingFile(routes).current().routes
         assert loaded(triton.http_url, agent).get(v1) != "READY"
         assert not (triton.model_repository / model / str(v1)).exists()
+
+        # Served on pod a alone, the champion and then a challenger: pod e, which cannot take
+        # them, is that pod's fault, not the versions'. Nothing is rolled back; pod e stays
+        # out of traffic (its readiness check waits for them).
+        from kubernetes import client
+
+        client.DiscoveryV1Api(kube.api_client()).delete_namespaced_endpoint_slice(
+            f"{SERVICE}-triton-e", NS
+        )
+        ctl.until(lambda: model in RoutingFile(routes).current().routes, timeout=60)
+        v2 = registry.register(agent, Lineage(kind="echo")).version
+        registry.set_alias(agent, CHALLENGER, v2)
+        ctl.until(lambda: (ctl.reconciler.state(agent) or AgentState(agent=agent)).phase
+                  == Phase.CANARY, timeout=60)  # fmt: skip
+        register(kube, "triton-e", elsewhere.url, ready=True)
+        made = ctl.tick()
+        errors = [d for d in made if d.action == "error"]
+        assert errors and all("triton-e" in d.reason for d in errors), made
+        assert not [d for d in made if d.action == "rollback"]
+        state = ctl.reconciler.state(agent)
+        assert state is not None and state.phase == Phase.CANARY and state.challenger == v2
+        assert registry.aliases(agent).get(CHALLENGER) == v2
+        assert loaded(triton.http_url, agent) == {v1: "READY", v2: "READY"}
     finally:
         elsewhere.stop()
 

@@ -201,16 +201,27 @@ def write_configmap_routes(
     *,
     key: str = ROUTES_KEY,
     annotations: dict[str, str] | None = None,
-) -> None:
-    """Merge ``table`` (and annotations) into the ConfigMap, creating it when absent."""
+    resource_version: str | None = None,
+) -> str | None:
+    """Merge ``table`` (and annotations) into the ConfigMap, creating it when absent; returns
+    the ConfigMap's new resourceVersion.
+
+    With ``resource_version``, the API server refuses the write (409 Conflict) when the
+    ConfigMap changed since that version was read.
+    """
     from kubernetes.client.exceptions import ApiException
 
     patch: dict[str, Any] = {"data": {key: table.dumps()}}
+    metadata: dict[str, Any] = {}
     if annotations:
-        patch["metadata"] = {"annotations": annotations}
+        metadata["annotations"] = annotations
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
+    if metadata:
+        patch["metadata"] = metadata
     try:
-        core.patch_namespaced_config_map(name, namespace, patch)
-        return
+        written = core.patch_namespaced_config_map(name, namespace, patch)
+        return _version_of(written)
     except ApiException as exc:
         if exc.status != 404:
             raise
@@ -225,7 +236,12 @@ def write_configmap_routes(
         },
         "data": {key: table.dumps()},
     }
-    core.create_namespaced_config_map(namespace, body)
+    return _version_of(core.create_namespaced_config_map(namespace, body))
+
+
+def _version_of(configmap: Any) -> str | None:
+    metadata = getattr(configmap, "metadata", None)
+    return getattr(metadata, "resource_version", None) if metadata is not None else None
 
 
 def routing_source(

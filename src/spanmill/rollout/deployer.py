@@ -37,6 +37,12 @@ class DeployError(SpanmillError):
     """A version could not be put into service; the message says at which stage and why."""
 
 
+class PodDeployError(DeployError):
+    """Some servers serve the version, and one that lacked it could not take it (a pod
+    added by a scale-up, say): that pod stays out of traffic (its readiness check waits
+    for the version), and the version keeps serving on the others."""
+
+
 class Deployer:
     def __init__(
         self,
@@ -105,11 +111,11 @@ class Deployer:
                 detail = _first_line(reason) or _first_line(detail)
             elif stage == "checking":
                 detail = f"it does not answer: {detail}"
+            message = f"{stage} {agent} version {version} failed{where}: {detail}"
             if len(lacking) == len(servers):
                 self._clean_up(agent, version)
-            raise DeployError(
-                f"{stage} {agent} version {version} failed{where}: {detail}"
-            ) from None
+                raise DeployError(message) from None
+            raise PodDeployError(message) from None
         seconds = time.perf_counter() - started
         if lacking:
             onto = ", ".join(s.describe() for s in lacking)

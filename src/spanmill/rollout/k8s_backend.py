@@ -44,6 +44,9 @@ class KubernetesBackend:
         self.namespace = namespace
         self.configmap = configmap
         self.core = client.CoreV1Api(api_client or kube_api_client())
+        # The ConfigMap's version as last read or written: every write is conditional on
+        # it, so a controller that lost its Lease cannot overwrite its successor's work.
+        self._version: str | None = None
 
     def describe(self) -> str:
         return f"ConfigMap {self.namespace}/{self.configmap}"
@@ -66,10 +69,12 @@ class KubernetesBackend:
             configmap = self.core.read_namespaced_config_map(self.configmap, self.namespace)
         except ApiException as exc:
             if exc.status == 404:
+                self._version = None
                 return ControllerState(), RoutingTable()
             raise self._fail("reading", exc) from None
         except Exception as exc:  # connection refused, timeouts
             raise self._fail("reading", exc) from None
+        self._version = configmap.metadata.resource_version
         annotations = configmap.metadata.annotations or {}
         raw_state = annotations.get(STATE_ANNOTATION)
         try:
@@ -96,23 +101,35 @@ class KubernetesBackend:
             if table is None:
                 self._patch_state(annotations)
             else:
-                write_configmap_routes(self.core, self.namespace, self.configmap, table,
-                                       annotations=annotations)  # fmt: skip
+                self._version = write_configmap_routes(
+                    self.core, self.namespace, self.configmap, table,
+                    annotations=annotations, resource_version=self._version,
+                )  # fmt: skip
         except Exception as exc:
+            if getattr(exc, "status", None) == 409:
+                raise BackendError(
+                    f"{self.describe()} changed since this controller read it (another "
+                    "controller wrote it: this one no longer leads); nothing written"
+                ) from None
             raise self._fail("writing", exc) from None
 
     def _patch_state(self, annotations: dict[str, str]) -> None:
         from kubernetes.client.exceptions import ApiException
 
+        metadata: dict[str, Any] = {"annotations": annotations}
+        if self._version:
+            metadata["resourceVersion"] = self._version
         try:
-            self.core.patch_namespaced_config_map(
-                self.configmap, self.namespace, {"metadata": {"annotations": annotations}}
+            written = self.core.patch_namespaced_config_map(
+                self.configmap, self.namespace, {"metadata": metadata}
             )
+            self._version = written.metadata.resource_version
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            write_configmap_routes(self.core, self.namespace, self.configmap, RoutingTable(),
-                                   annotations=annotations)  # fmt: skip
+            self._version = write_configmap_routes(
+                self.core, self.namespace, self.configmap, RoutingTable(), annotations=annotations
+            )
 
     def event(self, decision: Decision) -> None:
         from kubernetes.client.exceptions import ApiException

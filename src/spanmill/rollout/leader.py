@@ -33,7 +33,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import random
 import socket
 import threading
@@ -53,11 +52,12 @@ RECORD = ("holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", 
 
 
 def default_identity() -> str:
-    """The pod's name (``POD_NAME``, from the downward API), else the host and a random suffix.
+    """The host and a random suffix, where no identity is set (on a cluster the chart sets
+    the pod's name, ``SPANMILL_ROLLOUT_LEADER_IDENTITY``).
 
     The suffix keeps two processes on one host (or a restarted one) from sharing an identity.
     """
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
 def _now() -> str:
@@ -178,7 +178,9 @@ class LeaderElector:
             if lease is None:
                 return self._create(started)
             spec = lease.get("spec") or {}
-            self._observe(spec, started)
+            # Expiry counts from when this candidate saw the record, after the read: a
+            # slow read must not shorten the holder's lease as seen from here.
+            self._observe(spec, self.clock())
             holder = spec.get("holderIdentity") or None
             if holder != self.identity:
                 with self._lock:

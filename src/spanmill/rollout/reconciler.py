@@ -26,7 +26,7 @@ from spanmill.registry import names
 from spanmill.registry.client import Desired, ModelRegistry
 from spanmill.rollout import decide
 from spanmill.rollout.backend import RolloutBackend
-from spanmill.rollout.deployer import Deployer, DeployError
+from spanmill.rollout.deployer import Deployer, DeployError, PodDeployError
 from spanmill.rollout.metrics import RolloutMetrics
 from spanmill.rollout.schemas import (
     Action,
@@ -40,6 +40,10 @@ from spanmill.rollout.schemas import (
 from spanmill.rollout.signals import Signals
 
 log = logging.getLogger(__name__)
+
+
+class NotLeading(SpanmillError):
+    """This replica lost its Lease during a pass: it must not write what it decided."""
 
 
 class Reconciler:
@@ -70,6 +74,8 @@ class Reconciler:
         self._table = RoutingTable()
         self._tick_decisions: list[Decision] = []
         self.last_tick_at: float | None = None
+        # Whether this replica may act now (leader election); always, without it.
+        self.active: Callable[[], bool] = lambda: True
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -87,6 +93,7 @@ class Reconciler:
         ``standby_poll_s`` meanwhile.
         """
         log.info("rollout controller: %s, every %.1fs", self.backend.describe(), interval_s)
+        self.active = active or self.active
         while not stop.is_set():
             if active is not None and not active():
                 stop.wait(min(interval_s, standby_poll_s))
@@ -105,8 +112,15 @@ class Reconciler:
         self._state, self._table = self.backend.load()
         agents = self.agents or sorted(set(self.registry.agents()) | set(self._state.agents))
         for agent in agents:
+            if not self.active():
+                # The Lease went to another replica mid-pass: leave the rest to it.
+                log.warning("no longer leading: the pass stops before %s", agent)
+                break
             try:
                 self._reconcile(agent)
+            except NotLeading as exc:
+                log.warning("%s", exc)
+                break
             except SpanmillError as exc:
                 self.metrics.errors.labels(agent).inc()
                 self._decide(agent, "error", None, str(exc))
@@ -166,6 +180,8 @@ class Reconciler:
         routes_changed = table is not self._table
         if before == st and not routes_changed:
             return
+        if not self.active():
+            raise NotLeading(f"{agent}: no longer leading; its state and routes stay unwritten")
         self._state.agents[agent] = st
         self.backend.save(self._state, table if routes_changed else None)
         self._table = table
@@ -224,6 +240,9 @@ class Reconciler:
             self._commit(agent, st)
         try:
             seconds = self._deployed(agent, version)
+        except PodDeployError as exc:
+            self._pod_failed(agent, version, exc)
+            seconds = 0.0
         except DeployError as exc:
             return self._reject(agent, st, str(exc), had_traffic=False)
         self._decide(
@@ -248,6 +267,8 @@ class Reconciler:
         if not self.deployer.ready(agent, version):
             try:
                 self._deployed(agent, version)
+            except PodDeployError as exc:
+                self._pod_failed(agent, version, exc)
             except DeployError as exc:
                 return self._reject(agent, st, f"it is no longer loaded: {exc}", had_traffic=True)
         route = names.route(agent)
@@ -357,6 +378,13 @@ class Reconciler:
         return st
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _pod_failed(self, agent: str, version: int, exc: PodDeployError) -> None:
+        """One pod cannot take a version the others serve: not the version's fault, so no
+        rollback; that pod stays out of traffic, and the next pass tries it again."""
+        self.metrics.errors.labels(agent).inc()
+        self._decide(agent, "error", version, f"{exc}; it keeps serving on the other pods, "
+                     "and that pod stays unready until it takes it", record=False)  # fmt: skip
 
     def _deployed(self, agent: str, version: int) -> float:
         seconds = self.deployer.deploy(agent, version)

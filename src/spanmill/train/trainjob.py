@@ -236,13 +236,13 @@ def _create(
         if exc.status == 404:
             raise TrainError(
                 f"the cluster does not serve {PLURAL}.{GROUP}/{VERSION}: install the Kubeflow "
-                "Trainer v2 (charts/spanmill/README.md, trainer.enabled), or train with "
+                "Trainer v2 (infra/README.md) and the chart with trainer.enabled, or train with "
                 "trainer=pod"
             ) from None
         if exc.status == 403:
             raise TrainError(
                 f"this pod's service account may not create {where}: install the chart with "
-                "trainer.enabled and trainer.pipelineServiceAccount naming the account the "
+                "trainer.enabled and pipelineSettings.serviceAccount naming the account the "
                 "pipeline's steps run as"
             ) from None
         if exc.status != 409:
