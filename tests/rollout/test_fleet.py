@@ -84,3 +84,19 @@ def test_one_server_without_discovery_every_pod_with_it(  # type: ignore[no-unty
     every = fleet_of(TritonSettings(discovery="endpointslices", namespace="ns", pods_service="t"))
     assert isinstance(every, EndpointSliceFleet)
     assert (every.namespace, every.service, every.port_name) == ("ns", "t", "http")
+
+
+def test_a_pod_that_accepts_and_never_answers_is_not_live() -> None:
+    """Its connections are accepted (the kernel's backlog) and never answered: the check
+    gives up on its own short timeout rather than a load's."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        control = TritonControl(f"127.0.0.1:{port}")
+        try:
+            assert control.live(timeout_s=0.5) is False
+        finally:
+            control.close()

@@ -63,12 +63,19 @@ class TritonControl:
                 f"cannot reach {self.describe()} ({what}): {type(exc).__name__}: {exc}; {hint}"
             ) from None
 
-    def live(self) -> bool:
-        """Whether the server answers at all (it may still be starting, or have nothing loaded)."""
+    def live(self, timeout_s: float = 5.0) -> bool:
+        """Whether the server answers at all (it may still be starting, or have nothing loaded).
+
+        A short timeout of its own: a pod that accepts connections and never answers must
+        not hold the controller's pass for a load's length.
+        """
+        import httpx
+
         try:
-            return bool(self._client.is_server_live())
-        except Exception:
+            response = httpx.get(f"http://{self.url}/v2/health/live", timeout=timeout_s)
+        except httpx.HTTPError:
             return False
+        return response.status_code == 200
 
     def versions(self, model: str) -> dict[int, str]:
         """Version -> state (READY, LOADING, UNAVAILABLE, ...) of one model, from the index."""
