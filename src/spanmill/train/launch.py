@@ -117,12 +117,12 @@ def torchrun_command(dataset_dir: Path, output_dir: Path, processes: int | None)
 
 def settings_env(settings: TrainSettings) -> dict[str, str]:
     """``settings`` as the environment that :class:`TrainSettings` loads back in each process."""
-    env: dict[str, str] = {}
-    for name, value in settings.model_dump(mode="json", exclude={"mlflow"}).items():
-        if value is None:
-            continue
-        text = json.dumps(value) if isinstance(value, list | dict) else str(value)
-        env[f"{SETTINGS_PREFIX}{name.upper()}"] = text
+    unset = {k for k, v in settings.model_dump(exclude={"mlflow"}).items() if v is None}
+    env = {
+        f"{SETTINGS_PREFIX}{name.upper()}": text
+        for name, text in settings.as_params().items()
+        if name not in unset
+    }
     env[MLFLOW_URI_ENV] = settings.mlflow.tracking_uri
     return env
 

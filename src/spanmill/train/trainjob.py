@@ -247,21 +247,24 @@ def _create(
             ) from None
         if exc.status != 409:
             raise TrainError(f"cannot create {where}: {exc.status} {exc.reason}") from None
-    existing = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    if job_state(existing)[0] != "Failed":
-        logger.info("%s exists from an earlier try of this step: waiting for it", where)
-        return
-    logger.info("%s failed on an earlier try of this step: starting it again", where)
-    api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    while True:  # the old one's pods go first
-        try:
-            api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                break
-            raise TrainError(f"cannot read {where}: {exc.status} {exc.reason}") from None
-        sleep(poll_s)
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, dict(manifest))
+    try:
+        existing = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        if job_state(existing)[0] != "Failed":
+            logger.info("%s exists from an earlier try of this step: waiting for it", where)
+            return
+        logger.info("%s failed on an earlier try of this step: starting it again", where)
+        api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        while True:  # the old one's pods go first
+            try:
+                api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            except client.ApiException as exc:
+                if exc.status == 404:
+                    break
+                raise
+            sleep(poll_s)
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, dict(manifest))
+    except client.ApiException as exc:
+        raise TrainError(f"replacing {where} failed: {exc.status} {exc.reason}") from None
 
 
 def delete_trainjob(api_client: Any, namespace: str, name: str) -> None:
