@@ -34,7 +34,7 @@ TASK = CalculatorTask()
 def test_the_registry_knows_the_calculator() -> None:
     assert isinstance(get_task("calculator"), CalculatorTask)
     with pytest.raises(TaskError, match=r"installed tasks: .*calculator"):
-        get_task("sql")
+        get_task("spreadsheet")
 
 
 def test_the_same_seed_gives_the_same_instances() -> None:

@@ -48,7 +48,9 @@ class EchoTask(Task):
     def tools(self) -> list[dict[str, Any]]:
         return []
 
-    def run_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
+    def run_tool(
+        self, name: str, arguments: Mapping[str, Any], instance: TaskInstance | None = None
+    ) -> str:
         raise NotImplementedError
 
     def verify(self, instance: TaskInstance, transcript: Sequence[Mapping[str, Any]]) -> Verdict:
