@@ -706,9 +706,7 @@ class CalculatorTask(Task):
             }
         ]
 
-    def run_tool(
-        self, name: str, arguments: Mapping[str, Any], instance: TaskInstance | None = None
-    ) -> str:
+    def run_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
         if name != TOOL_NAME:
             raise ToolError(f"unknown tool {name!r}; the only tool is {TOOL_NAME!r}")
         expression = arguments.get("expression")

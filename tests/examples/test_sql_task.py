@@ -304,14 +304,14 @@ def test_bad_requests_for_instances_are_refused(task: SqlTask) -> None:
 
 def test_the_tool_runs_on_the_instances_database(task: SqlTask) -> None:
     instance = task.make_instance("shops", 0, "customers-in-city", {"city": "Porto"})
-    assert task.run_tool(
-        "sql", {"query": "SELECT COUNT(*) FROM customers WHERE city = 'Porto'"}, instance
+    assert task.run_episode_tool(
+        instance, "sql", {"query": "SELECT COUNT(*) FROM customers WHERE city = 'Porto'"}
     ) == ("COUNT(*)\n2\n(1 row)")
     with pytest.raises(ToolError, match="unknown tool 'calculator'"):
-        task.run_tool("calculator", {"query": "SELECT 1"}, instance)
+        task.run_episode_tool(instance, "calculator", {"query": "SELECT 1"})
     with pytest.raises(ToolError, match="needs"):
-        task.run_tool("sql", {"sql": "SELECT 1"}, instance)
-    with pytest.raises(ToolError, match="database of an episode's instance; none given"):
+        task.run_episode_tool(instance, "sql", {"sql": "SELECT 1"})
+    with pytest.raises(ToolError, match="database of an episode's instance"):
         task.run_tool("sql", {"query": "SELECT 1"})
     (schema,) = task.tools()
     assert schema["function"]["name"] == "sql"

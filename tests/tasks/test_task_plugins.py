@@ -48,9 +48,7 @@ class EchoTask(Task):
     def tools(self) -> list[dict[str, Any]]:
         return []
 
-    def run_tool(
-        self, name: str, arguments: Mapping[str, Any], instance: TaskInstance | None = None
-    ) -> str:
+    def run_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
         raise NotImplementedError
 
     def verify(self, instance: TaskInstance, transcript: Sequence[Mapping[str, Any]]) -> Verdict:

@@ -229,7 +229,7 @@ class SqlTask(Task):
             tries = [example.first_try] if example.first_try else []
             for attempt, query in enumerate([*tries, str(instance.data["sql"])], 1):
                 try:
-                    result = self.run_tool(TOOL_NAME, {"query": query}, instance)
+                    result = self.run_episode_tool(instance, TOOL_NAME, {"query": query})
                 except ToolError as exc:
                     result = f"error: {exc}"
                 turns += [
@@ -272,13 +272,15 @@ class SqlTask(Task):
             }
         ]
 
-    def run_tool(
-        self, name: str, arguments: Mapping[str, Any], instance: TaskInstance | None = None
+    def run_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
+        raise ToolError(
+            f"the {TOOL_NAME} tool queries the database of an episode's instance; run it "
+            "through run_episode_tool"
+        )
+
+    def run_episode_tool(
+        self, instance: TaskInstance, name: str, arguments: Mapping[str, Any]
     ) -> str:
-        if instance is None:
-            raise ToolError(
-                f"the {TOOL_NAME} tool queries the database of an episode's instance; none given"
-            )
         return format_result(self._query(name, arguments, self.database(instance)))
 
     def _query(self, name: str, arguments: Mapping[str, Any], database: Path) -> QueryResult:
@@ -296,7 +298,10 @@ class SqlTask(Task):
         return [
             {"role": "user", "content": instance.question},
             {"role": "assistant", "content": tool_call_content(query)},
-            {"role": "tool", "content": self.run_tool(TOOL_NAME, {"query": query}, instance)},
+            {
+                "role": "tool",
+                "content": self.run_episode_tool(instance, TOOL_NAME, {"query": query}),
+            },
             {"role": "assistant", "content": instance.answer},
         ]
 

@@ -247,14 +247,18 @@ class Task(ABC):
         """The tools as OpenAI tool schemas."""
 
     @abstractmethod
-    def run_tool(
-        self, name: str, arguments: Mapping[str, Any], instance: TaskInstance | None = None
-    ) -> str:
-        """Run one tool call; raises ToolError with a message for the agent.
+    def run_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """Run one tool call; raises ToolError with a message for the agent."""
 
-        ``instance`` is the episode's problem, for tools whose world depends on it
-        (the database a query runs on); the episode loop always passes it.
+    def run_episode_tool(
+        self, instance: TaskInstance, name: str, arguments: Mapping[str, Any]
+    ) -> str:
+        """Run one tool call of an episode on ``instance``: what the episode loop calls.
+
+        A task whose tools depend on the problem (the database a query runs on)
+        overrides this; the others keep :meth:`run_tool` alone.
         """
+        return self.run_tool(name, arguments)
 
     @abstractmethod
     def verify(self, instance: TaskInstance, transcript: Sequence[Mapping[str, Any]]) -> Verdict:

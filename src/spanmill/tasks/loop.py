@@ -78,7 +78,7 @@ class EpisodeLoop:
     def run_tool(self, call: ToolCallRequest) -> ToolOutcome:
         """Run the call; a refused call answers the agent with the error, as a real tool would."""
         try:
-            return ToolOutcome(self.task.run_tool(call.name, call.arguments, self.instance))
+            return ToolOutcome(self.task.run_episode_tool(self.instance, call.name, call.arguments))
         except ToolError as exc:
             return ToolOutcome(f"error: {exc}", error=str(exc))
 
