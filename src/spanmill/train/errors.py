@@ -23,3 +23,7 @@ class MissingColumnsError(DatasetError):
 
 class CheckpointMismatchError(TrainError):
     """Checkpoints in the output folder come from another dataset or other settings."""
+
+
+class RewardError(TrainError):
+    """An episode lacks a reward the run weighs, or a reward or weight is not a finite number."""
