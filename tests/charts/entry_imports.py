@@ -196,7 +196,9 @@ class ImportGraph:
         that imports each. Entries are ``module`` or ``module:function``."""
         needed: dict[str, str] = {}
         seen: set[Unit] = set()
-        todo = [Unit(*entry.split(":", 1)) if ":" in entry else Unit(entry) for entry in entries]
+        # An entry point may name a definition its package re-exports (pkg:Class).
+        todo = [self.resolve(*entry.split(":", 1)) if ":" in entry else Unit(entry)
+                for entry in entries]  # fmt: skip
         while todo:
             unit = todo.pop()
             if unit in seen or not self.is_local(unit.module):
