@@ -39,6 +39,9 @@ def evaluate(
         None, help="The metric that decides, e.g. tool_calls.name_args."
     ),
     margin: float = typer.Option(None, min=0.0, max=1.0, help="Required improvement."),
+    require_significant: bool = typer.Option(
+        None, help="Also require the difference's 95% interval to exclude 0."
+    ),
     batch_size: int = typer.Option(None, min=1, help="Requests sent together."),
     track: bool = typer.Option(None, help="Log to MLflow (SPANMILL_MLFLOW_*)."),
     fail_on_reject: bool = typer.Option(False, help="Exit 3 when the gate rejects."),
@@ -65,7 +68,8 @@ def evaluate(
         "track": track,
     }
     settings = load_settings(EvalSettings, **{k: v for k, v in given.items() if v is not None})
-    gate = {k: v for k, v in {"margin": margin, "metric": gate_metric}.items() if v is not None}
+    asked = {"margin": margin, "metric": gate_metric, "require_significant": require_significant}
+    gate = {k: v for k, v in asked.items() if v is not None}
     if gate:
         try:
             policy = GatePolicy(**{**settings.gate.model_dump(), **gate})

@@ -152,6 +152,7 @@ def evaluate_step(
     agent: str,
     base_model: str,
     margin: float = 0.05,
+    require_significant: bool = False,
     instances: int = 100,
     evaluators: str = "tool_calls,reference",
     gate_metric: str = "auto",
@@ -183,7 +184,9 @@ def evaluate_step(
         "evaluators": [name.strip() for name in evaluators.split(",") if name.strip()],
         "serving": _serving(flavour, num_threads),
         "experiment": experiment,
-        "gate": GatePolicy(margin=margin, metric=gate_metric),
+        "gate": GatePolicy(
+            margin=margin, metric=gate_metric, require_significant=require_significant
+        ),
         "mlflow": _mlflow(tracking_uri),
         "triton": _triton(triton_url, model_repository),
     }
