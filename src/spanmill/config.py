@@ -54,6 +54,8 @@ class KafkaSettings(BaseSettings):
     sasl_password: SecretStr | None = None
     ssl_cafile: Path | None = None
     spans_topic: str = semconv.SPANS_TOPIC
+    # RL rollouts (training traffic): read by the trainer that made them, not the collector.
+    rollouts_topic: str = semconv.ROLLOUTS_TOPIC
     dlq_topic: str = semconv.DLQ_TOPIC
     max_message_bytes: int = Field(1024 * 1024, gt=0, description="Larger messages go to the DLQ.")
 
@@ -284,6 +286,11 @@ class GatewaySettings(BaseSettings):
         None, description="When set, requests need this bearer token."
     )
     span_queue_size: int = Field(10_000, gt=0)
+    traffic: Literal["training"] | None = Field(
+        None,
+        description="training: every call is marked as RL rollout traffic (the trainer's own "
+        "gateway); unset for production.",
+    )
 
 
 class RolloutSettings(BaseSettings):

@@ -103,6 +103,11 @@ SPANMILL_PROMPT_TOKEN_IDS: Final = "spanmill.prompt.token_ids"
 # Version of the served model that answered (the MLflow model version), which
 # gen_ai.response.model alone does not say once several versions serve one name.
 SPANMILL_MODEL_VERSION: Final = "spanmill.model.version"
+# "training" on the calls and episodes of RL rollouts (absent on production traffic):
+# they go to the rollout topic, never into production datasets or rollout health.
+SPANMILL_TRAFFIC: Final = "spanmill.traffic"
+TRAFFIC_TRAINING: Final = "training"
+ROLLOUTS_TOPIC: Final = "spanmill-rollouts"
 # Groups attempts at the same task, across episodes.
 SPANMILL_TASK_ID: Final = "spanmill.task.id"
 # Groups the spans of one episode when it is not exactly one trace.

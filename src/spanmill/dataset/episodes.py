@@ -51,6 +51,8 @@ COLUMNS = (
     "rewards",
     "scope_name",
 )
+# Read besides COLUMNS by an RL trainer, which needs every token the model saw.
+TOKEN_COLUMNS = ("prompt_token_ids", "completion_logprobs")
 # The columns rewards are read from: enough for spans read only for their rewards (those
 # after the calls' window, where late feedback sits).
 REWARD_COLUMNS = (
@@ -91,6 +93,10 @@ class LLMCall:
     request: str | None = None  # the call's parameters a replay needs (request_of)
     index: int = 0  # position among the episode's calls, in time order
     calls_in_episode: int = 1
+    # What a policy-gradient trainer needs, read only when the table has them
+    # (TOKEN_COLUMNS): the rendered prompt's ids and the sampled tokens' logprobs.
+    prompt_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -270,6 +276,10 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
     llm = table.filter(pc.fill_null(is_llm, False))
     llm = llm.sort_by([("episode_id", "ascending"), ("start_time", "ascending")])
     columns = {name: llm[name].to_pylist() for name in COLUMNS if name != "rewards"}
+    tokens = {
+        name: llm[name].to_pylist() if name in llm.column_names else [None] * llm.num_rows
+        for name in TOKEN_COLUMNS
+    }
     starts = pc.cast(llm["start_time"], pa.int64()).to_pylist()
     calls = [
         LLMCall(
@@ -292,6 +302,8 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
             completion_token_ids=columns["completion_token_ids"][i],
             failed=columns["status_code"][i] == "error",
             request=request_of(columns["attributes"][i]),
+            prompt_token_ids=tokens["prompt_token_ids"][i],
+            completion_logprobs=tokens["completion_logprobs"][i],
         )
         for i in range(llm.num_rows)
     ]

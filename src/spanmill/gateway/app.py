@@ -35,7 +35,7 @@ from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.gateway.routing import RoutingTable
 from spanmill.gateway.schema import ChatCompletionRequest, error_body
-from spanmill.gateway.upstream import TritonUpstream, UpstreamError
+from spanmill.gateway.upstream import TritonUpstream, Upstream, UpstreamError
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ SERVICE_NAME = "spanmill-gateway"
 @dataclass
 class GatewayState:
     settings: GatewaySettings
-    upstream: TritonUpstream
+    upstream: Upstream
     emitter: SpanEmitter
     metrics: GatewayMetrics
     routing_file: RoutingSource | None
@@ -84,7 +84,7 @@ def create_app(
     settings: GatewaySettings,
     *,
     emitter: SpanEmitter | None = None,
-    upstream: TritonUpstream | None = None,
+    upstream: Upstream | None = None,
     table: RoutingTable | None = None,
 ) -> FastAPI:
     metrics = GatewayMetrics()
@@ -237,6 +237,7 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
                    "max_tokens": body.token_limit, "stop": list(body.stop or ()),
                    "tools": body.tools},
         "metadata": body.metadata,
+        "traffic": state.settings.traffic,
     }  # fmt: skip
     try:
         result = await state.upstream.generate(

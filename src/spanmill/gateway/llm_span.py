@@ -51,6 +51,7 @@ def build_llm_span(
     prompt_token_ids: list[int] | None = None,
     error: str | None = None,
     service_name: str = "spanmill-gateway",
+    traffic: str | None = None,
 ) -> Span:
     """One ``chat`` span. ``choice``: the assistant message, finish reason, token ids
     and logprobs of one completion choice (absent when the call failed)."""
@@ -78,6 +79,8 @@ def build_llm_span(
     for key, value in (metadata or {}).items():
         if key in FORWARDED_METADATA:
             attributes[key] = value
+    if traffic:
+        attributes[sc.SPANMILL_TRAFFIC] = traffic
     if response_id:
         attributes[sc.GEN_AI_RESPONSE_ID] = response_id
     if prompt_token_ids is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tritonclient.http.aio as triton_http
@@ -32,6 +32,25 @@ class UpstreamError(Exception):
         super().__init__(message)
         self.status = status
         self.missing = missing
+
+
+class Upstream(Protocol):
+    """What the gateway asks of the server behind it: Triton, or a trainer's live policy."""
+
+    url: str
+
+    async def ready(self) -> bool: ...
+
+    async def generate(
+        self,
+        model: str,
+        version: str,
+        messages: list[dict[str, Any]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None,
+    ) -> GenerationResult: ...
+
+    async def close(self) -> None: ...
 
 
 class TritonUpstream:

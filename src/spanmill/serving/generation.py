@@ -68,10 +68,7 @@ class Generator:
 
         if num_threads > 0:
             torch.set_num_threads(num_threads)
-        self._torch = torch
-        self.version = version
-        self.max_tokens_limit = max_tokens_limit
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
         if adapter_path:
             from peft import PeftModel
@@ -79,6 +76,27 @@ class Generator:
             # Merged once at load: serving then costs what the base model costs.
             model = PeftModel.from_pretrained(model, adapter_path).merge_and_unload()
         model.eval()
+        self._attach(model, tokenizer, max_tokens_limit=max_tokens_limit, version=version)
+
+    @classmethod
+    def around(
+        cls, model: Any, tokenizer: Any, *, max_tokens_limit: int = 1024, version: str = ""
+    ) -> Generator:
+        """A generator over a model already in memory (the policy a trainer is updating).
+
+        The model is used as it is: the caller puts it in eval mode for generation.
+        """
+        generator = cls.__new__(cls)
+        generator._attach(model, tokenizer, max_tokens_limit=max_tokens_limit, version=version)
+        return generator
+
+    def _attach(self, model: Any, tokenizer: Any, *, max_tokens_limit: int, version: str) -> None:
+        import torch
+
+        self._torch = torch
+        self.version = version
+        self.max_tokens_limit = max_tokens_limit
+        self.tokenizer = tokenizer
         self.model: Any = model
         self.eos_ids = _eos_ids(model, self.tokenizer)
         self.pad_id = (
@@ -133,7 +151,10 @@ class Generator:
             "eos_token_id": self.eos_ids,
         }
         if sampling:
-            options.update(temperature=params.temperature, top_p=params.top_p)
+            # top_k=0: no top-k cut (transformers' default keeps 50). The chat API has no
+            # top_k, and the logprobs recorded must be those of the distribution sampled
+            # from, temperature and top_p alone, for a trainer's importance ratios.
+            options.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         else:
             # Greedy: neutralise sampling defaults a generation_config may carry.
             options.update(temperature=None, top_p=None, top_k=None)
@@ -195,7 +216,9 @@ class Generator:
             "eos_token_id": self.eos_ids,
         }
         if params.temperature > 0:
-            options.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
+            options.update(
+                do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0
+            )
         else:
             options.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if params.stop:

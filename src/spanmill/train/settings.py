@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from spanmill.config import MLflowSettings
 
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
-Method = Literal["auto", "sft", "dpo"]
+Method = Literal["auto", "sft", "dpo", "grpo"]
 
 # The projections of Llama-style blocks (SmolLM2, Qwen2, Llama, Mistral).
 LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -36,7 +36,9 @@ class TrainSettings(BaseSettings):
         description="A local folder, a catalog name (pulled if missing) or a Hugging Face id.",
     )
     method: Method = Field(
-        "auto", description="sft or dpo; auto picks from the dataset's mode (preference: dpo)."
+        "auto",
+        description="sft or dpo (auto picks from the dataset's mode, preference: dpo), or grpo: "
+        "online RL over the task's own episodes (spanmill.train.rl).",
     )
 
     lora_r: int = Field(16, gt=0, le=1024)
@@ -80,6 +82,30 @@ class TrainSettings(BaseSettings):
     merge: bool = Field(False, description="Also save the base model with the adapter merged in.")
     eval_loss: bool = Field(True, description="Compute the loss on the eval split at the end.")
 
+    # GRPO (method grpo): the policy samples groups of episodes of the task's agent.
+    task: str | None = Field(None, description="GRPO: the task plugin whose episodes are sampled.")
+    init_adapter: str | None = Field(
+        None, description="GRPO: start from this LoRA adapter (an SFT run's output folder)."
+    )
+    group_size: int = Field(8, ge=2, description="GRPO: episodes per task instance (a group).")
+    groups_per_step: int = Field(4, gt=0, description="GRPO: task instances per step.")
+    rollout_temperature: float = Field(
+        1.0, gt=0.0, le=2.0, description="GRPO: sampling temperature."
+    )
+    rollout_max_tokens: int = Field(128, gt=0, description="GRPO: most new tokens per LLM call.")
+    rollout_concurrency: int = Field(
+        0, ge=0, description="GRPO: episodes run at once; 0: every episode of a step."
+    )
+    beta: float = Field(0.0, ge=0.0, description="GRPO: weight of the KL term to the start policy.")
+    epsilon_low: float = Field(0.2, ge=0.0, lt=1.0, description="GRPO: lower clip range.")
+    epsilon_high: float = Field(0.2, ge=0.0, description="GRPO: upper clip range.")
+    scale_rewards: bool = Field(
+        True, description="GRPO: divide advantages by the group's std (False: Dr. GRPO)."
+    )
+    reward_weights: dict[str, float] | None = Field(
+        None, description="GRPO: named rewards and weights; default: the primary reward alone."
+    )
+
     track: bool = Field(True, description="Log the run to MLflow.")
     experiment: str = Field("spanmill", min_length=1)
     run_name: str | None = None
@@ -106,6 +132,7 @@ class TrainSettings(BaseSettings):
                 "run_name",
                 "mlflow",
                 "num_threads",
+                "rollout_concurrency",
                 "logging_steps",
                 "save_steps",
                 "save_total_limit",
