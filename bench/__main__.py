@@ -9,12 +9,18 @@ import time
 from pathlib import Path
 
 
+def _explicit_only(name: str) -> bool:
+    source = (Path(__file__).parent / f"{name}.py").read_text()
+    return "\nEXPLICIT_ONLY = True" in source
+
+
 def main(argv: list[str]) -> int:
     folder = Path(__file__).parent
     names = sorted(
         m.name for m in pkgutil.iter_modules([str(folder)]) if not m.name.startswith("_")
     )
-    chosen = argv or names
+    # Modules marked EXPLICIT_ONLY (long learning runs) run only when named.
+    chosen = argv or [n for n in names if not _explicit_only(n)]
     unknown = sorted(set(chosen) - set(names))
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(names)}")
@@ -25,7 +31,7 @@ def main(argv: list[str]) -> int:
             continue
         print(f"\n=== {name} ===", flush=True)
         started = time.perf_counter()
-        module.main()
+        module.main([]) if getattr(module, "EXPLICIT_ONLY", False) else module.main()
         print(f"=== {name}: {time.perf_counter() - started:.1f}s ===", flush=True)
     return 0
 

@@ -12,6 +12,7 @@ def train_lora(
     model: Output[Model],
     metrics: Output[Metrics],
     base_model: str,
+    method: str = "auto",
     lora_r: int = 16,
     lora_alpha: int = 32,
     learning_rate: float = 3e-4,
@@ -33,7 +34,7 @@ def train_lora(
     from spanmill.pipeline.steps import train_step
 
     result = train_step(
-        Path(dataset.path), Path(model.path), base_model=base_model, lora_r=lora_r,
+        Path(dataset.path), Path(model.path), base_model=base_model, method=method, lora_r=lora_r,
         lora_alpha=lora_alpha, learning_rate=learning_rate, max_steps=max_steps,
         batch_size=batch_size, max_length=max_length, seed=seed, precision=precision,
         num_threads=num_threads, tracking_uri=tracking_uri, gpus=gpus, trainer=trainer,

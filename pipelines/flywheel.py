@@ -22,10 +22,18 @@ from components.deploy_model import deploy_model
 from components.evaluate import evaluate
 from components.register_model import register_model
 from components.train_lora import train_lora
+from components.train_rl import train_rl
 from spanmill.pipeline import cluster
 
 GPU_POOL_LABEL = ("spanmill.io/pool", "gpu")
 GPU_TAINT = ("nvidia.com/gpu", "Exists", "NoSchedule")
+
+
+def _on_gpu_pool(task: dsl.PipelineTask) -> None:
+    """On the GPU node pool, with the chart's settings."""
+    kubernetes.add_node_selector(task, *GPU_POOL_LABEL)
+    kubernetes.add_toleration(task, key=GPU_TAINT[0], operator=GPU_TAINT[1], effect=GPU_TAINT[2])
+    _cluster(task)
 
 
 def _cluster(task: dsl.PipelineTask) -> dsl.PipelineTask:
@@ -77,6 +85,13 @@ def flywheel(
     trainer: str = "pod",
     trainjob_nodes: int = 2,
     trainjob_gpus_per_node: int = 1,
+    train_method: str = "sft",
+    rl_steps: int = 20,
+    rl_group_size: int = 8,
+    rl_groups_per_step: int = 4,
+    rl_temperature: float = 0.8,
+    rl_learning_rate: float = 1e-4,
+    rl_beta: float = 0.0,
 ) -> None:
     data = build_dataset(
         agent=agent, store_url=store_url, since=since, until=until, mode=dataset_mode,
@@ -87,27 +102,56 @@ def flywheel(
     data.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
     _cluster(data)
 
-    trained = train_lora(
-        dataset=data.outputs["dataset"], base_model=base_model, lora_r=lora_r,
-        lora_alpha=lora_alpha, learning_rate=learning_rate, max_steps=max_steps,
-        batch_size=batch_size, max_length=max_length, precision=precision,
-        num_threads=num_threads, tracking_uri=tracking_uri, gpus=gpus, trainer=trainer,
-        trainjob_nodes=trainjob_nodes, trainjob_gpus_per_node=trainjob_gpus_per_node,
-        gpu_resource=gpu_type,
-    )  # fmt: skip
-    # One training process per GPU of the pod (0: the CPU); with trainer=trainjob the pod
-    # only waits for the Kubeflow Trainer and asks for none (gpus=0).
-    trained.set_accelerator_type(gpu_type).set_accelerator_limit(gpus)
-    trained.set_cpu_limit("8").set_memory_limit("32G")
-    trained.set_retry(num_retries=1, backoff_duration="60s")
-    kubernetes.add_node_selector(trained, *GPU_POOL_LABEL)
-    kubernetes.add_toleration(trained, key=GPU_TAINT[0], operator=GPU_TAINT[1], effect=GPU_TAINT[2])
-    _cluster(trained)
-    trainjob = {key: key for key in cluster.TRAINJOB_SETTINGS}
-    kubernetes.use_config_map_as_env(trained, cluster.TRAINJOB_CONFIGMAP, trainjob, optional=True)
+    def supervised(method: str) -> dsl.PipelineTask:
+        trained = train_lora(
+            dataset=data.outputs["dataset"], base_model=base_model, method=method, lora_r=lora_r,
+            lora_alpha=lora_alpha, learning_rate=learning_rate, max_steps=max_steps,
+            batch_size=batch_size, max_length=max_length, precision=precision,
+            num_threads=num_threads, tracking_uri=tracking_uri, gpus=gpus, trainer=trainer,
+            trainjob_nodes=trainjob_nodes, trainjob_gpus_per_node=trainjob_gpus_per_node,
+            gpu_resource=gpu_type,
+        )  # fmt: skip
+        # One training process per GPU of the pod (0: the CPU); with trainer=trainjob the pod
+        # only waits for the Kubeflow Trainer and asks for none (gpus=0).
+        trained.set_accelerator_type(gpu_type).set_accelerator_limit(gpus)
+        trained.set_cpu_limit("8").set_memory_limit("32G")
+        trained.set_retry(num_retries=1, backoff_duration="60s")
+        _on_gpu_pool(trained)
+        trainjob = {key: key for key in cluster.TRAINJOB_SETTINGS}
+        kubernetes.use_config_map_as_env(
+            trained, cluster.TRAINJOB_CONFIGMAP, trainjob, optional=True
+        )
+        return trained
+
+    def reinforced(init: dsl.PipelineTask | None) -> dsl.PipelineTask:
+        rl = train_rl(
+            agent=agent, base_model=base_model, max_steps=rl_steps, group_size=rl_group_size,
+            groups_per_step=rl_groups_per_step, temperature=rl_temperature,
+            learning_rate=rl_learning_rate, beta=rl_beta, precision=precision,
+            num_threads=num_threads, tracking_uri=tracking_uri,
+            **({"init_model": init.outputs["model"]} if init is not None else {}),
+        )  # fmt: skip
+        # The policy generates and trains in one process on one GPU (spanmill.train.rl).
+        rl.set_accelerator_type(gpu_type).set_accelerator_limit(1)
+        rl.set_cpu_limit("8").set_memory_limit("32G")
+        rl.set_caching_options(False)  # it samples fresh episodes
+        _on_gpu_pool(rl)
+        return rl
+
+    # train_method: sft or dpo (the dataset's mode must match), grpo from the base model,
+    # or sft+grpo: GRPO from the SFT adapter.
+    with dsl.If(train_method == "grpo", name="grpo"):
+        rl_only = reinforced(None)
+    with dsl.Elif(train_method == "sft+grpo", name="sft-then-grpo"):
+        rl_after = reinforced(supervised("sft"))
+    with dsl.Else(name="supervised"):
+        supervised_only = supervised(train_method)
+    trained_model = dsl.OneOf(
+        rl_only.outputs["model"], rl_after.outputs["model"], supervised_only.outputs["model"]
+    )
 
     judged = evaluate(
-        dataset=data.outputs["dataset"], model=trained.outputs["model"], agent=agent,
+        dataset=data.outputs["dataset"], model=trained_model, agent=agent,
         base_model=base_model, margin=margin, instances=eval_instances, evaluators=evaluators,
         gate_metric=gate_metric, judge_url=judge_url, judge_model=judge_model,
         num_threads=num_threads, triton_url=triton_url, model_repository=model_repository,
@@ -120,7 +164,7 @@ def flywheel(
 
     with dsl.If(judged.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
         registered = register_model(
-            model=trained.outputs["model"], evaluation=judged.outputs["evaluation"],
+            model=trained_model, evaluation=judged.outputs["evaluation"],
             agent=agent, base_model=base_model, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             tracking_uri=tracking_uri,
         )  # fmt: skip

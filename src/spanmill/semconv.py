@@ -107,7 +107,7 @@ SPANMILL_MODEL_VERSION: Final = "spanmill.model.version"
 # they go to the rollout topic, never into production datasets or rollout health.
 SPANMILL_TRAFFIC: Final = "spanmill.traffic"
 TRAFFIC_TRAINING: Final = "training"
-ROLLOUTS_TOPIC: Final = "spanmill-rollouts"
+ROLLOUTS_TOPIC: Final = "spanmill.rollouts.v1"
 # Groups attempts at the same task, across episodes.
 SPANMILL_TASK_ID: Final = "spanmill.task.id"
 # Groups the spans of one episode when it is not exactly one trace.

@@ -370,7 +370,7 @@ def test_train_image_is_cuda_with_the_matching_torch_build() -> None:
     index = _torch_index(image)
     assert index == f"https://download.pytorch.org/whl/cu{cuda[1]}{cuda[2]}"
     (install,) = [r for r in _pip_installs(image) if "torch==2.13.0" in r]
-    assert "${TORCH_INDEX_URL}" in install and '".[train,pipelines]"' in install
+    assert "${TORCH_INDEX_URL}" in install and '".[train,pipelines,gateway,agent]"' in install
     # Triton's Python backend runs the same torch build.
     assert _torch_index(dockerfile("triton")) == index
     # One way to the CUDA image: no other Dockerfile builds on CUDA or its torch.

@@ -62,7 +62,8 @@ def test_the_charts_defaults_name_what_infra_creates(chart_values: dict[str, Any
     assert kafka["spec"]["kafka"]["version"] == chart_values["kafka"]["strimzi"]["version"]
     topics = {t["spec"]["topicName"]: t for t in _all_documents() if t["kind"] == "KafkaTopic"}
     spans = chart_values["kafka"]["topics"]["spans"]
-    assert set(topics) == {spans, chart_values["kafka"]["topics"]["deadLetter"]}
+    named = chart_values["kafka"]["topics"]
+    assert set(topics) == {spans, named["deadLetter"], named["rollouts"]}
     assert topics[spans]["spec"]["partitions"] == chart_values["kafka"]["topics"]["partitions"]
 
     minio = _find("Service", "minio")

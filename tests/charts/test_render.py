@@ -393,7 +393,8 @@ def test_strimzi_resources_when_enabled(render_set: Any) -> None:
     kafka = everything.get("Kafka", FULLNAME)
     assert kafka["metadata"]["annotations"]["strimzi.io/kraft"] == "enabled"
     topics = {t["spec"]["topicName"]: t for t in everything.kinds("KafkaTopic")}
-    assert set(topics) == {"spanmill.spans.v1", "spanmill.spans.v1.dlq"}
+    assert set(topics) == {"spanmill.spans.v1", "spanmill.spans.v1.dlq", "spanmill.rollouts.v1"}
+    assert topics["spanmill.rollouts.v1"]["spec"]["config"]["retention.ms"] == 86400000
     assert topics["spanmill.spans.v1"]["spec"]["partitions"] == 6
     for topic in topics.values():
         assert topic["metadata"]["labels"]["strimzi.io/cluster"] == FULLNAME

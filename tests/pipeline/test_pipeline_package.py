@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -25,6 +26,12 @@ def test_committed_yaml_is_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     )
 
 
+def _tasks(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every task of the pipeline, branches included, by name."""
+    dags = [spec["root"]["dag"]] + [c["dag"] for c in spec["components"].values() if "dag" in c]
+    return {name: task for dag in dags for name, task in dag["tasks"].items()}
+
+
 def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     loaded = components.load_component_from_file(str(DEFAULT_PACKAGE))
     assert loaded.name == "flywheel"
@@ -33,38 +40,54 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     )
     spec, platform = yaml.safe_load_all(DEFAULT_PACKAGE.read_text())
     executors = spec["deploymentSpec"]["executors"]
-    accelerator = executors["exec-train-lora"]["container"]["resources"]["accelerator"]
-    # One training process per GPU: the pod asks for the run's `gpus`, 1 unless set.
-    assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--gpus']}}"
+    # Supervised training (train-lora: sft or dpo, and before GRPO with sft+grpo) and GRPO
+    # (train-rl) each appear in two branches of train_method.
+    trainers = ["exec-train-lora", "exec-train-lora-2", "exec-train-rl", "exec-train-rl-2"]
+    for name in trainers[:2]:
+        accelerator = executors[name]["container"]["resources"]["accelerator"]
+        # One training process per GPU: the pod asks for the run's `gpus`, 1 unless set.
+        assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--gpus']}}"
+    for name in trainers[2:]:  # GRPO generates and trains in one process on one GPU
+        assert executors[name]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
     root_inputs = spec["root"]["inputDefinitions"]["parameters"]
     assert root_inputs["gpus"]["defaultValue"] == 1
     assert root_inputs["trainer"]["defaultValue"] == "pod"
-    train_task = spec["root"]["dag"]["tasks"]["train-lora"]["inputs"]["parameters"]
+    assert root_inputs["train_method"]["defaultValue"] == "sft"
+    tasks = _tasks(spec)
+    train_task = tasks["train-lora"]["inputs"]["parameters"]
     for name in ("gpus", "trainer", "trainjob_nodes", "trainjob_gpus_per_node"):
-        assert train_task[name]["componentInputParameter"] == name
-    # The training step runs the CUDA image, every other step the CPU pipeline image.
+        assert train_task[name]["componentInputParameter"] == f"pipelinechannel--{name}"
+    # GRPO after SFT starts from the SFT adapter; GRPO alone from the base model.
+    after_sft = tasks["train-rl-2"]["inputs"]["artifacts"]["init_model"]["taskOutputArtifact"]
+    assert after_sft == {"outputArtifactKey": "model", "producerTask": "train-lora"}
+    assert "artifacts" not in tasks["train-rl"]["inputs"]
+    # Whichever branch ran, its model is the one evaluated and registered.
+    judged = tasks["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"]
+    assert judged["producerTask"] == "condition-branches-1"
+    # The training steps run the CUDA image, every other step the CPU pipeline image.
     images = {name: e["container"]["image"] for name, e in executors.items()}
-    assert images.pop("exec-train-lora") == TRAIN_IMAGE
+    assert {images.pop(name) for name in trainers} == {TRAIN_IMAGE}
     assert set(images.values()) == {IMAGE}
     gpu_users = [
         n for n, e in executors.items() if "accelerator" in e["container"].get("resources", {})
     ]
-    assert gpu_users == ["exec-train-lora"]
+    assert sorted(gpu_users) == trainers
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    assert k8s["exec-train-lora"]["nodeSelector"]["labels"] == {"spanmill.io/pool": "gpu"}
-    assert k8s["exec-train-lora"]["tolerations"][0]["key"] == "nvidia.com/gpu"
-    for name in ("exec-build-dataset", "exec-train-lora", "exec-evaluate", "exec-register-model",
+    for name in trainers:
+        assert k8s[name]["nodeSelector"]["labels"] == {"spanmill.io/pool": "gpu"}
+        assert k8s[name]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    for name in ("exec-build-dataset", *trainers, "exec-evaluate", "exec-register-model",
                  "exec-deploy-model"):  # fmt: skip
         secrets = {s["secretName"] for s in k8s[name]["secretAsEnv"]}
-        judged = {"spanmill-judge"} if name == "exec-evaluate" else set()
-        assert secrets == {"spanmill-mlflow", "spanmill-s3", *judged}, name
+        judged_secret = {"spanmill-judge"} if name == "exec-evaluate" else set()
+        assert secrets == {"spanmill-mlflow", "spanmill-s3", *judged_secret}, name
         envs = {m["envVar"] for s in k8s[name]["secretAsEnv"] for m in s["keyToEnv"]}
         assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= envs
         # Every connection setting from the chart's ConfigMap, required: a run whose
         # namespace lacks it fails to start, naming it, instead of reaching 127.0.0.1.
         settings, *handover = k8s[name]["configMapAsEnv"]
-        # The training step alone also reads the Kubeflow Trainer hand-over's settings.
-        assert len(handover) == (name == "exec-train-lora"), name
+        # Supervised training alone also reads the Kubeflow Trainer hand-over's settings.
+        assert len(handover) == name.startswith("exec-train-lora"), name
         assert settings["configMapName"] == cluster.CONFIGMAP and not settings.get("optional")
         mapped = {m["configMapKey"]: m["envVar"] for m in settings["keyToEnv"]}
         assert mapped == {key: key for key in cluster.SETTINGS}, name
@@ -89,8 +112,10 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     )
     # Only a passing challenger is registered and staged.
     dag = spec["root"]["dag"]["tasks"]
-    assert "condition-1" in dag or any("condition" in t for t in dag)
-    assert "evaluate" in json.dumps(dag["condition-1"]["triggerPolicy"])
+    gate = [
+        name for name, task in dag.items() if "evaluate" in json.dumps(task.get("triggerPolicy"))
+    ]
+    assert gate and "register-model" in _tasks(spec)
 
 
 def test_upload_creates_then_versions_and_schedule(  # type: ignore[no-untyped-def]

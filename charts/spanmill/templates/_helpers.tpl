@@ -126,6 +126,8 @@ securityContext:
   value: {{ $k.topics.spans | quote }}
 - name: SPANMILL_KAFKA_DLQ_TOPIC
   value: {{ $k.topics.deadLetter | quote }}
+- name: SPANMILL_KAFKA_ROLLOUTS_TOPIC
+  value: {{ $k.topics.rollouts | quote }}
 - name: SPANMILL_KAFKA_MAX_MESSAGE_BYTES
   value: {{ $k.maxMessageBytes | int64 | quote }}
 {{- if $k.sasl.mechanism }}

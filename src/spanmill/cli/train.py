@@ -20,11 +20,22 @@ from spanmill.cli.console import console, handle_errors
 
 @handle_errors
 def train(
-    dataset: Path = typer.Argument(..., help="Dataset folder (train.parquet, eval.parquet, card)."),
+    dataset: Path = typer.Argument(
+        None, help="Dataset folder (train.parquet, eval.parquet, card); none for grpo."
+    ),
     output: Path = typer.Argument(
-        ..., help="Folder for the adapter; resumes if it has checkpoints."
+        None, help="Folder for the adapter; resumes if it has checkpoints."
     ),
     base_model: str = typer.Option(None, help="Folder, catalog name or Hugging Face id."),
+    method: str = typer.Option(
+        None, help="sft or dpo (default: from the dataset's mode), or grpo: online RL."
+    ),
+    task: str = typer.Option(None, help="grpo: the task plugin whose episodes are sampled."),
+    init_adapter: Path = typer.Option(None, help="grpo: start from this adapter (an SFT run's)."),
+    group_size: int = typer.Option(None, min=2, help="grpo: episodes per task instance."),
+    groups_per_step: int = typer.Option(None, min=1, help="grpo: task instances per step."),
+    temperature: float = typer.Option(None, min=0.0, help="grpo: sampling temperature."),
+    beta: float = typer.Option(None, min=0.0, help="grpo: KL weight to the start policy."),
     steps: int = typer.Option(None, min=1, help="Optimizer steps (overrides --epochs)."),
     epochs: float = typer.Option(None, min=0.0, help="Passes over the training split."),
     learning_rate: float = typer.Option(None, "--lr", min=0.0, help="Peak learning rate."),
@@ -41,7 +52,13 @@ def train(
     experiment: str = typer.Option(None, help="MLflow experiment name."),
     metrics_json: Path = typer.Option(None, help="Also write the final metrics to this file."),
 ) -> None:
-    """Train a LoRA adapter on DATASET into OUTPUT and log it to MLflow."""
+    """Train a LoRA adapter on DATASET into OUTPUT and log it to MLflow.
+
+    With --method grpo there is no dataset: spanmill train --method grpo --task
+    calculator OUTPUT samples the task's episodes from the policy being trained,
+    through a gateway of its own, and reads them back from the rollout topic
+    (SPANMILL_KAFKA_BOOTSTRAP_SERVERS, SPANMILL_KAFKA_ROLLOUTS_TOPIC).
+    """
     from transformers import TrainerCallback
 
     from spanmill.config import load_settings
@@ -64,8 +81,26 @@ def train(
         "resume": resume,
         "track": track,
         "experiment": experiment,
+        "method": method,
+        "task": task,
+        "init_adapter": str(init_adapter) if init_adapter else None,
+        "group_size": group_size,
+        "groups_per_step": groups_per_step,
+        "rollout_temperature": temperature,
+        "beta": beta,
     }
     settings = load_settings(TrainSettings, **{k: v for k, v in given.items() if v is not None})
+    if settings.method == "grpo":
+        if output is not None:
+            raise typer.BadParameter(
+                "grpo samples its own episodes and reads no dataset: give only OUTPUT"
+            )
+        if dataset is None:
+            raise typer.BadParameter("give the OUTPUT folder for the adapter")
+        _train_grpo(dataset, settings)
+        return
+    if dataset is None or output is None:
+        raise typer.BadParameter("give the DATASET folder and the OUTPUT folder")
 
     columns = (
         TextColumn("{task.description}"),
@@ -97,6 +132,38 @@ def train(
     console.print(
         f"[green]✓[/] {result.method} adapter in {result.output_dir} after "
         f"{result.global_step} steps{resumed}"
+    )
+    if result.run_id:
+        console.print(f"  MLflow run {result.run_id}")
+    console.print_json(json.dumps(result.metrics))
+
+
+def _train_grpo(output: Path, settings: Any) -> None:
+    from spanmill.config import KafkaSettings, load_settings
+    from spanmill.train.rl import DEFAULT_STEPS, train_grpo
+
+    steps = settings.max_steps or DEFAULT_STEPS
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task("grpo", total=steps, status="rolling out")
+
+        def on_step(step: int, stats: dict[str, float]) -> None:
+            progress.update(
+                bar,
+                completed=step,
+                status=f"reward {stats['reward_mean']:.3f}, loss {stats['loss']:.4f}",
+            )
+
+        result = train_grpo(output, settings, load_settings(KafkaSettings), on_step=on_step)
+    resumed = f", resumed from step {result.resumed_from_step}" if result.resumed_from_step else ""
+    console.print(
+        f"[green]✓[/] grpo adapter in {result.output_dir} after {result.global_step} steps{resumed}"
     )
     if result.run_id:
         console.print(f"  MLflow run {result.run_id}")

@@ -42,6 +42,10 @@ SETTINGS: tuple[str, ...] = (
     "SPANMILL_SERVING_DTYPE",
     "SPANMILL_SERVING_COPY_BASE",
     "SPANMILL_SERVING_GPU",
+    # Kafka, for RL training: its rollouts go to the rollout topic and are read back.
+    "SPANMILL_KAFKA_BOOTSTRAP_SERVERS",
+    "SPANMILL_KAFKA_SECURITY_PROTOCOL",
+    "SPANMILL_KAFKA_ROLLOUTS_TOPIC",
     # The object store, for every other reader and writer of s3:// (base models).
     "AWS_ENDPOINT_URL",
     "AWS_DEFAULT_REGION",

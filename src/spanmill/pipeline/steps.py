@@ -71,6 +71,7 @@ def train_step(
     out_dir: Path,
     *,
     base_model: str = "",
+    method: str = "auto",
     lora_r: int = 16,
     lora_alpha: int = 32,
     learning_rate: float = 3e-4,
@@ -111,6 +112,7 @@ def train_step(
     settings = load_settings(
         TrainSettings,
         **_given(base_model=base_model),
+        method=method,
         lora_r=lora_r,
         lora_alpha=lora_alpha,
         learning_rate=learning_rate,
@@ -141,6 +143,66 @@ def train_step(
         )
     else:
         result = launch(dataset_dir, out_dir, settings, plan_processes(gpus, visible_gpus()))
+    return {**result.metrics, "global_step": result.global_step, "run_id": result.run_id}
+
+
+def train_rl_step(
+    out_dir: Path,
+    init_model_dir: Path | None,
+    *,
+    agent: str,
+    base_model: str = "",
+    max_steps: int = 20,
+    group_size: int = 8,
+    groups_per_step: int = 4,
+    temperature: float = 0.8,
+    learning_rate: float = 1e-4,
+    beta: float = 0.0,
+    seed: int = 0,
+    precision: str = "auto",
+    num_threads: int = 0,
+    experiment: str = "spanmill",
+    tracking_uri: str = "",
+) -> dict[str, Any]:
+    """GRPO on the agent's task into ``out_dir``, from the adapter in ``init_model_dir`` if any.
+
+    The task is the agent's task plugin; rollouts go to and are read back from the
+    rollout topic (``SPANMILL_KAFKA_*``, the chart's pipeline ConfigMap). Returns
+    the training metrics.
+    """
+    from spanmill.config import KafkaSettings
+    from spanmill.errors import ConfigError
+    from spanmill.tasks import find_task
+    from spanmill.train import TrainSettings
+    from spanmill.train.rl import train_grpo
+
+    task = find_task(agent)
+    if task is None:
+        raise ConfigError(
+            f"agent {agent!r} has no task plugin: GRPO samples episodes of a task's own "
+            "code, with its verifier's rewards; train this agent with sft"
+        )
+    settings = load_settings(
+        TrainSettings,
+        **_given(base_model=base_model),
+        method="grpo",
+        task=task.name,
+        init_adapter=str(init_model_dir) if init_model_dir is not None else None,
+        max_steps=max_steps,
+        group_size=group_size,
+        groups_per_step=groups_per_step,
+        rollout_temperature=temperature,
+        learning_rate=learning_rate,
+        lr_scheduler="constant",
+        warmup_ratio=0.0,
+        beta=beta,
+        seed=seed,
+        precision=precision,
+        num_threads=num_threads,
+        experiment=experiment,
+        mlflow=_mlflow(tracking_uri),
+    )
+    result = train_grpo(out_dir, settings, load_settings(KafkaSettings))
     return {**result.metrics, "global_step": result.global_step, "run_id": result.run_id}
 
 

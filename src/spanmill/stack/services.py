@@ -130,7 +130,7 @@ class KafkaBroker(Service):
         work_dir: Path,
         *,
         partitions: int = 3,
-        topics: Sequence[str] = (semconv.SPANS_TOPIC, semconv.DLQ_TOPIC),
+        topics: Sequence[str] = (semconv.SPANS_TOPIC, semconv.DLQ_TOPIC, semconv.ROLLOUTS_TOPIC),
         timeout: float = 60.0,
     ) -> None:
         super().__init__(host, work_dir, timeout)

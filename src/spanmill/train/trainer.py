@@ -180,11 +180,16 @@ def _plan(dataset_dir: Path, output_dir: Path, settings: TrainSettings) -> _Plan
 
 
 def _method(settings: TrainSettings, data: TrainingData) -> str:
+    if settings.method == "grpo":
+        raise TrainError(
+            "grpo trains online, on episodes it samples, not on a dataset: "
+            "spanmill train --method grpo --task TASK OUTPUT (spanmill.train.rl)"
+        )
     wanted = {"sft": "sft", "preference": "dpo"}.get(data.mode)
     if wanted is None:
         raise DatasetError(
-            f"{data.folder} is an {data.mode} dataset, which needs an online RL trainer that "
-            "spanmill does not have yet; build it in sft or preference mode"
+            f"{data.folder} is an {data.mode} dataset; spanmill trains on sft and preference "
+            "datasets, and with RL online on the episodes it samples (method grpo)"
         )
     if settings.method != "auto" and settings.method != wanted:
         needed = "preference" if settings.method == "dpo" else "sft"
