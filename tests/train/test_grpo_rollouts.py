@@ -196,3 +196,37 @@ def test_a_grpo_run_resumes_from_its_last_checkpoint(
 
     with pytest.raises(TrainError, match="name the task"):
         train_grpo(tmp_path / "other", _settings(smollm2_dir, task=None), rollout_kafka)
+
+
+def test_grpo_from_the_command_line(
+    rollout_kafka: KafkaSettings,
+    smollm2_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from spanmill.cli.main import app
+
+    monkeypatch.setenv("SPANMILL_KAFKA_BOOTSTRAP_SERVERS", rollout_kafka.bootstrap_servers)
+    monkeypatch.setenv("SPANMILL_KAFKA_ROLLOUTS_TOPIC", rollout_kafka.rollouts_topic)
+    monkeypatch.setenv("SPANMILL_TRAIN_TRACK", "false")
+    monkeypatch.setenv("SPANMILL_TRAIN_ROLLOUT_MAX_TOKENS", "32")
+    runner = CliRunner()
+    out = tmp_path / "policy"
+    common = ["train", "--method", "grpo", "--base-model", str(smollm2_dir), "--steps", "1",
+              "--group-size", "2", "--groups-per-step", "1", "--precision", "fp32"]  # fmt: skip
+    result = runner.invoke(app, [*common, "--task", "calculator", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "grpo adapter in" in result.output
+    assert json.loads((out / "spanmill-train.json").read_text())["method"] == "grpo"
+    # A dataset means supervised training; GRPO samples its own episodes.
+    refused = runner.invoke(app, [*common, "--task", "calculator", str(tmp_path), str(out)])
+    assert refused.exit_code != 0 and "give only OUTPUT" in _text(refused.output)
+    refused = runner.invoke(app, [*common, str(tmp_path / "again")])
+    assert refused.exit_code != 0 and "name the task" in _text(refused.output)
+
+
+def _text(output: str) -> str:
+    """The words of a message rich wrapped in a box."""
+    return " ".join(output.replace("│", " ").split())
