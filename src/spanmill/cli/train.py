@@ -102,14 +102,7 @@ def train(
     if dataset is None or output is None:
         raise typer.BadParameter("give the DATASET folder and the OUTPUT folder")
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console) as progress:
+    with _progress() as progress:
         bar = progress.add_task("training", total=None, status="loading")
 
         class ProgressBar(TrainerCallback):
@@ -128,42 +121,40 @@ def train(
         result = run_training(
             dataset, output, settings, metrics_path=metrics_json, callbacks=[ProgressBar()]
         )
-    resumed = f", resumed from step {result.resumed_from_step}" if result.resumed_from_step else ""
-    console.print(
-        f"[green]✓[/] {result.method} adapter in {result.output_dir} after "
-        f"{result.global_step} steps{resumed}"
-    )
-    if result.run_id:
-        console.print(f"  MLflow run {result.run_id}")
-    console.print_json(json.dumps(result.metrics))
+    _report(result)
 
 
 def _train_grpo(output: Path, settings: Any) -> None:
     from spanmill.config import KafkaSettings, load_settings
     from spanmill.train.rl import DEFAULT_STEPS, train_grpo
 
-    steps = settings.max_steps or DEFAULT_STEPS
-    columns = (
+    with _progress() as progress:
+        bar = progress.add_task("grpo", total=settings.max_steps or DEFAULT_STEPS, status="")
+
+        def on_step(step: int, stats: dict[str, float]) -> None:
+            status = f"reward {stats['reward_mean']:.3f}, loss {stats['loss']:.4f}"
+            progress.update(bar, completed=step, status=status)
+
+        result = train_grpo(output, settings, load_settings(KafkaSettings), on_step=on_step)
+    _report(result)
+
+
+def _progress() -> Progress:
+    return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
+        console=console,
     )
-    with Progress(*columns, console=console) as progress:
-        bar = progress.add_task("grpo", total=steps, status="rolling out")
 
-        def on_step(step: int, stats: dict[str, float]) -> None:
-            progress.update(
-                bar,
-                completed=step,
-                status=f"reward {stats['reward_mean']:.3f}, loss {stats['loss']:.4f}",
-            )
 
-        result = train_grpo(output, settings, load_settings(KafkaSettings), on_step=on_step)
+def _report(result: Any) -> None:
     resumed = f", resumed from step {result.resumed_from_step}" if result.resumed_from_step else ""
     console.print(
-        f"[green]✓[/] grpo adapter in {result.output_dir} after {result.global_step} steps{resumed}"
+        f"[green]✓[/] {result.method} adapter in {result.output_dir} after "
+        f"{result.global_step} steps{resumed}"
     )
     if result.run_id:
         console.print(f"  MLflow run {result.run_id}")
