@@ -15,6 +15,8 @@ failures, and caching is off for steps that read moving state (the span window,
 the champion).
 """
 
+from typing import Any
+
 from kfp import dsl, kubernetes
 
 from components.build_dataset import build_dataset
@@ -138,41 +140,41 @@ def flywheel(
         _on_gpu_pool(rl)
         return rl
 
-    # train_method: sft or dpo (the dataset's mode must match), grpo from the base model,
-    # or sft+grpo: GRPO from the SFT adapter.
-    with dsl.If(train_method == "grpo", name="grpo"):
-        rl_only = reinforced(None)
-    with dsl.Elif(train_method == "sft+grpo", name="sft-then-grpo"):
-        rl_after = reinforced(supervised("sft"))
-    with dsl.Else(name="supervised"):
-        supervised_only = supervised(train_method)
-    trained_model = dsl.OneOf(
-        rl_only.outputs["model"], rl_after.outputs["model"], supervised_only.outputs["model"]
-    )
-
-    judged = evaluate(
-        dataset=data.outputs["dataset"], model=trained_model, agent=agent,
-        base_model=base_model, margin=margin, instances=eval_instances, evaluators=evaluators,
-        gate_metric=gate_metric, judge_url=judge_url, judge_model=judge_model,
-        num_threads=num_threads, triton_url=triton_url, model_repository=model_repository,
-        flavour=flavour, tracking_uri=tracking_uri,
-    )  # fmt: skip
-    judged.set_caching_options(False)
-    _cluster(judged)
-    for secret, keys in cluster.JUDGE_SECRETS.items():
-        kubernetes.use_secret_as_env(judged, secret, keys, optional=True)
-
-    with dsl.If(judged.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
-        registered = register_model(
-            model=trained_model, evaluation=judged.outputs["evaluation"],
-            agent=agent, base_model=base_model, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            tracking_uri=tracking_uri,
-        )  # fmt: skip
-        registered.set_caching_options(False)
-        _cluster(registered)
-        staged = deploy_model(
-            agent=agent, version=registered.output, triton_url=triton_url,
+    def judge_and_stage(trained_model: Any) -> None:
+        """Evaluate the model a branch trained; register and stage it if the gate passes."""
+        judged = evaluate(
+            dataset=data.outputs["dataset"], model=trained_model, agent=agent,
+            base_model=base_model, margin=margin, instances=eval_instances,
+            evaluators=evaluators, gate_metric=gate_metric, judge_url=judge_url,
+            judge_model=judge_model, num_threads=num_threads, triton_url=triton_url,
             model_repository=model_repository, flavour=flavour, tracking_uri=tracking_uri,
         )  # fmt: skip
-        staged.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
-        _cluster(staged)
+        judged.set_caching_options(False)
+        _cluster(judged)
+        for secret, keys in cluster.JUDGE_SECRETS.items():
+            kubernetes.use_secret_as_env(judged, secret, keys, optional=True)
+
+        with dsl.If(judged.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
+            registered = register_model(
+                model=trained_model, evaluation=judged.outputs["evaluation"], agent=agent,
+                base_model=base_model, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                tracking_uri=tracking_uri,
+            )  # fmt: skip
+            registered.set_caching_options(False)
+            _cluster(registered)
+            staged = deploy_model(
+                agent=agent, version=registered.output, triton_url=triton_url,
+                model_repository=model_repository, flavour=flavour, tracking_uri=tracking_uri,
+            )  # fmt: skip
+            staged.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
+            _cluster(staged)
+
+    # train_method: sft or dpo (the dataset's mode must match), grpo from the base model,
+    # or sft+grpo: GRPO from the SFT adapter. Each branch evaluates what it trained (kfp's
+    # local runner cannot select one artifact of several branches, dsl.OneOf).
+    with dsl.If(train_method == "grpo", name="grpo"):
+        judge_and_stage(reinforced(None).outputs["model"])
+    with dsl.Elif(train_method == "sft+grpo", name="sft-then-grpo"):
+        judge_and_stage(reinforced(supervised("sft")).outputs["model"])
+    with dsl.Else(name="supervised"):
+        judge_and_stage(supervised(train_method).outputs["model"])

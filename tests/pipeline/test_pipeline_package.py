@@ -61,9 +61,17 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     after_sft = tasks["train-rl-2"]["inputs"]["artifacts"]["init_model"]["taskOutputArtifact"]
     assert after_sft == {"outputArtifactKey": "model", "producerTask": "train-lora"}
     assert "artifacts" not in tasks["train-rl"]["inputs"]
-    # Whichever branch ran, its model is the one evaluated and registered.
-    judged = tasks["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"]
-    assert judged["producerTask"] == "condition-branches-1"
+    # Each branch evaluates, and registers if the gate passes, the model it trained.
+    for evaluation, registration, trained in (
+        ("evaluate", "register-model", "train-rl"),
+        ("evaluate-2", "register-model-2", "train-rl-2"),
+        ("evaluate-3", "register-model-3", "train-lora-2"),
+    ):
+        model = tasks[evaluation]["inputs"]["artifacts"]["model"]["taskOutputArtifact"]
+        assert model["producerTask"] == trained, evaluation
+        # Inside the gate's condition, the same artifact comes in as the branch's input.
+        model = tasks[registration]["inputs"]["artifacts"]["model"]["componentInputArtifact"]
+        assert model == f"pipelinechannel--{trained}-model", registration
     # The training steps run the CUDA image, every other step the CPU pipeline image.
     images = {name: e["container"]["image"] for name, e in executors.items()}
     assert {images.pop(name) for name in trainers} == {TRAIN_IMAGE}
@@ -76,10 +84,15 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     for name in trainers:
         assert k8s[name]["nodeSelector"]["labels"] == {"spanmill.io/pool": "gpu"}
         assert k8s[name]["tolerations"][0]["key"] == "nvidia.com/gpu"
-    for name in ("exec-build-dataset", *trainers, "exec-evaluate", "exec-register-model",
-                 "exec-deploy-model"):  # fmt: skip
+    steps = ["exec-build-dataset", *trainers] + [
+        f"exec-{step}{suffix}"
+        for step in ("evaluate", "register-model", "deploy-model")
+        for suffix in ("", "-2", "-3")
+    ]
+    assert sorted(steps) == sorted(executors)
+    for name in steps:
         secrets = {s["secretName"] for s in k8s[name]["secretAsEnv"]}
-        judged_secret = {"spanmill-judge"} if name == "exec-evaluate" else set()
+        judged_secret = {"spanmill-judge"} if name.startswith("exec-evaluate") else set()
         assert secrets == {"spanmill-mlflow", "spanmill-s3", *judged_secret}, name
         envs = {m["envVar"] for s in k8s[name]["secretAsEnv"] for m in s["keyToEnv"]}
         assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= envs
@@ -111,11 +124,8 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
         spec["components"]["comp-build-dataset"]["inputDefinitions"]["parameters"]
     )
     # Only a passing challenger is registered and staged.
-    dag = spec["root"]["dag"]["tasks"]
-    gate = [
-        name for name, task in dag.items() if "evaluate" in json.dumps(task.get("triggerPolicy"))
-    ]
-    assert gate and "register-model" in _tasks(spec)
+    gates = [t for t in _tasks(spec).values() if "evaluate" in json.dumps(t.get("triggerPolicy"))]
+    assert len(gates) == 3  # one gate per branch of train_method
 
 
 def test_upload_creates_then_versions_and_schedule(  # type: ignore[no-untyped-def]
