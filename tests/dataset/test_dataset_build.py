@@ -57,6 +57,16 @@ def test_a_call_recorded_by_the_client_and_the_gateway_is_one_sample() -> None:
     assert [row["completion"][0]["content"] for row in built.train] == ["42!"]
 
 
+def test_rl_rollout_calls_never_become_production_samples() -> None:
+    spans = two_call_episode()
+    production = build(DatasetSpec(eval_fraction=0.0), table(*spans))
+    for span in spans[1::2]:  # the two calls, as the trainer's own gateway marks them
+        span.attributes[sc.SPANMILL_TRAFFIC] = sc.TRAFFIC_TRAINING
+    rollouts = build(DatasetSpec(eval_fraction=0.0), table(*spans))
+    assert len(production.train) == 2 and production.counts["training_traffic"] == 0
+    assert rollouts.train == [] and rollouts.counts["training_traffic"] == 2
+
+
 def test_out_of_order_spans_are_put_in_time_order() -> None:
     spans = two_call_episode()
     got = rewards_by_answer(DatasetSpec(credit="discounted", discount=0.5), *reversed(spans))

@@ -70,7 +70,16 @@ def test_gateway_metrics_count_only_what_happened_since_the_snapshot(serve_app) 
         GatewayMetricsSignals([url]).health("calc", 2, since=0.0, baseline=None)
 
 
-def _call(i: int, version: str, *, start: int, error: bool = False, seconds: float = 0.1) -> Span:
+def _call(
+    i: int,
+    version: str,
+    *,
+    start: int,
+    error: bool = False,
+    seconds: float = 0.1,
+    training: bool = False,
+) -> Span:
+    extra = {sc.SPANMILL_TRAFFIC: sc.TRAFFIC_TRAINING} if training else {}
     return Span(
         trace_id=f"{i + 1:032x}",
         span_id=f"{i + 1:016x}",
@@ -85,6 +94,7 @@ def _call(i: int, version: str, *, start: int, error: bool = False, seconds: flo
             sc.GEN_AI_AGENT_NAME: "calc",
             sc.SPANMILL_MODEL_VERSION: version,
             sc.GEN_AI_RESPONSE_ID: f"resp-{i}",
+            **extra,
         },
         resource_attributes={sc.SERVICE_NAME: "spanmill-gateway"},
     )
@@ -121,6 +131,8 @@ def test_span_store_health_joins_rewards_to_the_version_that_answered(tmp_path: 
     spans += [_reward(i, i, 0.5, start=now + 100, linked=True) for i in range(13, 17)]
     spans += [_reward(17, 17, 1.0, start=now + 100, linked=False)]
     spans += [_reward(i, i, 0.0, start=now + 100, linked=True) for i in range(1, 5)]
+    # RL rollouts of a policy numbered 2 too, errors and all: not the served version's health.
+    spans += [_call(i, "2", start=now + i, error=True, training=True) for i in range(30, 35)]
     hourly = HourlyColumns()
     for offset, span in enumerate(spans):
         hourly.append(SpanParts.from_span(span), "spans", 0, offset, 0, 1)

@@ -83,7 +83,8 @@ def _group(sample: Sample) -> str:
 
 def _keep(spec: DatasetSpec, call: LLMCall) -> bool:
     return (
-        (spec.service is None or call.service == spec.service)
+        not call.training  # RL rollouts are the trainer's, never production data
+        and (spec.service is None or call.service == spec.service)
         and (spec.agent is None or call.agent == spec.agent)
         and (spec.model is None or call.model == spec.model)
         and (spec.model_version is None or call.model_version == spec.model_version)
@@ -156,6 +157,7 @@ def build(
     report("finding LLM calls")
     calls = read_llm_calls(in_window)
     counts["llm_calls"] = len(calls)
+    counts["training_traffic"] = sum(call.training for call in calls)
     report("collecting rewards")
     reward_spans = spans.select(list(REWARD_COLUMNS))
     if late is not None and late.num_rows:

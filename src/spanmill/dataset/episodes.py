@@ -97,6 +97,7 @@ class LLMCall:
     # (TOKEN_COLUMNS): the rendered prompt's ids and the sampled tokens' logprobs.
     prompt_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
+    training: bool = False  # an RL rollout's call (spanmill.traffic=training)
 
 
 @dataclass
@@ -249,6 +250,25 @@ def request_of(attributes: str | None) -> str | None:
     return json.dumps(request, sort_keys=True) if request else None
 
 
+# As the store writes it (compact JSON); anything else is parsed.
+_TRAINING_MARK: Final = json.dumps(
+    {sc.SPANMILL_TRAFFIC: sc.TRAFFIC_TRAINING}, separators=(",", ":")
+)[1:-1]
+
+
+def _is_training(attributes: str | None) -> bool:
+    """Whether a call's attributes mark it as RL rollout traffic (never production data)."""
+    if not attributes or sc.SPANMILL_TRAFFIC not in attributes:
+        return False
+    if _TRAINING_MARK in attributes:
+        return True
+    try:
+        found = json.loads(attributes)
+    except ValueError:
+        return False
+    return isinstance(found, dict) and found.get(sc.SPANMILL_TRAFFIC) == sc.TRAFFIC_TRAINING
+
+
 def one_record_per_call(calls: list[LLMCall]) -> list[LLMCall]:
     """Each call once: records that share a response id are one call, seen twice.
 
@@ -304,6 +324,7 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
             request=request_of(columns["attributes"][i]),
             prompt_token_ids=tokens["prompt_token_ids"][i],
             completion_logprobs=tokens["completion_logprobs"][i],
+            training=_is_training(columns["attributes"][i]),
         )
         for i in range(llm.num_rows)
     ]

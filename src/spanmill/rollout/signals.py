@@ -171,6 +171,8 @@ class SpanStoreSignals:
                 FROM spans
                 WHERE request_model = '{route}' AND operation_name IN ({operations})
                   AND model_version IS NOT NULL
+                  -- RL rollouts (spanmill.traffic=training) say nothing of a served version.
+                  AND coalesce(attributes, '') NOT LIKE '%"{sc.SPANMILL_TRAFFIC}":"training"%'
             ),
             mine AS (SELECT * FROM calls WHERE model_version = '{version}'),
             single AS (
