@@ -40,17 +40,28 @@ def _interval(values: list[float], resamples: int = 2000, seed: int = 0) -> tupl
     return means[int(0.025 * (resamples - 1))], means[round(0.975 * (resamples - 1))]
 
 
+def _served(model_dir: str, adapter: str | None) -> Any:
+    """The model (with the adapter merged) served in-process, bf16, on the GPU if any."""
+    from spanmill.serving.generation import Generator
+    from spanmill.train.policy import PolicyServer
+    from spanmill.train.rl import placement
+    from spanmill.train.settings import TrainSettings
+
+    generator = Generator(model_dir, adapter, dtype="bfloat16")
+    device, _ = placement(TrainSettings(track=False))
+    model = generator.model.to(device)
+    return PolicyServer(model, generator.tokenizer, max_tokens_limit=128)
+
+
 def _evaluate(
     task: Any, model_dir: str, adapter: str | None, n: int, kafka: Any, label: str
 ) -> tuple[dict[str, float], float]:
     """Success per held-out instance id, zero-shot and greedy; and episodes/s."""
     from spanmill import sdk
-    from spanmill.serving.generation import Generator
     from spanmill.tasks.runner import run_agent
-    from spanmill.train.policy import PolicyServer, RolloutGateway
+    from spanmill.train.policy import RolloutGateway
 
-    generator = Generator(model_dir, adapter, dtype="bfloat16")
-    policy = PolicyServer(generator.model, generator.tokenizer, max_tokens_limit=128)
+    policy = _served(model_dir, adapter)
     sdk.configure(f"{task.agent_name}-evaluation", kafka=kafka, agent_name=task.agent_name,
                   set_global=False)  # fmt: skip
     started = time.perf_counter()
@@ -74,13 +85,11 @@ def _production_dataset(task: Any, model_dir: str, n: int, kafka: Any, out: Path
     from spanmill.dataset.build import build
     from spanmill.dataset.output import write_dataset
     from spanmill.dataset.spec import DatasetSpec
-    from spanmill.serving.generation import Generator
     from spanmill.tasks.runner import run_agent
-    from spanmill.train.policy import PolicyServer, RolloutGateway
+    from spanmill.train.policy import RolloutGateway
     from spanmill.train.rollouts import RolloutReader
 
-    generator = Generator(model_dir, dtype="bfloat16")
-    policy = PolicyServer(generator.model, generator.tokenizer, max_tokens_limit=128)
+    policy = _served(model_dir, None)
     sdk.configure(f"{task.agent_name}-production", kafka=kafka, agent_name=task.agent_name,
                   set_global=False)  # fmt: skip
     reader = RolloutReader(kafka, kafka.spans_topic)
@@ -118,8 +127,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="Keep the adapters here.")
     args = parser.parse_args(argv)
 
-    import torch
-
     from spanmill.config import KafkaSettings
     from spanmill.models import pull_model
     from spanmill.paths import models_dir
@@ -129,7 +136,6 @@ def main(argv: list[str] | None = None) -> None:
     from spanmill.train import TrainSettings, train
     from spanmill.train.rl import train_grpo
 
-    torch.set_num_threads(2)
     task = get_task(args.task)
     base = str(pull_model("smollm2-135m", models_dir()))
     work = Path(args.out or tempfile.mkdtemp(prefix="rl-learning-"))
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         clock = time.perf_counter()
         train(dataset, sft, TrainSettings(
             base_model=base, max_steps=args.sft_steps, batch_size=8, learning_rate=3e-4,
-            precision="bf16", num_threads=2, track=False, eval_loss=False,
+            precision="bf16", track=False, eval_loss=False,
         ))  # fmt: skip
         sft_s = time.perf_counter() - clock
         print(f"  sft: {args.sft_steps} steps in {sft_s:.0f}s", flush=True)
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             max_steps=args.grpo_steps, group_size=args.group_size,
             groups_per_step=args.groups_per_step, rollout_temperature=args.temperature,
             learning_rate=args.grpo_lr, warmup_ratio=0.0, lr_scheduler="constant",
-            batch_size=8, precision="bf16", num_threads=2, track=False, save_steps=1000,
+            batch_size=8, precision="bf16", track=False, save_steps=1000,
         )  # fmt: skip
 
         def on_step(step: int, stats: dict[str, float]) -> None:

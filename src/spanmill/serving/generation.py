@@ -98,6 +98,8 @@ class Generator:
         self.max_tokens_limit = max_tokens_limit
         self.tokenizer = tokenizer
         self.model: Any = model
+        # Inputs go where the weights are (a trainer's policy may be on a GPU).
+        self.device = next(model.parameters()).device
         self.eos_ids = _eos_ids(model, self.tokenizer)
         self.pad_id = (
             self.tokenizer.pad_token_id
@@ -164,7 +166,9 @@ class Generator:
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             out = self.model.generate(
-                input_ids=prompt_ids, attention_mask=encoded["attention_mask"], **options
+                input_ids=prompt_ids.to(self.device),
+                attention_mask=encoded["attention_mask"].to(self.device),
+                **options,
             )
             scores = self.model.compute_transition_scores(
                 out.sequences, out.scores, normalize_logits=True
@@ -226,7 +230,11 @@ class Generator:
         with self._lock, torch.inference_mode():
             if params.seed is not None:
                 torch.manual_seed(params.seed)
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **options)
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                **options,
+            )
             scores = self.model.compute_transition_scores(
                 out.sequences, out.scores, normalize_logits=True
             )

@@ -295,6 +295,16 @@ def train_grpo(
     return result
 
 
+def placement(settings: TrainSettings) -> tuple[str, Any]:
+    """Where the policy lives and in which dtype: the first GPU when there is one, where
+    it both generates and trains (bf16 by default); else the CPU (fp32 unless asked)."""
+    import torch
+
+    bf16, fp16 = _precision(settings)
+    dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+    return ("cuda" if torch.cuda.is_available() else "cpu"), dtype
+
+
 def _resume_point(checkpoints: Path, settings: TrainSettings) -> tuple[Path | None, str | None]:
     if not settings.resume or not checkpoints.is_dir():
         return None, None
@@ -371,9 +381,7 @@ def _run(
     from spanmill.train.policy import PolicyServer, RolloutGateway
     from spanmill.train.rollouts import RolloutReader, run_groups, trajectories
 
-    bf16, fp16 = _precision(settings)
-    dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device, dtype = placement(settings)
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
