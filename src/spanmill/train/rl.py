@@ -542,9 +542,17 @@ def _save_checkpoint(
 
 
 def _manifest(result: TrainResult, settings: TrainSettings, task: Task) -> dict[str, Any]:
+    """The run's manifest; after SFT, the dataset the start adapter learnt from stays in the
+    lineage (``dataset``, ``dataset_digest``), and that run's manifest is kept whole."""
+    start: dict[str, Any] = {}
+    if settings.init_adapter:
+        path = Path(settings.init_adapter) / MANIFEST_FILE
+        start = json.loads(path.read_text()) if path.is_file() else {}
     return {
         **result.to_json(),
-        "dataset": None,
+        "dataset": start.get("dataset"),
+        "dataset_digest": start.get("dataset_digest") or result.dataset_digest,
+        "init_manifest": start or None,
         "dataset_mode": "rl",
         "task": task.name,
         "init_adapter": settings.init_adapter,
