@@ -33,13 +33,13 @@ BASE = "smollm2-135m"
 class DemoPlan:
     """Sizes that keep the whole demo within about 20 minutes on two cores."""
 
-    eval_episodes: int = 40
-    traffic_episodes: int = 300
-    max_steps: int = 50
+    eval_episodes: int = 100
+    traffic_episodes: int = 800
+    max_steps: int = 90
     eval_instances: int = 60
     margin: float = 0.05
     # Episodes in flight at once: Triton's dynamic batcher generates their turns together.
-    concurrency: int = 8
+    concurrency: int = 32
 
 
 def stack_urls(settings: StackSettings) -> dict[str, str]:
@@ -171,6 +171,7 @@ def run_flywheel(settings: StackSettings, plan: DemoPlan, root: Path) -> None:
         drop_examples=True,
         base_model=BASE,
         max_steps=plan.max_steps,
+        precision="bf16",  # about twice as fast as fp32 on a CPU, the same recipe
         eval_instances=plan.eval_instances,
         margin=plan.margin,
         triton_url=urls["triton"],

@@ -18,6 +18,9 @@ from rich.progress import (
 from rich.table import Table
 
 from spanmill.cli.console import console, handle_errors
+from spanmill.demo import DemoPlan
+
+steps_plan = DemoPlan()  # the sizes the options default to
 
 
 def _episodes(bar: Progress, label: str, n: int | None) -> Any:
@@ -43,10 +46,16 @@ def _bar() -> Progress:
 
 @handle_errors
 def demo(
-    episodes: int = typer.Option(300, help="Production episodes (few-shot prompt, train tasks)."),
-    eval_n: int = typer.Option(40, "--eval-n", help="Held-out problems measured before/after."),
-    max_steps: int = typer.Option(50, help="LoRA training steps."),
-    concurrency: int = typer.Option(8, min=1, help="Episodes in flight at once."),
+    episodes: int = typer.Option(
+        steps_plan.traffic_episodes, help="Production episodes (few-shot prompt, train tasks)."
+    ),
+    eval_n: int = typer.Option(
+        steps_plan.eval_episodes, "--eval-n", help="Held-out problems measured before/after."
+    ),
+    max_steps: int = typer.Option(steps_plan.max_steps, help="LoRA training steps."),
+    concurrency: int = typer.Option(
+        steps_plan.concurrency, min=1, help="Episodes in flight at once."
+    ),
     down: bool = typer.Option(False, help="Stop the stack at the end."),
 ) -> None:
     """Stack up, SmolLM2 in service, agent traffic, the flywheel, a rollout, before/after."""
