@@ -94,7 +94,8 @@ def _production_dataset(task: Any, model_dir: str, n: int, kafka: Any, out: Path
                   set_global=False)  # fmt: skip
     reader = RolloutReader(kafka, kafka.spans_topic)
     try:
-        with RolloutGateway(policy, task.agent_name, kafka) as gateway:
+        # Production traffic, unmarked: what the dataset builder learns from.
+        with RolloutGateway(policy, task.agent_name, kafka, traffic=None) as gateway:
             report = run_agent(
                 task, n, gateway.base_url, task.agent_name, split="train",
                 prompt_style="few_shot", concurrency=32, seed=1,

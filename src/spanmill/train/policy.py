@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from spanmill.config import GatewaySettings, KafkaSettings
 from spanmill.gateway.routing import Backend, Route, RoutingTable
@@ -135,7 +135,8 @@ class RolloutGateway:
     """spanmill's gateway over a :class:`PolicyServer`, listening on a loopback port.
 
     Agents call ``base_url`` with ``model=agent``; every call is recorded on
-    ``kafka.spans_topic`` (the rollout topic) with ``spanmill.traffic=training``.
+    ``kafka.spans_topic`` (the rollout topic) with ``spanmill.traffic=training``
+    (unless ``traffic`` is None).
     """
 
     policy: PolicyServer
@@ -143,6 +144,9 @@ class RolloutGateway:
     kafka: KafkaSettings
     host: str = "127.0.0.1"
     port: int = 0
+    # What the calls are marked as: RL rollouts, or (None) production traffic, as when
+    # a benchmark plays production with a model it serves in-process.
+    traffic: Literal["training"] | None = "training"
     _server: Any = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _app: Any = field(default=None, init=False, repr=False)
@@ -159,7 +163,7 @@ class RolloutGateway:
         if not self.port:
             self.port = _free_port(self.host)
         settings = GatewaySettings(
-            kafka=self.kafka, host=self.host, port=self.port, traffic="training"
+            kafka=self.kafka, host=self.host, port=self.port, traffic=self.traffic
         )
         self._app = create_app(settings, upstream=self.policy, table=self._table())
         config = uvicorn.Config(
