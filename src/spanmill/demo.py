@@ -34,12 +34,12 @@ class DemoPlan:
     """Sizes that keep the whole demo within about 20 minutes on two cores."""
 
     eval_episodes: int = 100
-    traffic_episodes: int = 800
+    traffic_episodes: int = 400
     max_steps: int = 90
     eval_instances: int = 60
     margin: float = 0.05
     # Episodes in flight at once: Triton's dynamic batcher generates their turns together.
-    concurrency: int = 32
+    concurrency: int = 16
 
 
 def stack_urls(settings: StackSettings) -> dict[str, str]:
