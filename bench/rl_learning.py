@@ -126,6 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--grpo-lr", type=float, default=1e-4)
     parser.add_argument("--out", type=Path, default=None, help="Keep the adapters here.")
+    parser.add_argument(
+        "--sft", type=Path, default=None,
+        help="Start GRPO from this SFT adapter (an earlier run's OUT/sft) instead of making one.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     from spanmill.config import KafkaSettings
@@ -152,16 +156,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{task.name}: base, SFT from production successes, GRPO from SFT", flush=True)
         scores, base_rate = _evaluate(task, base, None, args.heldout, kafka, "base")
         rows.append(("base", scores))
-        dataset = work / "production-dataset"
-        _production_dataset(task, base, args.production, kafka, dataset)
-        sft = work / "sft"
-        clock = time.perf_counter()
-        train(dataset, sft, TrainSettings(
-            base_model=base, max_steps=args.sft_steps, batch_size=8, learning_rate=3e-4,
-            precision="bf16", track=False, eval_loss=False,
-        ))  # fmt: skip
-        sft_s = time.perf_counter() - clock
-        print(f"  sft: {args.sft_steps} steps in {sft_s:.0f}s", flush=True)
+        sft = args.sft or work / "sft"
+        if args.sft is None:
+            dataset = work / "production-dataset"
+            _production_dataset(task, base, args.production, kafka, dataset)
+            clock = time.perf_counter()
+            train(dataset, sft, TrainSettings(
+                base_model=base, max_steps=args.sft_steps, batch_size=8, learning_rate=3e-4,
+                precision="bf16", track=False, eval_loss=False,
+            ))  # fmt: skip
+            print(f"  sft: {args.sft_steps} steps in {time.perf_counter() - clock:.0f}s")
         scores, _ = _evaluate(task, base, str(sft), args.heldout, kafka, "sft")
         rows.append(("sft", scores))
         grpo = work / "grpo"

@@ -166,9 +166,12 @@ class RolloutGateway:
             kafka=self.kafka, host=self.host, port=self.port, traffic=self.traffic
         )
         self._app = create_app(settings, upstream=self.policy, table=self._table())
+        # Agents wait on a whole batch between turns: keep their connections open longer
+        # than that, so no request goes out on a connection the server is closing.
         config = uvicorn.Config(
-            self._app, host=self.host, port=self.port, log_level="warning", lifespan="on"
-        )
+            self._app, host=self.host, port=self.port, log_level="warning", lifespan="on",
+            timeout_keep_alive=300,
+        )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, name="rollout-gateway", daemon=True

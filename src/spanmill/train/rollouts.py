@@ -192,13 +192,17 @@ def trajectories(table: pa.Table, episodes: Sequence[EpisodeResult]) -> list[Tra
         by_episode[call.episode_id].append(call)
     found = []
     for result in episodes:
-        recorded = [c for c in by_episode.get(result.episode_id, []) if not c.failed]
-        ids = [c.response_id for c in recorded]
-        if ids != result.response_ids:
+        # The calls whose answers the agent received, in its order. The gateway may have
+        # answered a call the client gave up on and sent again (a dropped connection):
+        # the agent never saw that answer, so it is no part of the episode.
+        answered = {c.response_id: c for c in by_episode.get(result.episode_id, [])}
+        missing = [r for r in result.response_ids if r not in answered]
+        if missing:
             raise TrainError(
-                f"episode {result.episode_id}: the gateway recorded calls {ids}, the agent "
-                f"received {result.response_ids}"
+                f"episode {result.episode_id}: the agent received {missing}, which the "
+                f"gateway did not record (it recorded {sorted(map(str, answered))})"
             )
+        recorded = [answered[r] for r in result.response_ids]
         tokens = []
         for call in recorded:
             if call.prompt_token_ids is None or call.completion_token_ids is None:
