@@ -1,7 +1,7 @@
 """Learning figures: base, SFT from production successes, then GRPO, on held-out instances.
 
-``python -m bench.rl_learning [--task calculator] [--grpo-steps 12] ...`` (about
-30-40 minutes on two cores; ``make bench`` leaves it out, it runs only when named).
+``python -m bench.rl_learning [--task calculator] [--grpo-steps 14] ...`` (about
+35 minutes on two cores; ``make bench`` leaves it out, it runs only when named).
 Every stage runs the task's own episode code against spanmill's gateway over the
 policy served in-process, with a broker of its own (tansu) for the spans:
 
@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heldout", type=int, default=100)
     parser.add_argument("--production", type=int, default=500)
     parser.add_argument("--sft-steps", type=int, default=90)
-    parser.add_argument("--grpo-steps", type=int, default=12)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--groups-per-step", type=int, default=4)
-    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--grpo-steps", type=int, default=14)
+    parser.add_argument("--group-size", type=int, default=6)
+    parser.add_argument("--groups-per-step", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--grpo-lr", type=float, default=1e-4)
     parser.add_argument("--out", type=Path, default=None, help="Keep the adapters here.")
     parser.add_argument(
