@@ -63,7 +63,7 @@ def test_the_trainer_trains_on_the_tokens_the_gateway_recorded(
     rollout_kafka: KafkaSettings, smollm2_dir: Path
 ) -> None:
     import torch
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from spanmill import sdk
@@ -94,6 +94,10 @@ def test_the_trainer_trains_on_the_tokens_the_gateway_recorded(
     written = rollout_kafka.model_copy(update={"spans_topic": topic})
     sdk.configure("calculator-rollouts", kafka=written, agent_name="calculator", set_global=False)
     reader = RolloutReader(rollout_kafka, topic)
+    # A record that is no spans at all, from some other writer: skipped, not fatal.
+    garbage = KafkaProducer(bootstrap_servers=rollout_kafka.bootstrap_servers)
+    garbage.send(topic, b"not spans").get(timeout=30)
+    garbage.close()
     try:
         with RolloutGateway(policy, "calculator", written) as gateway:
             gateway.serve_version(3)

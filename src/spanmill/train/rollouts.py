@@ -30,6 +30,7 @@ from spanmill.config import KafkaSettings
 from spanmill.dataset.episodes import read_llm_calls, read_rewards
 from spanmill.spans import Span
 from spanmill.spans.codec import detect_and_decode
+from spanmill.spans.errors import SpanDecodeError
 from spanmill.store.rows import table_from_spans
 from spanmill.tasks.base import Task, TaskInstance
 from spanmill.tasks.runner import EpisodeResult, run_episode
@@ -154,8 +155,12 @@ class RolloutReader:
                 )
             for records in self._consumer.poll(timeout_ms=500).values():
                 for record in records:
-                    content_type = _content_type(record.headers)
-                    for span in detect_and_decode(record.value, content_type):
+                    try:
+                        decoded = detect_and_decode(record.value, _content_type(record.headers))
+                    except SpanDecodeError as exc:  # not this run's: its writers are spanmill's
+                        log.warning("skipping an undecodable rollout record: %s", exc)
+                        continue
+                    for span in decoded:
                         if span.trace_id not in wanted:
                             continue
                         spans.append(span)
