@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import resource
 import tempfile
 import time
@@ -32,12 +31,6 @@ from statistics import fmean
 from typing import Any
 
 EXPLICIT_ONLY = True  # python -m bench runs it only when named
-
-
-def _interval(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    rng = random.Random(seed)
-    means = sorted(fmean(rng.choices(values, k=len(values))) for _ in range(resamples))
-    return means[int(0.025 * (resamples - 1))], means[round(0.975 * (resamples - 1))]
 
 
 def _served(model_dir: str, adapter: str | None) -> Any:
@@ -133,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from spanmill.config import KafkaSettings
+    from spanmill.evaluate.stats import bootstrap_difference
     from spanmill.models import pull_model
     from spanmill.paths import models_dir
     from spanmill.stack.ports import free_port
@@ -194,11 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     previous: dict[str, float] | None = None
     for name, scores in rows:
         values = list(scores.values())
-        low, high = _interval(values)
-        line = f"{name:<6} {fmean(values):>8.3f} [{low:.3f}, {high:.3f}]".ljust(33)
+        rate = bootstrap_difference(values, [0.0] * len(values))  # the rate's own interval
+        line = f"{name:<6} {rate.estimate:>8.3f} [{rate.low:.3f}, {rate.high:.3f}]".ljust(33)
         if previous is not None:
-            from spanmill.evaluate.stats import bootstrap_difference
-
             shared = sorted(set(scores) & set(previous))
             diff = bootstrap_difference([scores[i] for i in shared], [previous[i] for i in shared])
             line += f" {diff.estimate:>+10.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"

@@ -250,18 +250,10 @@ def request_of(attributes: str | None) -> str | None:
     return json.dumps(request, sort_keys=True) if request else None
 
 
-# As the store writes it (compact JSON); anything else is parsed.
-_TRAINING_MARK: Final = json.dumps(
-    {sc.SPANMILL_TRAFFIC: sc.TRAFFIC_TRAINING}, separators=(",", ":")
-)[1:-1]
-
-
 def _is_training(attributes: str | None) -> bool:
     """Whether a call's attributes mark it as RL rollout traffic (never production data)."""
     if not attributes or sc.SPANMILL_TRAFFIC not in attributes:
         return False
-    if _TRAINING_MARK in attributes:
-        return True
     try:
         found = json.loads(attributes)
     except ValueError:

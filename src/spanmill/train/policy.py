@@ -64,9 +64,6 @@ class PolicyServer:
         self._pending: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
         self._busy: asyncio.Lock | None = None  # made on the serving loop, at first use
-        self.requests = 0
-        self.batches = 0
-        self.generated_tokens = 0
 
     @property
     def version(self) -> str:
@@ -110,8 +107,6 @@ class PolicyServer:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             if not batch:
                 return
-            self.requests += len(batch)
-            self.batches += 1
             results = await asyncio.to_thread(
                 generate_all, self.generator, [p.request for p in batch]
             )
@@ -121,7 +116,6 @@ class PolicyServer:
                 if isinstance(result, Exception):
                     pending.answer.set_exception(result)
                 else:
-                    self.generated_tokens += sum(len(c.token_ids) for c in result.choices)
                     pending.answer.set_result(result)
         if self._pending:
             self._start_flush(0.0)

@@ -63,7 +63,7 @@ from spanmill.train.grpo import (
     grpo_loss,
     weighted_rewards,
 )
-from spanmill.train.rollouts import RolloutBatch, Trajectory
+from spanmill.train.rollouts import Trajectory
 from spanmill.train.settings import TrainSettings
 from spanmill.train.trainer import (
     CHECKPOINTS_DIRNAME,
@@ -75,6 +75,7 @@ from spanmill.train.trainer import (
     _peak_rss_mb,
     _precision,
     _write_json,
+    lora_config,
 )
 
 log = logging.getLogger(__name__)
@@ -327,23 +328,14 @@ def _resume_point(checkpoints: Path, settings: TrainSettings) -> tuple[Path | No
 
 
 def _load_policy(base_model: str, settings: TrainSettings, dtype: Any, start: Path | None) -> Any:
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
     adapter = str(start) if start is not None else settings.init_adapter
     if adapter:
         return PeftModel.from_pretrained(model, adapter, is_trainable=True)
-    lora = LoraConfig(
-        r=settings.lora_r,
-        lora_alpha=settings.lora_alpha,
-        lora_dropout=settings.lora_dropout,
-        target_modules=(
-            "all-linear" if settings.target_modules == ["all-linear"] else settings.target_modules
-        ),
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, lora)
+    return get_peft_model(model, lora_config(settings))
 
 
 def _load_reference(base_model: str, settings: TrainSettings, dtype: Any) -> Any:
@@ -449,12 +441,9 @@ def _run(
             finished = [r for r in results if r.error is None]
             if not sdk.force_flush():
                 raise TrainError("the episodes' spans were not all written to the rollout topic")
-            batch = RolloutBatch(
-                trajectories(reader.read(finished), finished),
-                failed=len(results) - len(finished),
-                seconds=time.perf_counter() - clock,
-            )
-            rows, stats = rows_of(batch.trajectories, settings)
+            batch = trajectories(reader.read(finished), finished)
+            rollout_s = time.perf_counter() - clock
+            rows, stats = rows_of(batch, settings)
             clock = time.perf_counter()
             if rows:
                 stats.update(grpo_step(model, optimizer, rows, settings, pad_id, reference))
@@ -465,10 +454,10 @@ def _run(
             stats.update(
                 step=float(step + 1),
                 seed=float(seed),
-                rollout_s=batch.seconds,
+                rollout_s=rollout_s,
                 train_s=time.perf_counter() - clock,
-                episodes_per_s=len(results) / batch.seconds if batch.seconds else 0.0,
-                failed_episodes=float(batch.failed),
+                episodes_per_s=len(results) / rollout_s,
+                failed_episodes=float(len(results) - len(finished)),
                 learning_rate=float(scheduler.get_last_lr()[0]),
             )
             history.append(stats)

@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import openai
@@ -60,16 +60,6 @@ class Trajectory:
     rewards: Mapping[str, float]
     primary: str | None  # the reward marked primary in the window's spans
     calls: list[CallTokens]
-
-
-@dataclass
-class RolloutBatch:
-    """What one rollout phase produced."""
-
-    trajectories: list[Trajectory]
-    failed: int = 0  # episodes the endpoint failed: left out, they say nothing of the policy
-    seconds: float = 0.0
-    counts: dict[str, int] = field(default_factory=dict)
 
 
 def run_groups(

@@ -257,7 +257,6 @@ def _run(
         torch.set_num_threads(settings.num_threads)
     bf16, fp16 = plan.bf16, plan.fp16
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(plan.base_model)
@@ -266,15 +265,7 @@ def _run(
     model = AutoModelForCausalLM.from_pretrained(
         plan.base_model, dtype=torch.bfloat16 if bf16 else torch.float32
     )
-    lora = LoraConfig(
-        r=settings.lora_r,
-        lora_alpha=settings.lora_alpha,
-        lora_dropout=settings.lora_dropout,
-        target_modules=(
-            "all-linear" if settings.target_modules == ["all-linear"] else settings.target_modules
-        ),
-        task_type="CAUSAL_LM",
-    )
+    lora = lora_config(settings)
     train_set = Dataset(plan.data.train.table)
     eval_set = Dataset(plan.data.eval.table) if plan.data.eval and settings.eval_loss else None
     metrics_callback = MetricsCallback(tracker)
@@ -419,6 +410,21 @@ def _run(
         dataset_digest=plan.data.digest,
         merged_dir=merged_dir,
         metrics=metrics,
+    )
+
+
+def lora_config(settings: TrainSettings) -> Any:
+    """The PEFT LoRA configuration of a run's settings (SFT, DPO and GRPO alike)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=settings.lora_r,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=(
+            "all-linear" if settings.target_modules == ["all-linear"] else settings.target_modules
+        ),
+        task_type="CAUSAL_LM",
     )
 
 
