@@ -18,7 +18,10 @@ call) is 1 when turn 1 was a calculator call the tool could run.
 
 The zero-shot and few-shot prompts share one system prompt; few-shot only adds
 example turns, so dropping the examples from a few-shot sample gives exactly the
-zero-shot prompt (what context distillation needs).
+zero-shot prompt (what context distillation needs). The few-shot prompt is the
+production one, and it retrieves its examples as production prompts do: the two
+solved training problems (from a bank of one per template) most alike in words to
+the question.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from typing import Any, Final
 
 from spanmill import semconv as sc
@@ -47,6 +51,7 @@ from spanmill.tasks.base import (
     extract_tool_call,
     is_example,
     message_text,
+    split_of,
 )
 
 TOOL_NAME: Final = "calculator"
@@ -592,18 +597,22 @@ _BY_ID: Final = {template.id: template for template in TEMPLATES}
 _DRAWS_PER_TEMPLATE: Final = 200
 
 
-@dataclass(frozen=True)
-class Example:
-    """A worked example for the few-shot prompt."""
+# The production prompt's worked examples: the solved training problems most alike in
+# words to the question, most alike last (retrieved few-shot examples, one per template
+# in the bank).
+EXAMPLES_PER_PROMPT: Final = 2
+_WORD: Final = re.compile(r"[a-z]+")
 
-    template: str
-    values: Mapping[str, int | str]
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text.lower()))
 
 
-FEW_SHOT_EXAMPLES: Final = (
-    Example("bakery-muffins", {"a": 4, "b": 12, "c": 9}),
-    Example("pencils-shared", {"a": 6, "b": 42, "c": 3}),
-)
+def likeness(a: str, b: str) -> float:
+    """How alike two questions are in words (numbers aside): the Jaccard index, 0 to 1."""
+    left, right = _words(a), _words(b)
+    return len(left & right) / len(left | right) if left or right else 0.0
+
 
 SYSTEM_PROMPT: Final = (
     "You are a calculator agent. You solve arithmetic word problems with a calculator tool.\n"
@@ -638,15 +647,23 @@ def make_instance(template_id: str, values: Mapping[str, int | str]) -> TaskInst
     return _instance(template, {name: Fraction(value) for name, value in values.items()})
 
 
+def _drawn_values(template: Template, rng: random.Random) -> dict[str, Fraction] | None:
+    """Values for a template that make a real-looking problem, or None after many tries."""
+    for _ in range(_DRAWS_PER_TEMPLATE):
+        values: dict[str, Fraction] = {}
+        for name, variable in template.variables.items():
+            values[name] = variable.draw(rng, values)
+        if template.acceptable(values):
+            return values
+    return None
+
+
 def _draw(rng: random.Random) -> TaskInstance:
     while True:
         template = rng.choice(TEMPLATES)
-        for _ in range(_DRAWS_PER_TEMPLATE):
-            values: dict[str, Fraction] = {}
-            for name, variable in template.variables.items():
-                values[name] = variable.draw(rng, values)
-            if template.acceptable(values):
-                return _instance(template, values)
+        values = _drawn_values(template, rng)
+        if values is not None:
+            return _instance(template, values)
 
 
 def tool_call_content(expression: str) -> str:
@@ -669,16 +686,32 @@ class CalculatorTask(Task):
     def system_prompt(self, style: PromptStyle) -> str:
         return SYSTEM_PROMPT
 
-    def few_shot_turns(self) -> list[Message]:
+    @cached_property
+    def worked_examples(self) -> tuple[TaskInstance, ...]:
+        """The bank of worked examples: one solved training problem per template."""
+        rng = random.Random(f"{self.name}:worked-examples")
+        bank: list[TaskInstance] = []
+        for template in TEMPLATES:
+            while True:
+                values = _drawn_values(template, rng)
+                if values is None:
+                    continue
+                instance = _instance(template, values)
+                if split_of(instance.id, self.heldout_percent) == "train":
+                    bank.append(instance)
+                    break
+        return tuple(bank)
+
+    def few_shot_turns(self, instance: TaskInstance) -> list[Message]:
+        others = [e for e in self.worked_examples if e.id != instance.id]
+        chosen = sorted(others, key=lambda e: (likeness(e.question, instance.question), e.id))
         turns: list[Message] = []
-        for number, example in enumerate(FEW_SHOT_EXAMPLES, 1):
-            instance = make_instance(example.template, example.values)
-            call_id = f"example-{number}"
+        for number, example in enumerate(chosen[-EXAMPLES_PER_PROMPT:], 1):
             turns += [
-                {"role": "user", "content": instance.question},
-                {"role": "assistant", "content": tool_call_content(instance.data["expression"])},
-                {"role": "tool", "tool_call_id": call_id, "content": instance.answer},
-                {"role": "assistant", "content": instance.answer},
+                {"role": "user", "content": example.question},
+                {"role": "assistant", "content": tool_call_content(example.data["expression"])},
+                {"role": "tool", "tool_call_id": f"example-{number}", "content": example.answer},
+                {"role": "assistant", "content": example.answer},
             ]
         for turn in turns:
             turn[sc.SPANMILL_MESSAGE_EXAMPLE] = True

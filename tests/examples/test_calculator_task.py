@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from spanmill_examples.calculator import (
-    FEW_SHOT_EXAMPLES,
     TEMPLATES,
     CalculatorTask,
     ExpressionError,
     evaluate,
     format_number,
+    likeness,
     make_instance,
     parse_answer,
     tool_call_content,
@@ -195,18 +195,48 @@ def test_the_tool_runs_the_evaluator() -> None:
 
 
 def test_few_shot_turns_are_marked_real_chat_turns_that_pass_the_verifier() -> None:
-    turns = TASK.few_shot_turns()
+    instance = TASK.instances("train", 1)[0]
+    turns = TASK.few_shot_turns(instance)
     assert [turn["role"] for turn in turns] == ["user", "assistant", "tool", "assistant"] * 2
     assert all(turn[sc.SPANMILL_MESSAGE_EXAMPLE] is True for turn in turns)
-    for number, example in enumerate(FEW_SHOT_EXAMPLES):
-        instance = make_instance(example.template, example.values)
+    by_question = {example.question: example for example in TASK.worked_examples}
+    for number in range(2):
         shown = turns[4 * number : 4 * number + 4]
-        assert shown[0]["content"] == instance.question
+        example = by_question[shown[0]["content"]]
         unmarked = [
             {key: value for key, value in turn.items() if key != sc.SPANMILL_MESSAGE_EXAMPLE}
             for turn in shown
         ]
-        assert TASK.verify(instance, unmarked).rewards == {"success": 1.0, "valid_call": 1.0}
+        assert TASK.verify(example, unmarked).rewards == {"success": 1.0, "valid_call": 1.0}
+
+
+def test_the_worked_examples_are_training_problems_one_per_template() -> None:
+    bank = TASK.worked_examples
+    assert sorted(example.data["template"] for example in bank) == sorted(
+        template.id for template in TEMPLATES
+    )
+    assert all(split_of(example.id) == "train" for example in bank)
+    assert TASK.worked_examples == CalculatorTask().worked_examples  # the same in every process
+
+
+def test_the_few_shot_prompt_shows_the_most_alike_examples_most_alike_last() -> None:
+    for instance in TASK.instances("heldout", 40, seed=3):
+        shown = [
+            turn["content"] for turn in TASK.few_shot_turns(instance) if turn["role"] == "user"
+        ]
+        ranked = sorted(
+            (likeness(e.question, instance.question) for e in TASK.worked_examples), reverse=True
+        )
+        assert [likeness(q, instance.question) for q in shown] == [ranked[1], ranked[0]]
+        # The closest example is a problem of the same template, never the instance itself.
+        assert by_template(shown[-1]) == instance.data["template"]
+        assert instance.question not in shown
+    worked = TASK.worked_examples[0]
+    assert worked.question not in [t["content"] for t in TASK.few_shot_turns(worked)]
+
+
+def by_template(question: str) -> str:
+    return next(e.data["template"] for e in TASK.worked_examples if e.question == question)
 
 
 def test_zero_and_few_shot_share_the_system_prompt() -> None:
@@ -215,7 +245,7 @@ def test_zero_and_few_shot_share_the_system_prompt() -> None:
     few = TASK.messages(instance, "few_shot")
     assert [m["role"] for m in zero] == ["system", "user"]
     assert zero[0] == few[0] and zero[-1] == few[-1]
-    assert len(few) == 2 + len(TASK.few_shot_turns())
+    assert len(few) == 2 + len(TASK.few_shot_turns(instance))
     # Dropping the example turns re-targets a few-shot prompt to the zero-shot one.
     assert [m for m in few if sc.SPANMILL_MESSAGE_EXAMPLE not in m] == zero
     assert '{"tool": "calculator", "expression":' in zero[0]["content"]
@@ -299,7 +329,7 @@ VERDICTS = [
     ("nothing said", [USER], 0, 0),
     (
         "examples are ignored",
-        [*TASK.few_shot_turns(), USER, assistant("I think 39.")],
+        [*TASK.few_shot_turns(TASK.instances("train", 1)[0]), USER, assistant("I think 39.")],
         0,
         0,
     ),

@@ -336,7 +336,7 @@ def test_the_system_prompt_shows_the_instances_schema_and_few_shot_only_adds_exa
 
 
 def test_few_shot_turns_are_marked_and_pass_the_verifier(task: SqlTask) -> None:
-    turns = task.few_shot_turns()
+    turns = task.few_shot_turns(task.instances("train", 1)[0])
     assert all(turn[sc.SPANMILL_MESSAGE_EXAMPLE] is True for turn in turns)
     users = [i for i, turn in enumerate(turns) if turn["role"] == "user"]
     assert len(users) == len(FEW_SHOT_EXAMPLES)

@@ -42,7 +42,7 @@ class EchoTask(Task):
     def system_prompt(self, style: PromptStyle) -> str:
         return "Repeat the number."
 
-    def few_shot_turns(self) -> list[Message]:
+    def few_shot_turns(self, instance: TaskInstance) -> list[Message]:
         return []
 
     def tools(self) -> list[dict[str, Any]]:

@@ -264,7 +264,7 @@ def test_few_shot_requests_mark_their_example_turns(
     first = policy.requests[0]["body"]
     assert first["metadata"][sc.SPANMILL_PROMPT_NAME] == "calculator.few_shot"
     examples = [m for m in first["messages"] if m.get(sc.SPANMILL_MESSAGE_EXAMPLE) is True]
-    assert len(examples) == len(TASK.few_shot_turns())
+    assert len(examples) == len(TASK.few_shot_turns(TASK.instances("train", 1, seed=SEED)[0]))
     real = [m for m in first["messages"] if sc.SPANMILL_MESSAGE_EXAMPLE not in m]
     assert [m["role"] for m in real] == ["system", "user"]
     # The transcript keeps the episode's own turns only.

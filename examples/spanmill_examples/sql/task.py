@@ -210,7 +210,7 @@ class SqlTask(Task):
         }
         return opening
 
-    def few_shot_turns(self) -> list[Message]:
+    def few_shot_turns(self, instance: TaskInstance) -> list[Message]:
         if self._few_shot is None:
             self._few_shot = self._example_turns()
         return [dict(turn) for turn in self._few_shot]

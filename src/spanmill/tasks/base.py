@@ -239,8 +239,9 @@ class Task(ABC):
         """The system prompt's text for a prompt style."""
 
     @abstractmethod
-    def few_shot_turns(self) -> list[Message]:
-        """Worked examples as chat turns, each marked as an example."""
+    def few_shot_turns(self, instance: TaskInstance) -> list[Message]:
+        """Worked examples for ``instance``'s few-shot prompt as chat turns, each marked
+        as an example; a task may choose them by the question (retrieved examples)."""
 
     @abstractmethod
     def tools(self) -> list[dict[str, Any]]:
@@ -298,7 +299,7 @@ class Task(ABC):
             )
         opening: list[Message] = [{"role": "system", "content": self.system_prompt(style)}]
         if style == "few_shot":
-            opening.extend(self.few_shot_turns())
+            opening.extend(self.few_shot_turns(instance))
         opening.append({"role": "user", "content": instance.question})
         return opening
 
