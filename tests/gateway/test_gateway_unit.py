@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from generate_extension import as_event
 
 from spanmill import messages as chat
 from spanmill import semconv as sc
@@ -189,33 +190,16 @@ class Replicas:
             prompt_token_ids=[1, 2],
             model_version=request.match_info["version"],
         )
-        return _binary_infer_response(protocol.encode_result(result))
+        return _sse_response(protocol.encode_result(result))
 
 
-def _binary_infer_response(outputs: dict[str, Any]) -> Any:
-    """Outputs as Triton sends them to the client library: a JSON header, then the data."""
-    import numpy as np
+def _sse_response(outputs: dict[str, Any]) -> Any:
+    """The final response as Triton's generate extension streams it: one SSE event."""
     from aiohttp import web
-    from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
 
-    header: dict[str, Any] = {"outputs": []}
-    blobs = []
-    for name, array in outputs.items():
-        data = (
-            serialize_byte_tensor(array).item()
-            if array.dtype == np.object_
-            else np.ascontiguousarray(array).tobytes()
-        )
-        dtype = "BYTES" if array.dtype == np.object_ else np_to_triton_dtype(array.dtype)
-        header["outputs"].append({"name": name, "datatype": dtype, "shape": list(array.shape),
-                                  "parameters": {"binary_data_size": len(data)}})  # fmt: skip
-        blobs.append(data)
-    head = json.dumps(header).encode()
     return web.Response(
-        body=head + b"".join(blobs),
-        headers={"Inference-Header-Content-Length": str(len(head)),
-                 "Content-Type": "application/octet-stream"},
-    )  # fmt: skip
+        text=f"data: {json.dumps(as_event(outputs))}\n\n", content_type="text/event-stream"
+    )
 
 
 async def _generate(replicas: Replicas, calls: int = 1) -> tuple[list[Any], int]:
@@ -226,7 +210,7 @@ async def _generate(replicas: Replicas, calls: int = 1) -> tuple[list[Any], int]
     from spanmill.serving.protocol import GenerationParams
 
     app = web.Application()
-    app.router.add_post("/v2/models/{model}/versions/{version}/infer", replicas.infer)
+    app.router.add_post("/v2/models/{model}/versions/{version}/generate_stream", replicas.infer)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

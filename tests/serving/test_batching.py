@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from spanmill.serving.generation import EchoGenerator, Request, generate_all
+from spanmill.serving.generation import (
+    Cancellation,
+    EchoGenerator,
+    Listener,
+    Request,
+    TextStream,
+    generate_all,
+)
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
 
@@ -21,19 +28,21 @@ class CountingEcho(EchoGenerator):
         messages: list[dict[str, Any]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None = None,
+        listener: Listener | None = None,
     ) -> GenerationResult:
         if messages[-1]["content"] == "boom":
             raise RuntimeError("the engine failed")
-        return super().generate(messages, params, tools)
+        return super().generate(messages, params, tools, listener)
 
     def generate_batch(
         self,
         conversations: list[list[dict[str, Any]]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None = None,
+        listeners: list[Listener | None] | None = None,
     ) -> list[GenerationResult]:
         self.batches.append([c[-1]["content"] for c in conversations])
-        return super().generate_batch(conversations, params, tools)
+        return super().generate_batch(conversations, params, tools, listeners)
 
 
 def ask(text: str, params: GenerationParams | None = None, tools: Any = None) -> Request:
@@ -80,3 +89,54 @@ def test_a_failed_batch_fails_each_of_its_requests() -> None:
         "RuntimeError",
         "GenerationResult",
     ]
+
+
+# -- listeners: streaming and cancellation, token by token ----------------------------
+
+
+def stream_of(
+    engine: EchoGenerator, params: GenerationParams
+) -> tuple[TextStream, list[list[str]]]:
+    sent: list[list[str]] = []
+    return TextStream(engine.tokenizer, engine.eos_ids, params, sent.append), sent
+
+
+def test_a_stream_sends_each_piece_once_and_the_pieces_make_the_text() -> None:
+    engine = EchoGenerator("1")
+    params = GenerationParams(max_tokens=64)
+    stream, sent = stream_of(engine, params)
+    (result,) = generate_all(engine, [Request([{"role": "user", "content": "héllo"}], params,
+                                              listener=stream)])  # fmt: skip
+    assert isinstance(result, GenerationResult)
+    pieces = [p[0] for p in sent]
+    # One piece per token, except the first byte of "é", held until its second arrives.
+    assert pieces == ["h", "é", "l", "l", "o"] and "".join(pieces) == result.choices[0].text
+
+
+def test_a_stream_holds_back_what_may_be_a_stop_string() -> None:
+    engine = EchoGenerator("1")
+    params = GenerationParams(max_tokens=64, stop=("END",))
+    stream, sent = stream_of(engine, params)
+    for end in range(1, len(b"ab ENDx") + 1):
+        stream.step([list(b"ab ENDx"[:end])])
+    # "ab E" and "ab EN" might still become "ab END": "E" and "N" wait, and never go.
+    assert "".join(p[0] for p in sent) == "ab "
+
+
+def test_a_cancelled_request_stops_at_the_next_token_and_alone() -> None:
+    engine = CountingEcho()
+    seen: list[int] = []
+
+    def gone_after_three() -> bool:
+        seen.append(1)
+        return len(seen) >= 3
+
+    requests = [
+        Request([{"role": "user", "content": "abcdefgh"}], GenerationParams(),
+                listener=Cancellation(gone_after_three)),
+        Request([{"role": "user", "content": "ijklmnop"}], GenerationParams(),
+                listener=Cancellation(lambda: False)),
+    ]  # fmt: skip
+    cut, whole = generate_all(engine, requests)
+    assert isinstance(cut, GenerationResult) and isinstance(whole, GenerationResult)
+    assert cut.choices[0].text == "abc" and whole.choices[0].text == "ijklmnop"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from generate_extension import as_event, as_tensors
 
 from spanmill.serving import protocol
 from spanmill.serving.generation import ServingSpec
@@ -97,9 +98,11 @@ def test_protocol_round_trip() -> None:
     params = GenerationParams(temperature=0.5, top_p=0.75, max_tokens=5, n=2, seed=3, stop=("\n",))
     tools = [{"type": "function", "function": {"name": "calculator"}}]
     got_messages, got_tools, got_params = protocol.decode_request(
-        protocol.encode_request(messages, params, tools)
+        as_tensors(protocol.generate_body(messages, params, tools))
     )
     assert (got_messages, got_tools, got_params) == (messages, tools, params)
+    assert protocol.streamed(as_tensors(protocol.generate_body(messages, params, stream=True)))
+    assert not protocol.streamed(as_tensors(protocol.generate_body(messages, params)))
     result = protocol.GenerationResult(
         choices=[
             protocol.Choice("a", [1, 2, 3], [-0.5, -1.0, -0.25], "stop"),
@@ -108,7 +111,12 @@ def test_protocol_round_trip() -> None:
         prompt_token_ids=[9, 8],
         model_version="2",
     )
-    assert protocol.decode_result(protocol.encode_result(result)) == result
+    final = as_event(protocol.encode_result(result))
+    assert protocol.is_final(final) and protocol.decode_final(final) == result
+    one = protocol.GenerationResult([protocol.Choice("7", [22], [-0.5], "stop")], [5], "3")
+    assert protocol.decode_final(as_event(protocol.encode_result(one))) == one
+    partial = as_event(protocol.encode_partial(["x", "yz"]))
+    assert not protocol.is_final(partial) and protocol.decode_partial(partial) == ["x", "yz"]
 
 
 @pytest.mark.parametrize(

@@ -1,39 +1,35 @@
-"""SmolLM2 served by the real tritonserver through the Python backend."""
+"""SmolLM2 served by the real tritonserver through the Python backend, called as the
+gateway calls it: Triton's generate extension, streamed or not."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+import httpx
 import pytest
 import tritonclient.http as httpclient
 
+from spanmill.gateway.upstream import TritonUpstream, UpstreamError
 from spanmill.serving import protocol
-from spanmill.serving.protocol import GenerationParams
+from spanmill.serving.protocol import GenerationParams, GenerationResult
 from spanmill.serving.repository import write_python_version
 
 pytestmark = pytest.mark.services
 
 
-def inputs_of(tensors: dict) -> list[httpclient.InferInput]:
-    inputs = []
-    for name, array in tensors.items():
-        dtype, _ = protocol.INPUTS[name]
-        tensor = httpclient.InferInput(name, list(array.shape), protocol.CLIENT_DTYPES[dtype])
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
+def generate(url: str, model: str, messages: list[dict[str, Any]], params: GenerationParams) -> Any:
+    async def call() -> GenerationResult:
+        upstream = TritonUpstream(url, timeout_s=300)
+        try:
+            return await upstream.generate(model, "1", messages, params, None)
+        finally:
+            await upstream.close()
 
-
-def outputs_of(result: httpclient.InferResult) -> dict:
-    return {name: result.as_numpy(name) for name in protocol.OUTPUTS}
-
-
-def infer(
-    client: httpclient.InferenceServerClient, model: str, version: str, tensors: dict
-) -> dict:
-    return outputs_of(client.infer(model, inputs_of(tensors), model_version=version))
+    return asyncio.run(call())
 
 
 def test_smollm2_answers_through_triton(triton, smollm2_dir: Path) -> None:  # type: ignore[no-untyped-def]
@@ -43,8 +39,7 @@ def test_smollm2_answers_through_triton(triton, smollm2_dir: Path) -> None:  # t
     try:
         assert client.is_model_ready("assistant", "1")
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        request = protocol.encode_request(messages, GenerationParams(max_tokens=12))
-        result = protocol.decode_result(infer(client, "assistant", "1", request))
+        result = generate(triton.http_url, "assistant", messages, GenerationParams(max_tokens=12))
         choice = result.choices[0]
         assert result.model_version == "1"
         assert "Paris" in choice.text
@@ -54,20 +49,22 @@ def test_smollm2_answers_through_triton(triton, smollm2_dir: Path) -> None:  # t
         assert len(result.prompt_token_ids) > 5
 
         # Two sampled choices with a seed are reproducible.
-        sampled = protocol.encode_request(
-            messages, GenerationParams(max_tokens=8, temperature=0.9, n=2, seed=7)
-        )
-        first = protocol.decode_result(infer(client, "assistant", "1", sampled))
-        second = protocol.decode_result(infer(client, "assistant", "1", sampled))
+        sampled = GenerationParams(max_tokens=8, temperature=0.9, n=2, seed=7)
+        first = generate(triton.http_url, "assistant", messages, sampled)
+        second = generate(triton.http_url, "assistant", messages, sampled)
         assert len(first.choices) == 2
         assert [c.token_ids for c in first.choices] == [c.token_ids for c in second.choices]
 
         # A malformed request is an error for that request only.
-        bad = dict(request)
-        bad["MESSAGES"] = np.array([[b"not json"]], dtype=object)
-        with pytest.raises(Exception, match="MESSAGES must be UTF-8 JSON"):
-            infer(client, "assistant", "1", bad)
+        bad = protocol.generate_body(messages, GenerationParams(max_tokens=4))
+        bad["MESSAGES"] = "not json"
+        answer = httpx.post(
+            f"http://{triton.http_url}/v2/models/assistant/versions/1/generate", json=bad
+        )
+        assert "MESSAGES must be UTF-8 JSON" in answer.text
         assert client.is_model_ready("assistant", "1")
+        with pytest.raises(UpstreamError, match="not being served"):
+            generate(triton.http_url, "nothing-here", messages, GenerationParams(max_tokens=2))
     finally:
         client.unload_model("assistant")
 
@@ -80,22 +77,37 @@ def test_requests_that_arrive_together_are_generated_together(  # type: ignore[n
     triton, smollm2_dir: Path
 ) -> None:
     write_python_version(triton.model_repository, "batched", 1, smollm2_dir, num_threads=1)
-    client = httpclient.InferenceServerClient(triton.http_url, network_timeout=300, concurrency=8)
+    client = httpclient.InferenceServerClient(triton.http_url, network_timeout=300)
     client.load_model("batched")
+
+    async def ask_all() -> dict[str, GenerationResult]:
+        upstream = TritonUpstream(triton.http_url, timeout_s=300)
+        try:
+            answers = await asyncio.gather(*(
+                upstream.generate(
+                    "batched", "1",
+                    [{"role": "user", "content": f"What is the capital of {country}?"}],
+                    GenerationParams(max_tokens=16), None,
+                )
+                for country in CAPITALS
+            ))  # fmt: skip
+        finally:
+            await upstream.close()
+        return dict(zip(CAPITALS, answers, strict=True))
+
     try:
-        pending = {}
-        for country in CAPITALS:
-            messages = [{"role": "user", "content": f"What is the capital of {country}?"}]
-            request = protocol.encode_request(messages, GenerationParams(max_tokens=16))
-            pending[country] = client.async_infer("batched", inputs_of(request), model_version="1")
-        answers = {
-            country: protocol.decode_result(outputs_of(call.get_result())).choices[0].text
-            for country, call in pending.items()
-        }
+        answers = {country: r.choices[0].text for country, r in asyncio.run(ask_all()).items()}
         # Each answer went back to the request that asked it.
         for country, city in CAPITALS.items():
             assert city in answers[country], answers
-        stats = client.get_inference_statistics("batched", "1")["model_stats"][0]
+        # The model is decoupled: its last answers may reach the client before its
+        # execute call returns and Triton counts it, so the counts may lag a moment.
+        deadline = time.monotonic() + 30
+        while True:
+            stats = client.get_inference_statistics("batched", "1")["model_stats"][0]
+            if int(stats["inference_count"]) >= len(CAPITALS) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert int(stats["inference_count"]) == len(CAPITALS)
         # Fewer executions than requests: the dynamic batcher gathered the queued ones.
         assert int(stats["execution_count"]) < len(CAPITALS)

@@ -14,7 +14,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -206,6 +206,61 @@ async def _feedback(state: GatewayState, request: Request) -> JSONResponse:
     return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
 
 
+@dataclass
+class _Call:
+    """One chat completion on its way: what its spans, metrics and chunks are made of."""
+
+    state: GatewayState
+    body: ChatCompletionRequest
+    triton_model: str
+    version: str
+    response_id: str
+    span_facts: dict[str, Any]
+    started_ns: int
+    clock: float
+
+    def failed(self, error: str, status: int) -> None:
+        self.state.emitter.emit(
+            build_llm_span(**self.span_facts, span_id=new_span_id(), end_ns=time.time_ns(),
+                           response_id=None, error=error)
+        )  # fmt: skip
+        self.state.metrics.requests.labels(self.body.model, self.version, str(status)).inc()
+
+    def answered(self, result: GenerationResult) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The choices of a whole answer, after its spans and metrics are recorded."""
+        choices = list(_choices(result, tools_offered=bool(self.body.tools)))
+        ended = time.time_ns()
+        for choice in choices:
+            self.state.emitter.emit(
+                build_llm_span(
+                    **self.span_facts, span_id=new_span_id(), end_ns=ended,
+                    response_id=self.response_id, choice=choice,
+                    prompt_token_ids=result.prompt_token_ids,
+                )
+            )  # fmt: skip
+        completion_tokens = sum(len(c["token_ids"]) for c in choices)
+        model, version, metrics = self.body.model, self.version, self.state.metrics
+        metrics.requests.labels(model, version, "200").inc()
+        metrics.latency.labels(model, version).observe(time.perf_counter() - self.clock)
+        metrics.completion_tokens.labels(model, version).inc(completion_tokens)
+        prompt_tokens = len(result.prompt_token_ids)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        return choices, usage
+
+    def head(self, result: GenerationResult | None = None) -> dict[str, Any]:
+        served = result.model_version if result is not None and result.model_version else None
+        return {
+            "id": self.response_id,
+            "created": self.started_ns // 1_000_000_000,
+            "model": self.body.model,
+            "system_fingerprint": f"{self.triton_model}:{served or self.version}",
+        }
+
+
 async def _complete(state: GatewayState, body: ChatCompletionRequest, request: Request) -> Response:
     started = time.time_ns()
     clock = time.perf_counter()
@@ -225,73 +280,68 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
     )
     raw_messages = body.raw_messages()
     response_id = feedback.new_response_id(trace_id, os.urandom(4).hex())
-    span_facts: dict[str, Any] = {
-        "trace_id": trace_id,
-        "parent_span_id": parent_id,
-        "start_ns": started,
-        "requested_model": body.model,
-        "triton_model": route.triton_model,
-        "version": backend.version,
-        "request_messages": raw_messages,
-        "params": {"temperature": body.temperature, "top_p": body.top_p,
-                   "max_tokens": body.token_limit, "stop": list(body.stop or ()),
-                   "tools": body.tools},
-        "metadata": body.metadata,
-        "traffic": state.settings.traffic,
-    }  # fmt: skip
+    call = _Call(
+        state=state, body=body, triton_model=route.triton_model, version=backend.version,
+        response_id=response_id, started_ns=started, clock=clock,
+        span_facts={
+            "trace_id": trace_id,
+            "parent_span_id": parent_id,
+            "start_ns": started,
+            "requested_model": body.model,
+            "triton_model": route.triton_model,
+            "version": backend.version,
+            "request_messages": raw_messages,
+            "params": {"temperature": body.temperature, "top_p": body.top_p,
+                       "max_tokens": body.token_limit, "stop": list(body.stop or ()),
+                       "tools": body.tools},
+            "metadata": body.metadata,
+            "traffic": state.settings.traffic,
+        },
+    )  # fmt: skip
+    headers = {"x-spanmill-model-version": backend.version, "x-spanmill-trace-id": trace_id}
+    messages = chat.to_model_messages(raw_messages)
+    if body.stream:
+        events = state.upstream.stream(
+            route.triton_model, backend.version, messages, params, body.tools
+        )
+        try:
+            # Errors Triton answers at once (a bad parameter, a version it lacks) keep
+            # their HTTP status; the stream starts with the first piece of text.
+            first = await anext(events)
+        except UpstreamError as exc:
+            call.failed(str(exc), exc.status)
+            return _upstream_error(exc)
+        except StopAsyncIteration:
+            silent = UpstreamError(f"Triton model {route.triton_model} sent no answer", 502)
+            call.failed(str(silent), silent.status)
+            return _upstream_error(silent)
+        return StreamingResponse(
+            _stream(call, first, events), media_type="text/event-stream", headers=headers
+        )
     try:
         result = await state.upstream.generate(
-            route.triton_model,
-            backend.version,
-            chat.to_model_messages(raw_messages),
-            params,
-            body.tools,
+            route.triton_model, backend.version, messages, params, body.tools
         )
     except UpstreamError as exc:
-        state.emitter.emit(
-            build_llm_span(
-                **span_facts, span_id=new_span_id(), end_ns=time.time_ns(),
-                response_id=None, error=str(exc),
-            )
-        )  # fmt: skip
-        state.metrics.requests.labels(body.model, backend.version, str(exc.status)).inc()
-        kind = "invalid_request_error" if exc.status == 400 else "upstream_error"
-        return _error(exc.status, str(exc), kind)
-
-    choices = list(_choices(result, tools_offered=bool(body.tools)))
-    ended = time.time_ns()
-    for choice in choices:
-        state.emitter.emit(
-            build_llm_span(
-                **span_facts, span_id=new_span_id(), end_ns=ended, response_id=response_id,
-                choice=choice, prompt_token_ids=result.prompt_token_ids,
-            )
-        )  # fmt: skip
-    completion_tokens = sum(len(c["token_ids"]) for c in choices)
-    state.metrics.requests.labels(body.model, backend.version, "200").inc()
-    state.metrics.latency.labels(body.model, backend.version).observe(time.perf_counter() - clock)
-    state.metrics.completion_tokens.labels(body.model, backend.version).inc(completion_tokens)
+        call.failed(str(exc), exc.status)
+        return _upstream_error(exc)
+    choices, usage = call.answered(result)
     payload = {
-        "id": response_id,
+        **call.head(result),
         "object": "chat.completion",
-        "created": started // 1_000_000_000,
-        "model": body.model,
-        "system_fingerprint": f"{route.triton_model}:{result.model_version or backend.version}",
         "choices": [
             {"index": i, "message": c["message"], "finish_reason": c["finish_reason"],
              "logprobs": None}
             for i, c in enumerate(choices)
         ],
-        "usage": {
-            "prompt_tokens": len(result.prompt_token_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(result.prompt_token_ids) + completion_tokens,
-        },
+        "usage": usage,
     }  # fmt: skip
-    headers = {"x-spanmill-model-version": backend.version, "x-spanmill-trace-id": trace_id}
-    if body.stream:
-        return StreamingResponse(_sse(payload), media_type="text/event-stream", headers=headers)
     return JSONResponse(payload, headers=headers)
+
+
+def _upstream_error(exc: UpstreamError) -> JSONResponse:
+    kind = "invalid_request_error" if exc.status == 400 else "upstream_error"
+    return _error(exc.status, str(exc), kind)
 
 
 def _choices(result: GenerationResult, *, tools_offered: bool) -> Iterator[dict[str, Any]]:
@@ -308,21 +358,78 @@ def _choices(result: GenerationResult, *, tools_offered: bool) -> Iterator[dict[
         }
 
 
-def _sse(payload: dict[str, Any]) -> Iterator[str]:
-    """The answer as OpenAI stream chunks: role, then content or tool calls, then finish."""
-    base = {k: payload[k] for k in ("id", "created", "model", "system_fingerprint")}
-    for index, choice in enumerate(payload["choices"]):
+def _may_be_tool_call(text: str) -> bool | None:
+    """Whether a reply that begins with ``text`` may be a JSON tool call (None: too soon)."""
+    stripped = text.lstrip()
+    return None if not stripped else stripped[0] in "{`"
+
+
+async def _stream(
+    call: _Call, first: list[str] | GenerationResult, events: AsyncGenerator[Any, None]
+) -> AsyncIterator[str]:
+    """Server-Sent Events in OpenAI's chunk format, each piece of text as Triton makes it.
+
+    When tools are offered, a reply that begins like a JSON tool call is held until
+    it ends and goes out as ``tool_calls``; any other reply streams as it comes.
+    The spans are emitted once the answer ends. A client that goes away closes the
+    stream to Triton, which stops generating; its span records that it went away.
+    """
+    body = call.body
+    head = {**call.head(), "object": "chat.completion.chunk"}
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+        return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+    n = body.n
+    text = [""] * n
+    sent = [""] * n
+    streaming: list[bool | None] = [None if body.tools else True] * n
+    for index in range(n):
+        yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
+                      "finish_reason": None}])  # fmt: skip
+    event: list[str] | GenerationResult = first
+    try:
+        while not isinstance(event, GenerationResult):
+            for index, piece in enumerate(event[:n]):
+                text[index] += piece
+                if streaming[index] is None:
+                    held = _may_be_tool_call(text[index])
+                    streaming[index] = None if held is None else not held
+                if streaming[index] and len(text[index]) > len(sent[index]):
+                    new = text[index][len(sent[index]) :]
+                    sent[index] = text[index]
+                    yield chunk([{"index": index, "delta": {"content": new},
+                                  "finish_reason": None}])  # fmt: skip
+            try:
+                event = await anext(events)
+            except StopAsyncIteration:
+                raise UpstreamError(f"Triton model {call.triton_model} ended early", 502) from None
+    except UpstreamError as exc:
+        call.failed(str(exc), exc.status)
+        yield f"data: {json.dumps(error_body(str(exc), 'upstream_error'))}\n\n"
+        yield "data: [DONE]\n\n"
+        return
+    except BaseException:
+        # The client went away (the server cancels the response) or the server stops.
+        call.failed("the client closed the connection before the answer ended", 499)
+        raise
+    finally:
+        await events.aclose()  # closing the stream to Triton cancels what is left
+    choices, usage = call.answered(event)
+    head = {**call.head(event), "object": "chat.completion.chunk"}
+    for index, choice in enumerate(choices):
         message = choice["message"]
-        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
         if message.get("tool_calls"):
-            delta["tool_calls"] = [
-                dict(call, index=i) for i, call in enumerate(message["tool_calls"])
-            ]
-        chunks = [
-            {"index": index, "delta": delta, "finish_reason": None},
-            {"index": index, "delta": {}, "finish_reason": choice["finish_reason"]},
-        ]
-        for chunk in chunks:
-            event = {**base, "object": "chat.completion.chunk", "choices": [chunk]}
-            yield f"data: {json.dumps(event)}\n\n"
+            delta: dict[str, Any] = {
+                "tool_calls": [dict(c, index=i) for i, c in enumerate(message["tool_calls"])]
+            }
+            yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
+        else:
+            whole = message.get("content") or ""
+            rest = whole[len(sent[index]) :] if whole.startswith(sent[index]) else ""
+            if rest:
+                yield chunk([{"index": index, "delta": {"content": rest}, "finish_reason": None}])
+        yield chunk([{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}])
+    if body.stream_options is not None and body.stream_options.get("include_usage"):
+        yield chunk([], usage=usage)
     yield "data: [DONE]\n\n"

@@ -36,6 +36,8 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
+    # {"include_usage": true} adds a last chunk with the usage, as OpenAI does.
+    stream_options: dict[str, Any] | None = None
     user: str | None = None
     # Free-form string tags; spanmill.* keys (prompt name/version, task id) go on the span.
     metadata: dict[str, str] | None = None

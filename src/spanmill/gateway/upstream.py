@@ -1,5 +1,7 @@
 """Calling a spanmill model in Triton over HTTP (async), with errors mapped for clients.
 
+Calls go to Triton's generate extension (see :mod:`spanmill.serving.protocol`).
+
 With several Triton replicas behind one Service, each connection goes to one ready
 pod. A pod may lack a version another one serves (it joined a moment ago and its
 readiness has not caught up, or it is the one whose load failed), so when Triton
@@ -10,13 +12,12 @@ another error would happen again, and a generation is not repeated.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Protocol
 
-import numpy as np
-import tritonclient.http.aio as triton_http
-from tritonclient.utils import InferenceServerException
+import httpx
 
 from spanmill.serving import protocol
 from spanmill.serving.protocol import GenerationParams, GenerationResult
@@ -50,10 +51,28 @@ class Upstream(Protocol):
         tools: list[dict[str, Any]] | None,
     ) -> GenerationResult: ...
 
+    def stream(
+        self,
+        model: str,
+        version: str,
+        messages: list[dict[str, Any]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None,
+    ) -> AsyncGenerator[list[str] | GenerationResult, None]:
+        """The new piece of text of each choice as it comes, then the whole result."""
+        ...
+
     async def close(self) -> None: ...
 
 
 class TritonUpstream:
+    """A spanmill model in Triton, on the generate extension's Server-Sent Events.
+
+    Every call streams (``generate_stream``), a plain one too: the request then
+    asks for no partial responses, and closing the connection is how a request
+    is cancelled (Triton stops generating at the next token).
+    """
+
     def __init__(
         self, url: str, timeout_s: float = 300.0, on_retry: Callable[[], None] | None = None
     ) -> None:
@@ -61,20 +80,23 @@ class TritonUpstream:
         self.timeout_s = timeout_s
         # Called for each call tried again on a fresh connection (a metric counts them).
         self.on_retry = on_retry
-        self._client: triton_http.InferenceServerClient | None = None
+        self._client: httpx.AsyncClient | None = None
 
-    def _new_client(self) -> triton_http.InferenceServerClient:
-        return triton_http.InferenceServerClient(self.url, conn_timeout=self.timeout_s)
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=f"http://{self.url}",
+            timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 10.0)),
+        )
 
-    def _get(self) -> triton_http.InferenceServerClient:
+    def _get(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = self._new_client()
         return self._client
 
     async def ready(self) -> bool:
         try:
-            return bool(await self._get().is_server_ready())
-        except Exception:
+            return (await self._get().get("/v2/health/ready")).status_code == 200
+        except httpx.HTTPError:
             return False
 
     async def generate(
@@ -85,56 +107,89 @@ class TritonUpstream:
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
     ) -> GenerationResult:
-        tensors = protocol.encode_request(messages, params, tools)
-        inputs = []
-        for name, array in tensors.items():
-            dtype, _ = protocol.INPUTS[name]
-            tensor = triton_http.InferInput(name, list(array.shape), protocol.CLIENT_DTYPES[dtype])
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
+        body = protocol.generate_body(messages, params, tools)
+        async for event in self._events(model, version, body):
+            if isinstance(event, GenerationResult):
+                return event
+        raise UpstreamError(f"Triton model {model} ended without an answer", 502)
+
+    async def stream(
+        self,
+        model: str,
+        version: str,
+        messages: list[dict[str, Any]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None,
+    ) -> AsyncGenerator[list[str] | GenerationResult, None]:
+        body = protocol.generate_body(messages, params, tools, stream=True)
+        async for event in self._events(model, version, body):
+            yield event
+
+    async def _events(
+        self, model: str, version: str, body: dict[str, Any]
+    ) -> AsyncIterator[list[str] | GenerationResult]:
         try:
-            result = await self._infer(self._get(), model, version, inputs)
+            async for event in self._post(self._get(), model, version, body):
+                yield event
+            return
         except UpstreamError as exc:
+            # A missing version is answered before anything streams: nothing was sent yet.
             if not exc.missing:
                 raise
             log.debug("%s; trying another Triton replica", exc)
-            if self.on_retry is not None:
-                self.on_retry()
-            # A client of its own opens a new connection, which the Service balances anew;
-            # the shared client's kept-alive connection would reach the same pod again.
-            fresh = self._new_client()
-            try:
-                result = await self._infer(fresh, model, version, inputs)
-            finally:
-                await fresh.close()
-        outputs: dict[str, np.ndarray] = {}
-        for name in protocol.OUTPUTS:
-            array = result.as_numpy(name)
-            if array is None:
-                raise UpstreamError(f"Triton model {model} returned no {name}", 502)
-            outputs[name] = array
-        return protocol.decode_result(outputs)
-
-    async def _infer(
-        self, client: triton_http.InferenceServerClient, model: str, version: str, inputs: list[Any]
-    ) -> Any:
+        if self.on_retry is not None:
+            self.on_retry()
+        # A client of its own opens a new connection, which the Service balances anew;
+        # the shared client's kept-alive connection would reach the same pod again.
+        fresh = self._new_client()
         try:
-            return await client.infer(model, inputs, model_version=version)
-        except InferenceServerException as exc:
-            raise _classify(exc, model, version) from None
-        except Exception as exc:  # connection refused, reset, timeout
+            async for event in self._post(fresh, model, version, body):
+                yield event
+        finally:
+            await fresh.aclose()
+
+    async def _post(
+        self, client: httpx.AsyncClient, model: str, version: str, body: dict[str, Any]
+    ) -> AsyncIterator[list[str] | GenerationResult]:
+        path = f"/v2/models/{model}/versions/{version}/generate_stream"
+        try:
+            async with client.stream("POST", path, json=body) as response:
+                if response.status_code != 200:
+                    raise _classify(_error_text(await response.aread()), model, version)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        raise _classify(str(event["error"]), model, version)
+                    if protocol.is_final(event):
+                        yield protocol.decode_final(event)
+                        return
+                    yield protocol.decode_partial(event)
+        except httpx.HTTPError as exc:  # connection refused, reset, timeout
             raise UpstreamError(
                 f"Triton at {self.url} is unavailable ({type(exc).__name__}: {exc})", 503
             ) from None
+        except (ValueError, KeyError, protocol.ProtocolError) as exc:
+            raise UpstreamError(
+                f"Triton model {model} answered out of protocol: {exc}", 502
+            ) from None
+        raise UpstreamError(f"Triton model {model} ended the stream without an answer", 502)
 
     async def close(self) -> None:
         if self._client is not None:
-            await self._client.close()
+            await self._client.aclose()
             self._client = None
 
 
-def _classify(exc: InferenceServerException, model: str, version: str) -> UpstreamError:
-    message = exc.message() or str(exc)
+def _error_text(raw: bytes) -> str:
+    try:
+        return str(json.loads(raw)["error"])
+    except (ValueError, KeyError, TypeError):
+        return raw.decode(errors="replace")[:500]
+
+
+def _classify(message: str, model: str, version: str) -> UpstreamError:
     lowered = message.lower()
     if "must be" in lowered or "invalid" in lowered or "takes 1 to" in lowered:
         return UpstreamError(message, 400)

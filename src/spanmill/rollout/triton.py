@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-import numpy as np
+import httpx
 
 from spanmill.errors import SpanmillError
 from spanmill.serving import protocol
@@ -35,6 +35,7 @@ class TritonControl:
 
         self.url = url
         self.pod = pod
+        self.load_timeout_s = load_timeout_s
         self._client = triton_http.InferenceServerClient(
             url, connection_timeout=30.0, network_timeout=load_timeout_s
         )
@@ -122,21 +123,28 @@ class TritonControl:
                 )
             time.sleep(0.2)
         if flavour == "vllm":
-            return self._smoke_vllm(model, version, lora)
+            sampling: dict[str, Any] = {"max_tokens": 2, "temperature": 0}
+            if lora:
+                sampling["lora_name"] = lora
+            answer = self._generate(model, version, {
+                "text_input": "Say OK.", "stream": False, "exclude_input_in_output": True,
+                "sampling_parameters": json.dumps(sampling),
+            })  # fmt: skip
+            if "text_output" not in answer:
+                raise TritonError(f"{model} version {version} answered without text_output")
+            return str(answer["text_output"])
         messages = [{"role": "user", "content": "Say OK."}]
-        tensors = protocol.encode_request(messages, protocol.GenerationParams(max_tokens=2))
-        result = self._call(
-            f"smoke check of {model} version {version}",
-            self._client.infer,
+        answer = self._generate(
             model,
-            _inputs(tensors, protocol.INPUTS),
-            model_version=str(version),
+            version,
+            protocol.generate_body(messages, protocol.GenerationParams(max_tokens=2)),
         )
-        outputs = {name: result.as_numpy(name) for name in protocol.OUTPUTS}
-        missing = [name for name, value in outputs.items() if value is None]
-        if missing:
-            raise TritonError(f"{model} version {version} answered without {', '.join(missing)}")
-        decoded = protocol.decode_result(outputs)
+        try:
+            decoded = protocol.decode_final(answer)
+        except (KeyError, ValueError) as exc:
+            raise TritonError(
+                f"{model} version {version} answered out of protocol ({exc}): {answer}"
+            ) from None
         if decoded.model_version and decoded.model_version != str(version):
             raise TritonError(
                 f"{model} version {version} answered as version {decoded.model_version}: the "
@@ -144,49 +152,21 @@ class TritonControl:
             )
         return decoded.choices[0].text if decoded.choices else ""
 
-    def _smoke_vllm(self, model: str, version: int, lora: str | None) -> str:
-        sampling: dict[str, Any] = {"max_tokens": 2, "temperature": 0}
-        if lora:
-            sampling["lora_name"] = lora
-        tensors = {
-            "text_input": np.array([b"Say OK."], dtype=object),
-            "stream": np.array([False], dtype=bool),
-            "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=object),
-            "exclude_input_in_output": np.array([True], dtype=bool),
-        }
-        kinds = {"text_input": "BYTES", "stream": "BOOL", "sampling_parameters": "BYTES",
-                 "exclude_input_in_output": "BOOL"}  # fmt: skip
-        import tritonclient.http as triton_http
-
-        inputs = []
-        for name, array in tensors.items():
-            tensor = triton_http.InferInput(name, list(array.shape), kinds[name])
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        result = self._call(
-            f"smoke check of {model} version {version}",
-            self._client.infer,
-            model,
-            inputs,
-            model_version=str(version),
-        )
-        text = result.as_numpy("text_output")
-        if text is None:
-            raise TritonError(f"{model} version {version} answered without text_output")
-        first = text.reshape(-1)[0]
-        return first.decode() if isinstance(first, bytes) else str(first)
+    def _generate(self, model: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        """One answer from exactly this version, on Triton's generate extension."""
+        url = f"http://{self.url}/v2/models/{model}/versions/{version}/generate"
+        what = f"smoke check of {model} version {version}"
+        try:
+            response = httpx.post(url, json=body, timeout=self.load_timeout_s)
+        except httpx.HTTPError as exc:
+            raise TritonError(f"{self.describe()}: {what}: {type(exc).__name__}: {exc}") from None
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {"error": response.text[:500]}
+        if response.status_code != 200 or "error" in answer:
+            raise TritonError(f"{self.describe()}: {what}: {answer.get('error', answer)}")
+        return dict(answer)
 
     def close(self) -> None:
         self._client.close()
-
-
-def _inputs(tensors: dict[str, np.ndarray], spec: dict[str, tuple[str, list[int]]]) -> list[Any]:
-    import tritonclient.http as triton_http
-
-    inputs = []
-    for name, array in tensors.items():
-        dtype, _ = spec[name]
-        tensor = triton_http.InferInput(name, list(array.shape), protocol.CLIENT_DTYPES[dtype])
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult
 
@@ -50,6 +51,82 @@ class ServingSpec:
         return str(candidate) if candidate.exists() else value
 
 
+class Listener(Protocol):
+    """Told each choice's tokens so far after every generated token; True stops the request
+    (its client is gone). Streaming and cancellation both hang on it."""
+
+    def step(self, tokens: list[list[int]]) -> bool: ...
+
+
+class Cancellation:
+    """A listener that only stops a request whose client is gone."""
+
+    def __init__(self, cancelled: Callable[[], bool]) -> None:
+        self.cancelled = cancelled
+
+    def step(self, tokens: list[list[int]]) -> bool:
+        return self.cancelled()
+
+
+class TextStream:
+    """Each choice's text as it grows, sent on in pieces that the final text begins with.
+
+    A piece holds back what may still change: an unfinished UTF-8 character (the
+    tokenizer shows it as U+FFFD) and, when the request has stop strings, a tail
+    that may be the start of one (the final text is cut before a stop string).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        eos_ids: list[int],
+        params: GenerationParams,
+        send: Callable[[list[str]], None],
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = set(eos_ids)
+        self.stop = params.stop
+        self.hold = max((len(s) for s in params.stop), default=1) - 1
+        self.send = send
+        self.cancelled = cancelled
+        self.sent: list[str] = [""] * params.n
+
+    def visible(self, tokens: list[int]) -> str:
+        end = next((i for i, t in enumerate(tokens) if t in self.eos_ids), len(tokens))
+        text = str(self.tokenizer.decode(tokens[:end], skip_special_tokens=True))
+        for stop in self.stop:
+            cut = text.find(stop)
+            if cut != -1:
+                return text[:cut]
+        if self.hold:
+            text = text[: len(text) - self.hold] if len(text) > self.hold else ""
+        return text.rstrip("\ufffd")
+
+    def step(self, tokens: list[list[int]]) -> bool:
+        if self.cancelled():
+            return True
+        pieces = []
+        for choice, ids in enumerate(tokens):
+            text = self.visible(ids)
+            done = self.sent[choice]
+            piece = text[len(done) :] if text.startswith(done) and len(text) > len(done) else ""
+            self.sent[choice] = done + piece
+            pieces.append(piece)
+        if any(pieces):
+            self.send(pieces)
+        return False
+
+
+def instance_device(kind: str, device_id: int | str = 0) -> str:
+    """The torch device of a Triton model instance: its GPU for ``KIND_GPU``, else the CPU.
+
+    ``kind`` and ``device_id`` are what Triton passes the Python backend
+    (``model_instance_kind``: ``GPU``, ``CPU`` or ``MODEL``; ``model_instance_device_id``).
+    """
+    return f"cuda:{int(device_id)}" if kind.upper() in ("GPU", "KIND_GPU") else "cpu"
+
+
 class Generator:
     """A causal LM with its tokenizer, ready to answer chat requests."""
 
@@ -62,20 +139,26 @@ class Generator:
         num_threads: int = 0,
         max_tokens_limit: int = 1024,
         version: str = "",
+        device: str = "cpu",
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"generation was placed on {device} (a KIND_GPU Triton instance), but torch "
+                "sees no CUDA device here: install a CUDA build of torch, or serve KIND_CPU"
+            )
         if num_threads > 0:
             torch.set_num_threads(num_threads)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
         if adapter_path:
             from peft import PeftModel
 
             # Merged once at load: serving then costs what the base model costs.
             model = PeftModel.from_pretrained(model, adapter_path).merge_and_unload()
-        model.eval()
+        model.to(device).eval()
         self._attach(model, tokenizer, max_tokens_limit=max_tokens_limit, version=version)
 
     @classmethod
@@ -110,7 +193,10 @@ class Generator:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_version_dir(cls, version_dir: Path, version: str = "") -> Generator | EchoGenerator:
+    def from_version_dir(
+        cls, version_dir: Path, version: str = "", device: str = "cpu"
+    ) -> Generator | EchoGenerator:
+        """The generator a version folder describes, its weights on ``device``."""
         spec = ServingSpec.load(version_dir)
         if spec.engine == "echo":
             return EchoGenerator(version or version_dir.name)
@@ -121,6 +207,7 @@ class Generator:
             num_threads=spec.num_threads,
             max_tokens_limit=spec.max_tokens_limit,
             version=version or version_dir.name,
+            device=device,
         )
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
@@ -137,7 +224,9 @@ class Generator:
         messages: list[dict[str, Any]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None = None,
+        listener: Listener | None = None,
     ) -> GenerationResult:
+        """``params.n`` choices for one conversation; ``listener`` sees every token."""
         torch = self._torch
         prompt = self.render(messages, tools)
         encoded = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")
@@ -162,6 +251,9 @@ class Generator:
             options.update(temperature=None, top_p=None, top_k=None)
         if params.stop:
             options.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        if listener is not None:
+            rows = list(range(params.n))
+            options.update(stopping_criteria=_watch(prompt_ids.shape[1], [(listener, rows)]))
         with self._lock, torch.inference_mode():
             if params.seed is not None:
                 torch.manual_seed(params.seed)
@@ -189,11 +281,14 @@ class Generator:
         conversations: list[list[dict[str, Any]]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None = None,
+        listeners: list[Listener | None] | None = None,
     ) -> list[GenerationResult]:
         """One choice for each conversation, generated together in one left-padded batch.
 
         Offline work (evaluation) uses it: one forward pass per token for the whole
-        batch costs little more than for one conversation on a CPU.
+        batch costs little more than for one conversation on a CPU. ``listeners``
+        (one per conversation, or None) see every token of their conversation, and
+        one that says stop ends its conversation alone.
         """
         if not conversations:
             return []
@@ -227,6 +322,9 @@ class Generator:
             options.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if params.stop:
             options.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        watched = [(lst, [row]) for row, lst in enumerate(listeners or []) if lst is not None]
+        if watched:
+            options.update(stopping_criteria=_watch(width, watched))
         with self._lock, torch.inference_mode():
             if params.seed is not None:
                 torch.manual_seed(params.seed)
@@ -264,6 +362,24 @@ class Generator:
         return Choice(text=text, token_ids=tokens, logprobs=logprobs, finish_reason=finish)
 
 
+def _watch(prompt_width: int, groups: list[tuple[Listener, list[int]]]) -> Any:
+    """A stopping criterion that shows each listener its rows' new tokens after every
+    token, and stops the rows of a listener that says stop."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Watch(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            new = input_ids[:, prompt_width:].tolist()
+            stop = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            for listener, rows in groups:
+                if listener.step([new[row] for row in rows]):
+                    stop[rows] = True
+            return stop
+
+    return StoppingCriteriaList([Watch()])
+
+
 @dataclass(frozen=True)
 class Request:
     """One decoded request: what :func:`generate_all` answers."""
@@ -271,6 +387,7 @@ class Request:
     messages: list[dict[str, Any]]
     params: GenerationParams
     tools: list[dict[str, Any]] | None = None
+    listener: Listener | None = None
 
     def batch_key(self) -> tuple[GenerationParams, str] | None:
         """Requests with equal keys can be generated as one batch; None: on its own.
@@ -309,7 +426,10 @@ def generate_all(
         first = requests[indices[0]]
         try:
             batch = generator.generate_batch(
-                [requests[i].messages for i in indices], first.params, tools=first.tools
+                [requests[i].messages for i in indices],
+                first.params,
+                tools=first.tools,
+                listeners=[requests[i].listener for i in indices],
             )
             for index, result in zip(indices, batch, strict=True):
                 results[index] = result
@@ -319,7 +439,9 @@ def generate_all(
     for index in alone:
         request = requests[index]
         try:
-            results[index] = generator.generate(request.messages, request.params, request.tools)
+            results[index] = generator.generate(
+                request.messages, request.params, request.tools, request.listener
+            )
         except Exception as exc:
             results[index] = exc
     return [results[index] for index in range(len(requests))]
@@ -333,22 +455,38 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return [int(i) for i in ids if i is not None]
 
 
+class _Bytes:
+    """The echo engine's tokenizer: a token is a byte."""
+
+    def decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(tokens).decode(errors="replace")
+
+
 class EchoGenerator:
     """Answers with the last user message, cut to ``max_tokens`` bytes."""
 
     def __init__(self, version: str = "") -> None:
         self.version = version
+        self.tokenizer = _Bytes()
+        self.eos_ids: list[int] = []
 
     def generate(
         self,
         messages: list[dict[str, Any]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None = None,
+        listener: Listener | None = None,
     ) -> GenerationResult:
+        """The echo; a listener sees its tokens one at a time, as a model would make them."""
         users = [m.get("content", "") for m in messages if m.get("role") == "user"]
         data = (users[-1] if users else "").encode()
         prompt = json.dumps(messages).encode()
         tokens = list(data[: params.max_tokens])
+        if listener is not None:
+            for end in range(1, len(tokens) + 1):
+                if listener.step([tokens[:end]] * params.n):
+                    tokens = tokens[:end]
+                    break
         finish: Literal["stop", "length"] = "stop" if len(tokens) == len(data) else "length"
         choice = Choice(
             text=bytes(tokens).decode(errors="ignore"),
@@ -365,5 +503,10 @@ class EchoGenerator:
         conversations: list[list[dict[str, Any]]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None = None,
+        listeners: list[Listener | None] | None = None,
     ) -> list[GenerationResult]:
-        return [self.generate(messages, params, tools) for messages in conversations]
+        given = listeners or [None] * len(conversations)
+        return [
+            self.generate(messages, params, tools, listener)
+            for messages, listener in zip(conversations, given, strict=True)
+        ]

@@ -11,6 +11,14 @@ batch dimension first, one row per request, so Triton's dynamic batcher can
 hand the model several requests at once and the model can generate them together.
 The dims below are those of one row.
 
+The model is decoupled: it answers through Triton's response sender, and clients
+call it on Triton's generate extension (``POST .../generate_stream``, Server-Sent
+Events), which names inputs and outputs as JSON fields. With ``STREAM`` true, each
+new piece of text goes out as it is generated, as a partial response holding
+``TEXT`` alone (one piece per choice); the final response holds every output. A
+client that closes the connection cancels the request, and generation stops at
+the next token.
+
 Both sides import this module, so the names and encodings live in one place.
 """
 
@@ -34,6 +42,7 @@ INPUTS: dict[str, tuple[str, list[int]]] = {
     "N": ("TYPE_INT32", [1]),
     "SEED": ("TYPE_INT64", [1]),
     "STOP": ("TYPE_STRING", [-1]),
+    "STREAM": ("TYPE_BOOL", [1]),
 }
 REQUIRED_INPUTS = frozenset({"MESSAGES"})
 OUTPUTS: dict[str, tuple[str, list[int]]] = {
@@ -46,8 +55,6 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "MODEL_VERSION": ("TYPE_STRING", [1]),
 }
 # The client library names data types without the TYPE_ prefix, and strings BYTES.
-CLIENT_DTYPES = {"TYPE_STRING": "BYTES", "TYPE_FP32": "FP32", "TYPE_INT32": "INT32",
-                 "TYPE_INT64": "INT64"}  # fmt: skip
 
 # Requests Triton may gather into one execute call, and how long it waits for more:
 # none. Requests that arrive while the model is busy queue up and go in together
@@ -106,7 +113,8 @@ def encode_request(
     params: GenerationParams,
     tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Client side: the input tensors for one request (a batch of one)."""
+    """The input tensors of one request (a batch of one), as Triton hands them to the
+    model from a generate body: what tests of the model's side start from."""
     tensors: dict[str, np.ndarray] = {
         "MESSAGES": np.array([json.dumps(messages).encode()], dtype=object),
         "TEMPERATURE": np.array([params.temperature], dtype=np.float32),
@@ -139,6 +147,36 @@ def _json_input(inputs: Mapping[str, np.ndarray], name: str) -> Any:
         return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(f"{name} must be UTF-8 JSON text: {exc}") from None
+
+
+def generate_body(
+    messages: list[dict[str, Any]],
+    params: GenerationParams,
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    stream: bool = False,
+) -> dict[str, Any]:
+    """Client side: the JSON body of one request on Triton's generate extension."""
+    body: dict[str, Any] = {
+        "MESSAGES": json.dumps(messages),
+        "TEMPERATURE": params.temperature,
+        "TOP_P": params.top_p,
+        "MAX_TOKENS": params.max_tokens,
+        "N": params.n,
+        "STREAM": stream,
+    }
+    if tools:
+        body["TOOLS"] = json.dumps(tools)
+    if params.seed is not None:
+        body["SEED"] = params.seed
+    if params.stop:
+        body["STOP"] = list(params.stop)
+    return body
+
+
+def streamed(inputs: Mapping[str, np.ndarray]) -> bool:
+    """Server side: whether the request asks for its text as it is generated."""
+    return bool(_scalar(inputs, "STREAM"))
 
 
 def decode_request(
@@ -197,32 +235,61 @@ def encode_result(result: GenerationResult) -> dict[str, np.ndarray]:
     return {name: array[np.newaxis] for name, array in tensors.items()}
 
 
-def _row(array: np.ndarray, dims: int) -> np.ndarray:
-    """The one request's row of a batched output (``dims`` the row's rank)."""
-    return array[0] if array.ndim > dims else array
+def encode_partial(pieces: list[str]) -> dict[str, np.ndarray]:
+    """Server side: a partial response, the new piece of text of each choice."""
+    return {"TEXT": np.array([[piece.encode() for piece in pieces]], dtype=object)}
 
 
-def decode_result(outputs: Mapping[str, np.ndarray]) -> GenerationResult:
-    """Client side: the result from the output tensors."""
-    lengths = outputs["COMPLETION_LENGTHS"].reshape(-1).tolist()
-    texts = outputs["TEXT"].reshape(-1)
-    reasons = outputs["FINISH_REASON"].reshape(-1)
-    token_ids = _row(outputs["TOKEN_IDS"], 2)
-    logprobs = _row(outputs["LOGPROBS"], 2)
+def _listed(value: Any) -> list[Any]:
+    """A generate-extension output as a flat list (it sends one element as a scalar)."""
+    return list(value) if isinstance(value, list) else [value]
+
+
+def is_final(event: Mapping[str, Any]) -> bool:
+    """Client side: whether a response of the stream is the final one (it has every output)."""
+    return "COMPLETION_LENGTHS" in event
+
+
+def decode_partial(event: Mapping[str, Any]) -> list[str]:
+    """Client side: the new piece of text of each choice, from a partial response."""
+    return [str(piece) for piece in _listed(event.get("TEXT", []))]
+
+
+def decode_final(event: Mapping[str, Any]) -> GenerationResult:
+    """Client side: the result from the final response of the generate extension.
+
+    Outputs come flattened: the padded ``[choices, width]`` token ids and logprobs
+    are cut back into rows with the lengths alongside.
+    """
+    lengths = [int(n) for n in _listed(event["COMPLETION_LENGTHS"])]
+    texts = [str(t) for t in _listed(event["TEXT"])]
+    reasons = [str(r) for r in _listed(event["FINISH_REASON"])]
+    token_ids = [int(t) for t in _listed(event.get("TOKEN_IDS", []))]
+    logprobs = [float(x) for x in _listed(event.get("LOGPROBS", []))]
+    width = len(token_ids) // len(lengths) if lengths else 0
+    if (
+        len(texts) != len(lengths)
+        or len(reasons) != len(lengths)
+        or width * len(lengths) != len(token_ids)
+    ):
+        raise ProtocolError(
+            f"a final response with {len(lengths)} choices has {len(texts)} texts, "
+            f"{len(reasons)} finish reasons and {len(token_ids)} token ids"
+        )
     choices = []
     for row, length in enumerate(lengths):
-        reason = reasons[row].decode()
+        start = row * width
         choices.append(
             Choice(
-                text=texts[row].decode(),
-                token_ids=[int(t) for t in token_ids[row, :length]],
-                logprobs=[float(x) for x in logprobs[row, :length]],
-                finish_reason="length" if reason == "length" else "stop",
+                text=texts[row],
+                token_ids=token_ids[start : start + length],
+                logprobs=logprobs[start : start + length],
+                finish_reason="length" if reasons[row] == "length" else "stop",
             )
         )
-    version = outputs["MODEL_VERSION"].reshape(-1)[0]
+    version = _listed(event.get("MODEL_VERSION", ""))[0]
     return GenerationResult(
         choices=choices,
-        prompt_token_ids=[int(t) for t in outputs["PROMPT_TOKEN_IDS"].reshape(-1)],
-        model_version=version.decode() if isinstance(version, bytes) else str(version),
+        prompt_token_ids=[int(t) for t in _listed(event.get("PROMPT_TOKEN_IDS", []))],
+        model_version=str(version),
     )

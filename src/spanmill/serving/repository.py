@@ -66,6 +66,8 @@ def python_config(model_name: str, *, instances: int = 1, gpu: bool = False) -> 
         f"dynamic_batching {{ max_queue_delay_microseconds: {protocol.MAX_QUEUE_DELAY_US} }}\n"
         # Every version present is served, so champion and challenger can run side by side.
         "version_policy: { all: {} }\n"
+        # Decoupled: answers leave through a response sender, a streamed one token by token.
+        "model_transaction_policy { decoupled: true }\n"
         + _tensor_block("input", protocol.INPUTS)
         + _tensor_block("output", protocol.OUTPUTS)
         + f"instance_group [ {{ kind: {kind} count: {instances} }} ]\n"

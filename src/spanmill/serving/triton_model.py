@@ -9,25 +9,42 @@ backend stub (the venv locally, the serving image on a cluster).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
 from spanmill.serving import protocol
-from spanmill.serving.generation import Generator, Request, generate_all
+from spanmill.serving.generation import (
+    Cancellation,
+    Generator,
+    Listener,
+    Request,
+    TextStream,
+    generate_all,
+    instance_device,
+)
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         version = str(args["model_version"])
         version_dir = Path(args["model_repository"]) / version
-        self.generator = Generator.from_version_dir(version_dir, version=version)
+        # A KIND_GPU instance generates on its own GPU; the others on the CPU.
+        device = instance_device(
+            str(args.get("model_instance_kind", "CPU")), args.get("model_instance_device_id", 0)
+        )
+        self.generator = Generator.from_version_dir(version_dir, version=version, device=device)
 
-    def execute(self, requests: list[Any]) -> list[Any]:
-        # Triton's dynamic batcher hands over the requests that arrived together.
-        decoded: list[Request | protocol.ProtocolError] = []
+    def execute(self, requests: list[Any]) -> None:
+        # Triton's dynamic batcher hands over the requests that arrived together. The
+        # model is decoupled: every answer goes out through its request's sender, the
+        # streamed pieces as they come, and a final response that closes the request.
+        senders = []
+        decoded: list[Request] = []
         for request in requests:
+            sender = request.get_response_sender()
             try:
                 inputs = {}
                 for name in protocol.INPUTS:
@@ -35,25 +52,45 @@ class TritonPythonModel:
                     if tensor is not None:
                         inputs[name] = tensor.as_numpy()
                 messages, tools, params = protocol.decode_request(inputs)
-                decoded.append(Request(messages, params, tools))
             except protocol.ProtocolError as exc:
-                decoded.append(exc)
-        valid = [d for d in decoded if isinstance(d, Request)]
-        answers = iter(generate_all(self.generator, valid))
-        responses = []
-        for item in decoded:
-            if isinstance(item, protocol.ProtocolError):
-                responses.append(_error(str(item), pb_utils.TritonError.INVALID_ARG))
+                _close(sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG))
                 continue
-            answer = next(answers)
-            if isinstance(answer, Exception):
-                responses.append(_error(f"generation failed: {type(answer).__name__}: {answer}"))
-                continue
-            outputs = protocol.encode_result(answer)
-            responses.append(
-                pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
-            )
-        return responses
+            listener: Listener = Cancellation(sender.is_cancelled)
+            if protocol.streamed(inputs):
+                listener = TextStream(
+                    self.generator.tokenizer,
+                    self.generator.eos_ids,
+                    params,
+                    send=_sending(sender),
+                    cancelled=sender.is_cancelled,
+                )
+            senders.append(sender)
+            decoded.append(Request(messages, params, tools, listener))
+        for sender, answer in zip(senders, generate_all(self.generator, decoded), strict=True):
+            if sender.is_cancelled():
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            elif isinstance(answer, Exception):
+                _close(sender, _error(f"generation failed: {type(answer).__name__}: {answer}"))
+            else:
+                outputs = protocol.encode_result(answer)
+                _close(
+                    sender,
+                    pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]),
+                )
+
+
+def _sending(sender: Any) -> Callable[[list[str]], None]:
+    """Sends each choice's new piece of text as a partial response."""
+
+    def send(pieces: list[str]) -> None:
+        outputs = protocol.encode_partial(pieces)
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]))
+
+    return send
+
+
+def _close(sender: Any, response: Any) -> None:
+    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def _error(message: str, code: Any = None) -> Any:

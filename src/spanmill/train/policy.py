@@ -23,6 +23,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -92,6 +93,17 @@ class PolicyServer:
         elif self._flusher is None or self._flusher.done():
             self._start_flush(self.batch_window_s)
         return await pending.answer
+
+    async def stream(
+        self,
+        model: str,
+        version: str,
+        messages: list[dict[str, Any]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None,
+    ) -> AsyncGenerator[list[str] | GenerationResult, None]:
+        """Rollouts do not stream: a streamed request gets its whole answer at once."""
+        yield await self.generate(model, version, messages, params, tools)
 
     def _start_flush(self, delay: float) -> None:
         if self._flusher is not None and not self._flusher.done() and delay > 0:

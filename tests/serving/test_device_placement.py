@@ -1,0 +1,93 @@
+"""The Python flavour generates where its Triton instance is: a KIND_GPU instance on its GPU.
+
+There is no GPU here, so the GPU branch is shown by what the generator asks torch
+for (the device the weights are moved to), and by the clear refusal when torch
+has no CUDA device; the CPU branch runs for real.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from spanmill import serving
+from spanmill.serving.generation import Generator, instance_device
+from spanmill.serving.repository import write_python_version
+
+
+@pytest.mark.parametrize(
+    ("kind", "device_id", "device"),
+    [("GPU", "0", "cuda:0"), ("GPU", 3, "cuda:3"), ("KIND_GPU", "1", "cuda:1"),
+     ("CPU", "0", "cpu"), ("MODEL", "0", "cpu")],
+)  # fmt: skip
+def test_the_device_follows_the_instance_kind(kind: str, device_id: Any, device: str) -> None:
+    assert instance_device(kind, device_id) == device
+
+
+def _entry_point(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """triton_model.py as Triton's stub loads it (the backend's utils module only imported)."""
+    utils = types.ModuleType("triton_python_backend_utils")
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", utils)
+    entry = Path(serving.__file__).with_name("triton_model.py")
+    spec = importlib.util.spec_from_file_location("model", entry)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def version(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
+    repository = tmp_path_factory.mktemp("repository")
+    return write_python_version(repository, "calculator", 1, smollm2_dir, dtype="float32")
+
+
+def _args(version: Path, kind: str, device_id: str = "0") -> dict[str, str]:
+    return {
+        "model_repository": str(version.parent),
+        "model_version": version.name,
+        "model_instance_kind": kind,
+        "model_instance_device_id": device_id,
+    }
+
+
+def test_a_cpu_instance_generates_on_the_cpu(
+    version: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _entry_point(monkeypatch).TritonPythonModel()
+    model.initialize(_args(version, "CPU"))
+    assert model.generator.device.type == "cpu"
+    assert next(model.generator.model.parameters()).device.type == "cpu"
+
+
+def test_a_gpu_instance_puts_the_weights_on_its_gpu(
+    version: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moved: list[str] = []
+    original = torch.nn.Module.to
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        if args and isinstance(args[0], str):
+            moved.append(args[0])
+            return self  # no CUDA here: record where the weights were sent, keep them
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    model = _entry_point(monkeypatch).TritonPythonModel()
+    model.initialize(_args(version, "GPU", "1"))
+    assert moved == ["cuda:1"]
+
+
+def test_a_gpu_instance_without_cuda_is_refused_clearly(
+    version: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"cuda:0 \(a KIND_GPU Triton instance\).*no CUDA"):
+        Generator.from_version_dir(version, device="cuda:0")
