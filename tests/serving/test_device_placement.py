@@ -32,7 +32,17 @@ def test_the_device_follows_the_instance_kind(kind: str, device_id: Any, device:
 
 def _entry_point(monkeypatch: pytest.MonkeyPatch) -> Any:
     """triton_model.py as Triton's stub loads it (the backend's utils module only imported)."""
-    utils = types.ModuleType("triton_python_backend_utils")
+    utils: Any = types.ModuleType("triton_python_backend_utils")
+
+    class MetricFamily:  # what initialize asks of it: metric families, counters in them
+        COUNTER = "counter"
+
+        def __init__(self, **_: Any) -> None: ...
+
+        def Metric(self, labels: dict[str, str]) -> Any:
+            return types.SimpleNamespace(increment=lambda value: None)
+
+    utils.MetricFamily = MetricFamily
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", utils)
     entry = Path(serving.__file__).with_name("triton_model.py")
     spec = importlib.util.spec_from_file_location("model", entry)

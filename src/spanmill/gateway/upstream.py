@@ -183,8 +183,12 @@ class TritonUpstream:
 
 
 def _error_text(raw: bytes) -> str:
+    """Triton's error message from an error answer (JSON, or one SSE event of it)."""
+    text = raw.decode(errors="replace").strip()
+    if text.startswith("data:"):
+        text = text[5:]
     try:
-        return str(json.loads(raw)["error"])
+        return str(json.loads(text)["error"])
     except (ValueError, KeyError, TypeError):
         return raw.decode(errors="replace")[:500]
 

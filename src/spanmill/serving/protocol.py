@@ -107,6 +107,10 @@ class GenerationResult:
     model_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(choice.token_ids) for choice in self.choices)
+
 
 def encode_request(
     messages: list[dict[str, Any]],

@@ -36,6 +36,7 @@ class TritonPythonModel:
             str(args.get("model_instance_kind", "CPU")), args.get("model_instance_device_id", 0)
         )
         self.generator = Generator.from_version_dir(version_dir, version=version, device=device)
+        self.metrics = _Metrics(str(args.get("model_name", "")), version)
 
     def execute(self, requests: list[Any]) -> None:
         # Triton's dynamic batcher hands over the requests that arrived together. The
@@ -53,6 +54,7 @@ class TritonPythonModel:
                         inputs[name] = tensor.as_numpy()
                 messages, tools, params = protocol.decode_request(inputs)
             except protocol.ProtocolError as exc:
+                self.metrics.count("refused")
                 _close(sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG))
                 continue
             listener: Listener = Cancellation(sender.is_cancelled)
@@ -67,16 +69,52 @@ class TritonPythonModel:
             senders.append(sender)
             decoded.append(Request(messages, params, tools, listener))
         for sender, answer in zip(senders, generate_all(self.generator, decoded), strict=True):
+            tokens = 0 if isinstance(answer, Exception) else answer.completion_tokens
             if sender.is_cancelled():
+                self.metrics.count("cancelled", tokens)
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             elif isinstance(answer, Exception):
+                self.metrics.count("failed")
                 _close(sender, _error(f"generation failed: {type(answer).__name__}: {answer}"))
             else:
+                self.metrics.count("answered", tokens)
                 outputs = protocol.encode_result(answer)
                 _close(
                     sender,
                     pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]),
                 )
+
+
+class _Metrics:
+    """Requests and generated tokens by outcome, on Triton's metrics endpoint: answered,
+    cancelled (the client went away; its tokens are the work done before it stopped),
+    failed, or refused (out of protocol)."""
+
+    def __init__(self, model: str, version: str) -> None:
+        counter = pb_utils.MetricFamily.COUNTER
+        requests = pb_utils.MetricFamily(
+            name="spanmill_generation_requests_total",
+            description="Generation requests by outcome",
+            kind=counter,
+        )
+        tokens = pb_utils.MetricFamily(
+            name="spanmill_generation_tokens_total",
+            description="Tokens generated, by the outcome of their request",
+            kind=counter,
+        )
+        # The families must outlive their metrics: Triton deletes a metric with its family.
+        self.families = (requests, tokens)
+        self.requests = {}
+        self.tokens = {}
+        for outcome in ("answered", "cancelled", "failed", "refused"):
+            labels = {"model": model, "version": version, "outcome": outcome}
+            self.requests[outcome] = requests.Metric(labels=labels)
+            self.tokens[outcome] = tokens.Metric(labels=labels)
+
+    def count(self, outcome: str, tokens: int = 0) -> None:
+        self.requests[outcome].increment(1)
+        if tokens:
+            self.tokens[outcome].increment(tokens)
 
 
 def _sending(sender: Any) -> Callable[[list[str]], None]:

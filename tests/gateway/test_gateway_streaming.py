@@ -1,0 +1,134 @@
+"""True streaming through the real gateway, tritonserver and SmolLM2.
+
+Shown by order of events, not by timing: the first piece reaches the client before
+the gateway records the answer's end; the pieces make the text a plain call gives;
+and a client that goes away stops generation (Triton's own metrics count the
+request as cancelled, with fewer tokens than it asked for), after which the
+model instance answers the next request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import tritonclient.http as triton_http
+
+from spanmill.config import GatewaySettings, KafkaSettings, TritonSettings
+from spanmill.gateway.app import create_app
+from spanmill.gateway.routing import RoutingTable
+from spanmill.serving.repository import write_python_version
+
+pytestmark = pytest.mark.services
+
+MODEL = "streamer"
+STORY = [{"role": "user", "content": "Write a long story about a cat who travels the world."}]
+
+
+@pytest.fixture(scope="module")
+def streamer(triton, smollm2_dir: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    write_python_version(triton.model_repository, MODEL, 1, smollm2_dir, num_threads=2)
+    client = triton_http.InferenceServerClient(triton.http_url, network_timeout=300)
+    client.load_model(MODEL)
+    yield triton.http_url
+    client.unload_model(MODEL)
+
+
+@pytest.fixture
+def gateway(kafka, streamer: str, serve_app) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    topic = kafka.create_topic(f"spans-{uuid.uuid4().hex[:8]}", 1)
+    settings = GatewaySettings(
+        kafka=KafkaSettings(bootstrap_servers=kafka.bootstrap_servers, spans_topic=topic),
+        triton=TritonSettings(http_url=streamer),
+    )
+    table = RoutingTable.model_validate(
+        {"revision": 1, "routes": {MODEL: {"triton_model": MODEL,
+                                           "backends": [{"version": "1", "weight": 1}]}}}
+    )  # fmt: skip
+    with serve_app(create_app(settings, table=table)) as url:
+        yield url, topic
+
+
+def events(response: httpx.Response) -> Iterator[tuple[int, dict]]:
+    """(time received, chunk) for each Server-Sent Event, up to ``[DONE]``."""
+    for line in response.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            return
+        yield time.time_ns(), json.loads(line[6:])
+
+
+def test_pieces_arrive_as_generated_and_make_the_plain_answer(gateway, kafka) -> None:  # type: ignore[no-untyped-def]
+    from kafka import KafkaConsumer
+
+    from spanmill.spans import detect_and_decode
+
+    url, topic = gateway
+    request = {"model": MODEL, "messages": STORY, "max_tokens": 64, "temperature": 0}
+    plain = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=300).json()
+    assert "choices" in plain, plain
+    text = plain["choices"][0]["message"]["content"]
+    assert plain["usage"]["completion_tokens"] == 64  # it ran to the limit: 64 tokens
+
+    streamed = {**request, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=streamed, timeout=300) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        received = list(events(r))
+    pieces = [(at, c["choices"][0]["delta"].get("content")) for at, c in received if c["choices"]]
+    content = [(at, piece) for at, piece in pieces if piece]
+    assert "".join(piece for _, piece in content) == text
+    assert len(content) > 20  # piece by piece, not one block
+    assert received[-1][1]["usage"]["completion_tokens"] == 64
+    assert [c["choices"][0]["finish_reason"] for _, c in received if c["choices"]][-1] == "length"
+
+    # The gateway records the span once the answer has ended: the first piece was
+    # in the client's hands before that.
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka.bootstrap_servers,
+                             auto_offset_reset="earliest", consumer_timeout_ms=15000)  # fmt: skip
+    spans = [s for m in consumer for s in detect_and_decode(m.value)]
+    consumer.close()
+    assert len(spans) == 2
+    ended = max(span.end_time_unix_nano for span in spans)
+    assert content[0][0] < ended
+
+
+def triton_counter(metrics_url: str, name: str, outcome: str) -> float:
+    text = httpx.get(metrics_url).text
+    pattern = rf'^{name}{{[^}}]*model="{MODEL}"[^}}]*outcome="{outcome}"[^}}]*}} (\S+)$'
+    found = re.search(pattern, text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_client_that_goes_away_stops_generation(gateway, triton) -> None:  # type: ignore[no-untyped-def]
+    url, _ = gateway
+    metrics_url = f"http://{triton.running.host}:{triton.running.ports['metrics']}/metrics"
+    cancelled = triton_counter(metrics_url, "spanmill_generation_requests_total", "cancelled")
+    long = {"model": MODEL, "messages": STORY, "max_tokens": 1024, "temperature": 0,
+            "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=long, timeout=300) as r:
+        read = 0
+        for _, chunk in events(r):
+            read += bool(chunk["choices"] and chunk["choices"][0]["delta"].get("content"))
+            if read == 3:
+                break  # the client goes away: the connection closes here
+    # The next request is answered by the same (single) model instance, which is
+    # free again only once the abandoned generation stopped.
+    short = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}],
+             "max_tokens": 4, "temperature": 0}  # fmt: skip
+    answer = httpx.post(f"{url}/v1/chat/completions", json=short, timeout=300)
+    assert answer.status_code == 200
+    deadline = time.monotonic() + 30
+    while (
+        triton_counter(metrics_url, "spanmill_generation_requests_total", "cancelled") == cancelled
+    ):
+        assert time.monotonic() < deadline, "Triton never counted the request as cancelled"
+        time.sleep(0.2)
+    tokens = triton_counter(metrics_url, "spanmill_generation_tokens_total", "cancelled")
+    assert 3 <= tokens < 1024  # it stopped long before the 1024 tokens it asked for
