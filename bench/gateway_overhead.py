@@ -3,13 +3,15 @@
 Everything real: tansu (the gateway emits its spans), tritonserver with an echo
 model and with SmolLM2-135M-Instruct, and the gateway as its own process
 (`spanmill gateway`). Prints p50/p99 latency of both paths in one run, the
-difference, and requests/s under concurrency (SmolLM2's with Triton's dynamic batching
+difference, requests/s through the gateway against Triton's own at the same
+concurrency, and requests/s under concurrency (SmolLM2's with Triton's dynamic batching
 against one request at a time, in the same run).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -38,17 +40,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def direct(client: triton_http.InferenceServerClient, model: str, max_tokens: int) -> float:
-    tensors = protocol.encode_request(MESSAGES, GenerationParams(max_tokens=max_tokens))
-    inputs = []
-    for name, array in tensors.items():
-        tensor = triton_http.InferInput(
-            name, list(array.shape), protocol.CLIENT_DTYPES[protocol.INPUTS[name][0]]
-        )
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
+def direct(client: httpx.Client, model: str, max_tokens: int) -> float:
+    """The same request straight to Triton, on the generate extension the gateway calls."""
+    body = protocol.generate_body(MESSAGES, GenerationParams(max_tokens=max_tokens))
     started = time.perf_counter()
-    client.infer(model, inputs, model_version="1")
+    with client.stream("POST", f"/v2/models/{model}/versions/1/generate_stream", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data:") and protocol.is_final(json.loads(line[5:])):
+                break
     return time.perf_counter() - started
 
 
@@ -75,9 +75,26 @@ async def throughput(base_url: str, model: str, concurrency: int, total: int) ->
         return total / (time.perf_counter() - started)
 
 
+async def direct_throughput(triton_url: str, model: str, concurrency: int, total: int) -> float:
+    """Requests/s of the same 32-token requests sent straight to Triton."""
+    body = protocol.generate_body(MESSAGES, GenerationParams(max_tokens=32))
+    path = f"/v2/models/{model}/versions/1/generate_stream"
+    async with httpx.AsyncClient(base_url=f"http://{triton_url}", timeout=120) as client:
+        queue = list(range(total))
+
+        async def worker() -> None:
+            while queue:
+                queue.pop()
+                (await client.post(path, json=body)).raise_for_status()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return total / (time.perf_counter() - started)
+
+
 def compare(name: str, triton_url: str, gateway_url: str, n: int, max_tokens: int) -> None:
-    tclient = triton_http.InferenceServerClient(triton_url, network_timeout=300)
-    with httpx.Client(base_url=gateway_url, timeout=300) as gclient:
+    tclient = httpx.Client(base_url=f"http://{triton_url}", timeout=300)
+    with tclient, httpx.Client(base_url=gateway_url, timeout=300) as gclient:
         for _ in range(3):  # warm both paths
             direct(tclient, name, max_tokens)
             through_gateway(gclient, name, max_tokens)
@@ -129,10 +146,12 @@ def main() -> None:
         print("latency, one request at a time (gateway includes span emission to Kafka):")
         compare("echo", triton.url, url, n=300, max_tokens=32)
         compare("smollm2", triton.url, url, n=20, max_tokens=16)
-        print("throughput through the gateway, echo model, 32-token answers:")
+        print("throughput, echo model, 32-token answers, through the gateway vs direct:")
         for concurrency in (1, 8, 32):
             rps = asyncio.run(throughput(url, "echo", concurrency, total=400))
-            print(f"  concurrency {concurrency:>2}: {rps:8.1f} requests/s", flush=True)
+            base = asyncio.run(direct_throughput(triton.url, "echo", concurrency, total=400))
+            print(f"  concurrency {concurrency:>2}: {rps:8.1f} requests/s, direct {base:8.1f},"
+                  f" ratio {rps / base:.2f}", flush=True)  # fmt: skip
         print("throughput through the gateway, SmolLM2 (Triton batches the requests that queue):")
         single = 0.0
         for concurrency in (1, 8):

@@ -156,6 +156,7 @@ class TritonUpstream:
             async with client.stream("POST", path, json=body) as response:
                 if response.status_code != 200:
                     raise _classify(_error_text(await response.aread()), model, version)
+                final = None
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -163,9 +164,14 @@ class TritonUpstream:
                     if "error" in event:
                         raise _classify(str(event["error"]), model, version)
                     if protocol.is_final(event):
-                        yield protocol.decode_final(event)
-                        return
-                    yield protocol.decode_partial(event)
+                        final = protocol.decode_final(event)
+                    else:
+                        yield protocol.decode_partial(event)
+                # Read to the end of the body first: the connection then goes back to
+                # the pool for the next call instead of being closed.
+                if final is not None:
+                    yield final
+                    return
         except httpx.HTTPError as exc:  # connection refused, reset, timeout
             raise UpstreamError(
                 f"Triton at {self.url} is unavailable ({type(exc).__name__}: {exc})", 503
