@@ -286,6 +286,11 @@ class GatewaySettings(BaseSettings):
         None, description="When set, requests need this bearer token."
     )
     span_queue_size: int = Field(10_000, gt=0)
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024,
+        gt=0,
+        description="Largest request body accepted; a larger one is refused with 413 unread.",
+    )
     traffic: Literal["training"] | None = Field(
         None,
         description="training: every call is marked as RL rollout traffic (the trainer's own "

@@ -132,3 +132,27 @@ def test_a_client_that_goes_away_stops_generation(gateway, triton) -> None:  # t
         time.sleep(0.2)
     tokens = triton_counter(metrics_url, "spanmill_generation_tokens_total", "cancelled")
     assert 3 <= tokens < 1024  # it stopped long before the 1024 tokens it asked for
+
+
+def test_a_prompt_over_the_context_window_is_refused_before_it_occupies_the_model(
+    gateway,  # type: ignore[no-untyped-def]
+) -> None:
+    url, _ = gateway
+    huge = {"model": MODEL, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "many words " * 40_000}]}  # fmt: skip
+    refused = httpx.post(f"{url}/v1/chat/completions", json=huge, timeout=300)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    assert error["message"].startswith("this model's maximum context length is 8192 tokens")
+    # A prompt that fits, with max_tokens past what the window leaves, is refused too
+    # (about 7,200 tokens, and 1,000 more asked for, of 8,192).
+    long = [{"role": "user", "content": "many words " * 3_600}]
+    greedy = {"model": MODEL, "max_tokens": 1000, "messages": long}
+    assert (
+        httpx.post(f"{url}/v1/chat/completions", json=greedy, timeout=300).json()["error"]["code"]
+        == "context_length_exceeded"
+    )
+    # The model was never busy with them: the next request is served as usual.
+    short = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+    assert httpx.post(f"{url}/v1/chat/completions", json=short, timeout=300).status_code == 200

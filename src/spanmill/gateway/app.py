@@ -35,7 +35,12 @@ from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.gateway.routing import RoutingTable
 from spanmill.gateway.schema import ChatCompletionRequest, error_body
-from spanmill.gateway.upstream import TritonUpstream, Upstream, UpstreamError
+from spanmill.gateway.upstream import (
+    CONTEXT_LENGTH_EXCEEDED,
+    TritonUpstream,
+    Upstream,
+    UpstreamError,
+)
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -105,6 +110,59 @@ class _Authorize:
         await self.app(scope, receive, send)
 
 
+class _BodyLimit:
+    """Refuses a request body over ``limit`` bytes with 413 before the app reads it: by its
+    declared length at once, else (a chunked body) as soon as the bytes received pass it."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def _refuse(self, scope: Any, receive: Any, send: Any) -> None:
+        refused = _error(
+            413,
+            f"the request body is over the limit of {self.limit} bytes",
+            "invalid_request_error",
+        )
+        await refused(scope, receive, send)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+            await self.app(scope, receive, send)  # the server holds the body to that length
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return whole
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 def create_app(
     settings: GatewaySettings,
     *,
@@ -135,6 +193,7 @@ def create_app(
     app = FastAPI(title="spanmill gateway", lifespan=lifespan)
     app.state.gateway = state
 
+    app.add_middleware(_BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(_Authorize, key=settings.api_key)
 
     @app.exception_handler(RequestValidationError)
@@ -355,7 +414,9 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
 
 def _upstream_error(exc: UpstreamError) -> JSONResponse:
     kind = "invalid_request_error" if exc.status == 400 else "upstream_error"
-    return _error(exc.status, str(exc), kind)
+    param = "messages" if exc.code == CONTEXT_LENGTH_EXCEEDED else None
+    body = error_body(str(exc), kind, param=param, code=exc.code)
+    return JSONResponse(body, status_code=exc.status)
 
 
 def _choices(result: GenerationResult, *, tools_offered: bool) -> Iterator[dict[str, Any]]:

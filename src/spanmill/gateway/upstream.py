@@ -29,10 +29,13 @@ class UpstreamError(Exception):
     """Triton could not answer. ``status`` is the HTTP status the client gets; ``missing``
     says the server does not hold the version (another replica may)."""
 
-    def __init__(self, message: str, status: int, *, missing: bool = False) -> None:
+    def __init__(
+        self, message: str, status: int, *, missing: bool = False, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.missing = missing
+        self.code = code
 
 
 class Upstream(Protocol):
@@ -199,8 +202,15 @@ def _error_text(raw: bytes) -> str:
         return raw.decode(errors="replace")[:500]
 
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
 def _classify(message: str, model: str, version: str) -> UpstreamError:
     lowered = message.lower()
+    if CONTEXT_LENGTH_EXCEEDED in lowered:
+        start = lowered.find(CONTEXT_LENGTH_EXCEEDED) + len(CONTEXT_LENGTH_EXCEEDED)
+        said = message[start:].lstrip(": ").strip() or message
+        return UpstreamError(said, 400, code=CONTEXT_LENGTH_EXCEEDED)
     if "must be" in lowered or "invalid" in lowered or "takes 1 to" in lowered:
         return UpstreamError(message, 400)
     if "unknown model" in lowered or "not found" in lowered or "unavailable" in lowered:

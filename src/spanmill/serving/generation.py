@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult
+from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult, ProtocolError
 
 SERVING_SPEC = "spanmill-serving.json"
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -49,6 +49,12 @@ class ServingSpec:
     def resolve(self, version_dir: Path, value: str) -> str:
         candidate = version_dir / value
         return str(candidate) if candidate.exists() else value
+
+
+class ContextLengthError(ProtocolError):
+    """A request whose prompt and answer cannot fit the model's context window."""
+
+    code = "context_length_exceeded"
 
 
 class Listener(Protocol):
@@ -184,6 +190,7 @@ class Generator:
         # Inputs go where the weights are (a trainer's policy may be on a GPU).
         self.device = next(model.parameters()).device
         self.eos_ids = _eos_ids(model, self.tokenizer)
+        self.context_window = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         self.pad_id = (
             self.tokenizer.pad_token_id
             if self.tokenizer.pad_token_id is not None
@@ -218,6 +225,30 @@ class Generator:
             tokenize=False,
         )
         return str(text)
+
+    def check_fits(
+        self,
+        messages: list[dict[str, Any]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> int:
+        """The prompt's length in tokens; raises ContextLengthError when the prompt and
+        ``max_tokens`` (as far as the server's limit lets it go) overrun the context window.
+
+        Checked before a request joins a batch: an oversized prompt is refused at once
+        instead of occupying the model (and every request batched with it) for minutes.
+        """
+        prompt = len(self.tokenizer(self.render(messages, tools), add_special_tokens=False)[
+            "input_ids"
+        ])  # fmt: skip
+        answer = min(params.max_tokens, self.max_tokens_limit)
+        if self.context_window and prompt + answer > self.context_window:
+            raise ContextLengthError(
+                f"{ContextLengthError.code}: this model's maximum context length is "
+                f"{self.context_window} tokens; the messages take {prompt} and max_tokens "
+                f"asks for {answer} more: shorten the messages or lower max_tokens"
+            )
+        return prompt
 
     def generate(
         self,
@@ -469,6 +500,15 @@ class EchoGenerator:
         self.version = version
         self.tokenizer = _Bytes()
         self.eos_ids: list[int] = []
+
+    def check_fits(
+        self,
+        messages: list[dict[str, Any]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> int:
+        """The echo has no context window: any request fits."""
+        return len(json.dumps(messages).encode())
 
     def generate(
         self,

@@ -53,6 +53,7 @@ class TritonPythonModel:
                     if tensor is not None:
                         inputs[name] = tensor.as_numpy()
                 messages, tools, params = protocol.decode_request(inputs)
+                self.generator.check_fits(messages, params, tools)
             except protocol.ProtocolError as exc:
                 self.metrics.count("refused")
                 _close(sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG))

@@ -1,0 +1,65 @@
+"""Bounded work per request at the gateway: a body over the limit is refused unread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi.testclient import TestClient
+from test_gateway_feedback import EchoUpstream, FakeEmitter
+
+from spanmill.config import GatewaySettings
+from spanmill.gateway.app import create_app
+from spanmill.gateway.routing import RoutingTable
+
+LIMIT = 2048
+JSON = {"content-type": "application/json"}
+
+
+class CountingUpstream(EchoUpstream):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def generate(self, *args: Any) -> Any:
+        self.calls += 1
+        return await super().generate(*args)
+
+
+def client(upstream: CountingUpstream) -> TestClient:
+    table = RoutingTable.model_validate(
+        {"routes": {"echo": {"triton_model": "echo", "backends": [{"version": "1", "weight": 1}]}}}
+    )
+    settings = GatewaySettings(max_request_bytes=LIMIT)
+    app = create_app(settings, emitter=FakeEmitter(), upstream=upstream, table=table)  # type: ignore[arg-type]
+    return TestClient(app)
+
+
+def body(chars: int) -> bytes:
+    return (
+        '{"model": "echo", "messages": [{"role": "user", "content": "' + "x" * chars + '"}]}'
+    ).encode()
+
+
+def chunked(data: bytes) -> Iterator[bytes]:
+    """A body sent in pieces with no declared length (chunked transfer encoding)."""
+    for start in range(0, len(data), 512):
+        yield data[start : start + 512]
+
+
+def test_a_body_over_the_limit_is_refused_with_413_and_never_reaches_triton() -> None:
+    upstream = CountingUpstream()
+    with client(upstream) as http:
+        declared = http.post("/v1/chat/completions", content=body(LIMIT), headers=JSON)
+        assert declared.status_code == 413
+        assert declared.json()["error"]["message"] == (
+            f"the request body is over the limit of {LIMIT} bytes"
+        )
+        streamed = http.post("/v1/chat/completions", content=chunked(body(LIMIT)), headers=JSON)
+        assert streamed.status_code == 413
+        assert upstream.calls == 0
+        # Under the limit, with its length declared or not, it is served.
+        small = body(LIMIT // 2)
+        for content in (small, chunked(small)):
+            served = http.post("/v1/chat/completions", content=content, headers=JSON)
+            assert served.status_code == 200
+        assert upstream.calls == 2
