@@ -28,16 +28,21 @@ from spanmill.serving.repository import write_python_version
 pytestmark = pytest.mark.services
 
 MODEL = "streamer"
+QUEUED = "queued"  # the same model, whose queue holds one request
 STORY = [{"role": "user", "content": "Write a long story about a cat who travels the world."}]
 
 
 @pytest.fixture(scope="module")
 def streamer(triton, smollm2_dir: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
     write_python_version(triton.model_repository, MODEL, 1, smollm2_dir, num_threads=2)
+    write_python_version(triton.model_repository, QUEUED, 1, smollm2_dir, num_threads=2,
+                         max_queue_size=1)  # fmt: skip
     client = triton_http.InferenceServerClient(triton.http_url, network_timeout=300)
     client.load_model(MODEL)
+    client.load_model(QUEUED)
     yield triton.http_url
     client.unload_model(MODEL)
+    client.unload_model(QUEUED)
 
 
 @pytest.fixture
@@ -47,10 +52,10 @@ def gateway(kafka, streamer: str, serve_app) -> Iterator[tuple[str, str]]:  # ty
         kafka=KafkaSettings(bootstrap_servers=kafka.bootstrap_servers, spans_topic=topic),
         triton=TritonSettings(http_url=streamer),
     )
-    table = RoutingTable.model_validate(
-        {"revision": 1, "routes": {MODEL: {"triton_model": MODEL,
-                                           "backends": [{"version": "1", "weight": 1}]}}}
-    )  # fmt: skip
+    table = RoutingTable.model_validate({"revision": 1, "routes": {
+        name: {"triton_model": name, "backends": [{"version": "1", "weight": 1}]}
+        for name in (MODEL, QUEUED)
+    }})  # fmt: skip
     with serve_app(create_app(settings, table=table)) as url:
         yield url, topic
 
@@ -156,3 +161,34 @@ def test_a_prompt_over_the_context_window_is_refused_before_it_occupies_the_mode
     # The model was never busy with them: the next request is served as usual.
     short = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
     assert httpx.post(f"{url}/v1/chat/completions", json=short, timeout=300).status_code == 200
+
+
+def test_a_full_queue_is_refused_at_once_with_retry_after(gateway, triton) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    url, _ = gateway
+    metrics_url = f"http://{triton.running.host}:{triton.running.ports['metrics']}/metrics"
+    long = {"model": QUEUED, "messages": STORY, "max_tokens": 1024, "temperature": 0,
+            "stream": True}  # fmt: skip
+    short = {"model": QUEUED, "messages": [{"role": "user", "content": "Say hi."}],
+             "max_tokens": 4, "temperature": 0}  # fmt: skip
+    queued: list[httpx.Response] = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=long, timeout=300) as busy:
+        next(events(busy))  # the model instance is generating the long answer
+        waiting = threading.Thread(target=lambda: queued.append(
+            httpx.post(f"{url}/v1/chat/completions", json=short, timeout=300)))  # fmt: skip
+        waiting.start()
+        deadline = time.monotonic() + 30
+        pending = rf'^nv_inference_pending_request_count{{[^}}]*model="{QUEUED}"[^}}]*}} (\S+)$'
+        while True:
+            found = re.search(pending, httpx.get(metrics_url).text, re.MULTILINE)
+            if found and float(found.group(1)) >= 1:
+                break  # the short request waits in the queue, which is now full
+            assert time.monotonic() < deadline, "the second request never reached the queue"
+            time.sleep(0.1)
+        refused = httpx.post(f"{url}/v1/chat/completions", json=short, timeout=300)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "overloaded"
+    # The long answer's client went away; the waiting request is served.
+    waiting.join(timeout=300)
+    assert queued and queued[0].status_code == 200

@@ -207,6 +207,12 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 def _classify(message: str, model: str, version: str) -> UpstreamError:
     lowered = message.lower()
+    if "maximum queue size" in lowered:
+        return UpstreamError(
+            f"model {model} version {version} is busy, its queue is full; try again shortly",
+            503,
+            code="overloaded",
+        )
     if CONTEXT_LENGTH_EXCEEDED in lowered:
         start = lowered.find(CONTEXT_LENGTH_EXCEEDED) + len(CONTEXT_LENGTH_EXCEEDED)
         said = message[start:].lstrip(": ").strip() or message

@@ -56,14 +56,21 @@ def _tensor_block(kind: str, tensors: Mapping[str, tuple[str, list[int]]]) -> st
     return f"{kind} [\n" + ",\n".join(entries) + "\n]\n"
 
 
-def python_config(model_name: str, *, instances: int = 1, gpu: bool = False) -> str:
+def python_config(
+    model_name: str,
+    *,
+    instances: int = 1,
+    gpu: bool = False,
+    max_queue_size: int = protocol.MAX_QUEUE_SIZE,
+) -> str:
     """config.pbtxt of the Python-backend flavour, complete (no auto-complete needed)."""
     kind = "KIND_GPU" if gpu else "KIND_CPU"
     return (
         f'name: "{model_name}"\n'
         'backend: "python"\n'
         f"max_batch_size: {protocol.MAX_BATCH_SIZE}\n"
-        f"dynamic_batching {{ max_queue_delay_microseconds: {protocol.MAX_QUEUE_DELAY_US} }}\n"
+        f"dynamic_batching {{ max_queue_delay_microseconds: {protocol.MAX_QUEUE_DELAY_US}"
+        f" default_queue_policy {{ max_queue_size: {max_queue_size} }} }}\n"
         # Every version present is served, so champion and challenger can run side by side.
         "version_policy: { all: {} }\n"
         # Decoupled: answers leave through a response sender, a streamed one token by token.
@@ -86,6 +93,7 @@ def write_python_version(
     num_threads: int = 0,
     max_tokens_limit: int = 1024,
     gpu: bool = False,
+    max_queue_size: int = protocol.MAX_QUEUE_SIZE,
 ) -> Path:
     """Write (or replace) one version of a Python-backend model; returns the version folder.
 
@@ -126,7 +134,7 @@ def write_python_version(
     (staging / SERVING_SPEC).write_text(spec.to_json())
 
     config = version_dir.parent / "config.pbtxt"
-    config_text = python_config(model_name, gpu=gpu)
+    config_text = python_config(model_name, gpu=gpu, max_queue_size=max_queue_size)
     if config.exists() and 'backend: "python"' not in config.read_text():
         raise RepositoryError(f"{config.parent} holds a model of another flavour")
     config.write_text(config_text)
