@@ -286,6 +286,12 @@ class GatewaySettings(BaseSettings):
         None, description="When set, requests need this bearer token."
     )
     span_queue_size: int = Field(10_000, gt=0)
+    request_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Longest a chat completion may take, streamed or not; past it the "
+        "generation is stopped and the client gets 504.",
+    )
     max_request_bytes: int = Field(
         4 * 1024 * 1024,
         gt=0,

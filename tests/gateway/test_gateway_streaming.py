@@ -45,12 +45,13 @@ def streamer(triton, smollm2_dir: Path) -> Iterator[str]:  # type: ignore[no-unt
     client.unload_model(QUEUED)
 
 
-@pytest.fixture
-def gateway(kafka, streamer: str, serve_app) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
+@pytest.fixture(params=[300.0])
+def gateway(kafka, streamer: str, serve_app, request) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
     topic = kafka.create_topic(f"spans-{uuid.uuid4().hex[:8]}", 1)
     settings = GatewaySettings(
         kafka=KafkaSettings(bootstrap_servers=kafka.bootstrap_servers, spans_topic=topic),
         triton=TritonSettings(http_url=streamer),
+        request_timeout_s=request.param,
     )
     table = RoutingTable.model_validate({"revision": 1, "routes": {
         name: {"triton_model": name, "backends": [{"version": "1", "weight": 1}]}
@@ -192,3 +193,30 @@ def test_a_full_queue_is_refused_at_once_with_retry_after(gateway, triton) -> No
     # The long answer's client went away; the waiting request is served.
     waiting.join(timeout=300)
     assert queued and queued[0].status_code == 200
+
+
+@pytest.mark.parametrize("gateway", [2.0], indirect=True)
+def test_an_answer_past_the_deadline_is_stopped_and_refused_with_504(gateway, triton) -> None:  # type: ignore[no-untyped-def]
+    url, _ = gateway
+    metrics_url = f"http://{triton.running.host}:{triton.running.ports['metrics']}/metrics"
+    before = triton_counter(metrics_url, "spanmill_generation_requests_total", "cancelled")
+    long = {"model": MODEL, "messages": STORY, "max_tokens": 1024, "temperature": 0}
+    late = httpx.post(f"{url}/v1/chat/completions", json=long, timeout=300)
+    assert late.status_code == 504
+    assert "took longer than 2 s" in late.json()["error"]["message"]
+    wait_for_cancelled(metrics_url, before + 1)  # stopped, not left running to 1,024 tokens
+    # Streamed, the deadline ends the stream with an error event.
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**long, "stream": True},
+                      timeout=300) as r:  # fmt: skip
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert "took longer than 2 s" in json.loads(lines[-2][6:])["error"]["message"]
+    wait_for_cancelled(metrics_url, before + 2)
+
+
+def wait_for_cancelled(metrics_url: str, count: float) -> None:
+    deadline = time.monotonic() + 30
+    while triton_counter(metrics_url, "spanmill_generation_requests_total", "cancelled") < count:
+        assert time.monotonic() < deadline, f"Triton did not count {count:g} cancelled requests"
+        time.sleep(0.2)

@@ -140,3 +140,13 @@ def test_a_cancelled_request_stops_at_the_next_token_and_alone() -> None:
     cut, whole = generate_all(engine, requests)
     assert isinstance(cut, GenerationResult) and isinstance(whole, GenerationResult)
     assert cut.choices[0].text == "abc" and whole.choices[0].text == "ijklmnop"
+
+
+def test_an_unstreamed_request_writes_a_heartbeat_every_sixteen_tokens() -> None:
+    beats: list[int] = []
+    listener = Cancellation(lambda: False, beat=lambda: beats.append(1))
+    engine = EchoGenerator("1")
+    (result,) = generate_all(engine, [Request([{"role": "user", "content": "x" * 40}],
+                                              GenerationParams(), listener=listener)])  # fmt: skip
+    assert isinstance(result, GenerationResult) and result.choices[0].text == "x" * 40
+    assert len(beats) == 2  # after tokens 16 and 32 of 40

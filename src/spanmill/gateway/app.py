@@ -9,15 +9,16 @@ trace (see :mod:`spanmill.feedback`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -44,6 +45,7 @@ from spanmill.gateway.upstream import (
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _propagator = TraceContextTextMapPropagator()
 SERVICE_NAME = "spanmill-gateway"
 
@@ -380,7 +382,7 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
         try:
             # Errors Triton answers at once (a bad parameter, a version it lacks) keep
             # their HTTP status; the stream starts with the first piece of text.
-            first = await anext(events)
+            first = await _within(call, anext(events))
         except UpstreamError as exc:
             call.failed(str(exc), exc.status)
             return _upstream_error(exc)
@@ -392,8 +394,11 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
             _stream(call, first, events), media_type="text/event-stream", headers=headers
         )
     try:
-        result = await state.upstream.generate(
-            route.triton_model, backend.version, messages, params, body.tools
+        result = await _within(
+            call,
+            state.upstream.generate(
+                route.triton_model, backend.version, messages, params, body.tools
+            ),
         )
     except UpstreamError as exc:
         call.failed(str(exc), exc.status)
@@ -410,6 +415,21 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
         "usage": usage,
     }  # fmt: skip
     return JSONResponse(payload, headers=headers)
+
+
+async def _within(call: _Call, step: Awaitable[T]) -> T:
+    """``step`` if it ends before the call's deadline; else it is cancelled (closing the
+    stream to Triton stops the generation) and the call fails with 504."""
+    limit = call.state.settings.request_timeout_s
+    left = limit - (time.perf_counter() - call.clock)
+    try:
+        return await asyncio.wait_for(step, timeout=max(left, 0.0))
+    except TimeoutError:
+        raise UpstreamError(
+            f"the answer took longer than {limit:g} s (SPANMILL_GATEWAY_REQUEST_TIMEOUT_S); "
+            "its generation was stopped",
+            504,
+        ) from None
 
 
 def _upstream_error(exc: UpstreamError) -> JSONResponse:
@@ -478,7 +498,7 @@ async def _stream(
                     yield chunk([{"index": index, "delta": {"content": new},
                                   "finish_reason": None}])  # fmt: skip
             try:
-                event = await anext(events)
+                event = await _within(call, anext(events))
             except StopAsyncIteration:
                 raise UpstreamError(f"Triton model {call.triton_model} ended early", 502) from None
     except UpstreamError as exc:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any, Protocol
 
 import httpx
@@ -111,9 +112,12 @@ class TritonUpstream:
         tools: list[dict[str, Any]] | None,
     ) -> GenerationResult:
         body = protocol.generate_body(messages, params, tools)
-        async for event in self._events(model, version, body):
-            if isinstance(event, GenerationResult):
-                return event
+        # aclosing: a call cancelled midway (a deadline) closes its stream to Triton at
+        # once, which stops the generation, instead of whenever the generator is collected.
+        async with aclosing(self._events(model, version, body)) as events:
+            async for event in events:
+                if isinstance(event, GenerationResult):
+                    return event
         raise UpstreamError(f"Triton model {model} ended without an answer", 502)
 
     async def stream(
@@ -125,15 +129,17 @@ class TritonUpstream:
         tools: list[dict[str, Any]] | None,
     ) -> AsyncGenerator[list[str] | GenerationResult, None]:
         body = protocol.generate_body(messages, params, tools, stream=True)
-        async for event in self._events(model, version, body):
-            yield event
+        async with aclosing(self._events(model, version, body)) as events:
+            async for event in events:
+                yield event
 
     async def _events(
         self, model: str, version: str, body: dict[str, Any]
-    ) -> AsyncIterator[list[str] | GenerationResult]:
+    ) -> AsyncGenerator[list[str] | GenerationResult, None]:
         try:
-            async for event in self._post(self._get(), model, version, body):
-                yield event
+            async with aclosing(self._post(self._get(), model, version, body)) as events:
+                async for event in events:
+                    yield event
             return
         except UpstreamError as exc:
             # A missing version is answered before anything streams: nothing was sent yet.
@@ -146,14 +152,15 @@ class TritonUpstream:
         # the shared client's kept-alive connection would reach the same pod again.
         fresh = self._new_client()
         try:
-            async for event in self._post(fresh, model, version, body):
-                yield event
+            async with aclosing(self._post(fresh, model, version, body)) as events:
+                async for event in events:
+                    yield event
         finally:
             await fresh.aclose()
 
     async def _post(
         self, client: httpx.AsyncClient, model: str, version: str, body: dict[str, Any]
-    ) -> AsyncIterator[list[str] | GenerationResult]:
+    ) -> AsyncGenerator[list[str] | GenerationResult, None]:
         path = f"/v2/models/{model}/versions/{version}/generate_stream"
         try:
             async with client.stream("POST", path, json=body) as response:

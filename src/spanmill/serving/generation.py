@@ -65,12 +65,29 @@ class Listener(Protocol):
 
 
 class Cancellation:
-    """A listener that only stops a request whose client is gone."""
+    """A listener that stops a request whose client is gone.
 
-    def __init__(self, cancelled: Callable[[], bool]) -> None:
+    A server notices a closed connection only when it writes to it, and a request
+    answered at its end writes nothing until then: ``beat``, when given, is called
+    every ``every`` tokens to write something (an empty partial response), so that a
+    departed client is noticed within that many tokens.
+    """
+
+    def __init__(
+        self,
+        cancelled: Callable[[], bool],
+        beat: Callable[[], None] | None = None,
+        every: int = 16,
+    ) -> None:
         self.cancelled = cancelled
+        self.beat = beat
+        self.every = every
+        self.steps = 0
 
     def step(self, tokens: list[list[int]]) -> bool:
+        self.steps += 1
+        if self.beat is not None and self.steps % self.every == 0:
+            self.beat()
         return self.cancelled()
 
 

@@ -58,13 +58,14 @@ class TritonPythonModel:
                 self.metrics.count("refused")
                 _close(sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG))
                 continue
-            listener: Listener = Cancellation(sender.is_cancelled)
+            send = _sending(sender)
+            listener: Listener = Cancellation(sender.is_cancelled, beat=_beat(send, params.n))
             if protocol.streamed(inputs):
                 listener = TextStream(
                     self.generator.tokenizer,
                     self.generator.eos_ids,
                     params,
-                    send=_sending(sender),
+                    send=send,
                     cancelled=sender.is_cancelled,
                 )
             senders.append(sender)
@@ -116,6 +117,11 @@ class _Metrics:
         self.requests[outcome].increment(1)
         if tokens:
             self.tokens[outcome].increment(tokens)
+
+
+def _beat(send: Callable[[list[str]], None], choices: int) -> Callable[[], None]:
+    """An empty partial response: written so that a departed client is noticed."""
+    return lambda: send([""] * choices)
 
 
 def _sending(sender: Any) -> Callable[[list[str]], None]:
