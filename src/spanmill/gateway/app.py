@@ -383,13 +383,15 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
             # Errors Triton answers at once (a bad parameter, a version it lacks) keep
             # their HTTP status; the stream starts with the first piece of text.
             first = await _within(call, anext(events))
-        except UpstreamError as exc:
-            call.failed(str(exc), exc.status)
-            return _upstream_error(exc)
-        except StopAsyncIteration:
-            silent = UpstreamError(f"Triton model {route.triton_model} sent no answer", 502)
-            call.failed(str(silent), silent.status)
-            return _upstream_error(silent)
+        except (UpstreamError, StopAsyncIteration) as exc:
+            await events.aclose()
+            failure = (
+                exc
+                if isinstance(exc, UpstreamError)
+                else UpstreamError(f"Triton model {route.triton_model} sent no answer", 502)
+            )
+            call.failed(str(failure), failure.status)
+            return _upstream_error(failure)
         return StreamingResponse(
             _stream(call, first, events), media_type="text/event-stream", headers=headers
         )
