@@ -142,11 +142,22 @@ def test_a_cancelled_request_stops_at_the_next_token_and_alone() -> None:
     assert cut.choices[0].text == "abc" and whole.choices[0].text == "ijklmnop"
 
 
-def test_an_unstreamed_request_writes_a_heartbeat_every_sixteen_tokens() -> None:
+def test_an_unstreamed_request_writes_a_heartbeat_each_second_it_runs() -> None:
     beats: list[int] = []
-    listener = Cancellation(lambda: False, beat=lambda: beats.append(1))
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.25  # each look at the clock is a quarter second later
+        return now[0]
+
+    listener = Cancellation(lambda: False, beat=lambda: beats.append(1), clock=clock)
     engine = EchoGenerator("1")
-    (result,) = generate_all(engine, [Request([{"role": "user", "content": "x" * 40}],
+    (result,) = generate_all(engine, [Request([{"role": "user", "content": "x" * 8}],
                                               GenerationParams(), listener=listener)])  # fmt: skip
-    assert isinstance(result, GenerationResult) and result.choices[0].text == "x" * 40
-    assert len(beats) == 2  # after tokens 16 and 32 of 40
+    assert isinstance(result, GenerationResult) and result.choices[0].text == "x" * 8
+    # 8 tokens over 2.25 s of this clock: a beat at 1 s and at 2 s, none for a quick answer.
+    assert len(beats) == 2
+    quick = Cancellation(lambda: False, beat=lambda: beats.append(1))
+    generate_all(engine, [Request([{"role": "user", "content": "hi"}], GenerationParams(),
+                                  listener=quick)])  # fmt: skip
+    assert len(beats) == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,24 +70,27 @@ class Cancellation:
 
     A server notices a closed connection only when it writes to it, and a request
     answered at its end writes nothing until then: ``beat``, when given, is called
-    every ``every`` tokens to write something (an empty partial response), so that a
-    departed client is noticed within that many tokens.
+    once ``every_s`` seconds have passed since the request began or last beat, to
+    write something (an empty partial response), so that a departed client is
+    noticed within about that time. A quick answer writes no beat at all.
     """
 
     def __init__(
         self,
         cancelled: Callable[[], bool],
         beat: Callable[[], None] | None = None,
-        every: int = 16,
+        every_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cancelled = cancelled
         self.beat = beat
-        self.every = every
-        self.steps = 0
+        self.every_s = every_s
+        self.clock = clock
+        self.last = clock()
 
     def step(self, tokens: list[list[int]]) -> bool:
-        self.steps += 1
-        if self.beat is not None and self.steps % self.every == 0:
+        if self.beat is not None and self.clock() - self.last >= self.every_s:
+            self.last = self.clock()
             self.beat()
         return self.cancelled()
 
