@@ -85,7 +85,11 @@ async def direct_throughput(triton_url: str, model: str, concurrency: int, total
         async def worker() -> None:
             while queue:
                 queue.pop()
-                (await client.post(path, json=body)).raise_for_status()
+                # Read as the gateway reads it: the events as they come, to the end.
+                async with client.stream("POST", path, json=body) as response:
+                    response.raise_for_status()
+                    async for _ in response.aiter_lines():
+                        pass
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
