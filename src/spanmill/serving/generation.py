@@ -211,7 +211,9 @@ class Generator:
         # Inputs go where the weights are (a trainer's policy may be on a GPU).
         self.device = next(model.parameters()).device
         self.eos_ids = _eos_ids(model, self.tokenizer)
-        self.context_window = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        # 0: the model states no window, and no request is refused for its length.
+        config = getattr(model, "config", None)
+        self.context_window = int(getattr(config, "max_position_embeddings", 0) or 0)
         self.pad_id = (
             self.tokenizer.pad_token_id
             if self.tokenizer.pad_token_id is not None
