@@ -36,12 +36,8 @@ from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.gateway.routing import RoutingTable
 from spanmill.gateway.schema import ChatCompletionRequest, error_body
-from spanmill.gateway.upstream import (
-    CONTEXT_LENGTH_EXCEEDED,
-    TritonUpstream,
-    Upstream,
-    UpstreamError,
-)
+from spanmill.gateway.upstream import TritonUpstream, Upstream, UpstreamError
+from spanmill.serving import protocol
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -436,7 +432,7 @@ async def _within(call: _Call, step: Awaitable[T]) -> T:
 
 def _upstream_error(exc: UpstreamError) -> JSONResponse:
     kind = "invalid_request_error" if exc.status == 400 else "upstream_error"
-    param = "messages" if exc.code == CONTEXT_LENGTH_EXCEEDED else None
+    param = "messages" if exc.code == protocol.CONTEXT_LENGTH_EXCEEDED else None
     body = error_body(str(exc), kind, param=param, code=exc.code)
     # A full queue drains within a batch or two: the client is told when to come back.
     headers = {"retry-after": "1"} if exc.status == 503 else None

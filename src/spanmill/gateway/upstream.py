@@ -209,9 +209,6 @@ def _error_text(raw: bytes) -> str:
         return raw.decode(errors="replace")[:500]
 
 
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-
-
 def _classify(message: str, model: str, version: str) -> UpstreamError:
     lowered = message.lower()
     if "maximum queue size" in lowered:
@@ -220,10 +217,12 @@ def _classify(message: str, model: str, version: str) -> UpstreamError:
             503,
             code="overloaded",
         )
-    if CONTEXT_LENGTH_EXCEEDED in lowered:
-        start = lowered.find(CONTEXT_LENGTH_EXCEEDED) + len(CONTEXT_LENGTH_EXCEEDED)
+    if protocol.CONTEXT_LENGTH_EXCEEDED in lowered:
+        start = lowered.find(protocol.CONTEXT_LENGTH_EXCEEDED) + len(
+            protocol.CONTEXT_LENGTH_EXCEEDED
+        )
         said = message[start:].lstrip(": ").strip() or message
-        return UpstreamError(said, 400, code=CONTEXT_LENGTH_EXCEEDED)
+        return UpstreamError(said, 400, code=protocol.CONTEXT_LENGTH_EXCEEDED)
     if "must be" in lowered or "invalid" in lowered or "takes 1 to" in lowered:
         return UpstreamError(message, 400)
     if "unknown model" in lowered or "not found" in lowered or "unavailable" in lowered:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from spanmill.serving import protocol
 from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult, ProtocolError
 
 SERVING_SPEC = "spanmill-serving.json"
@@ -55,7 +56,7 @@ class ServingSpec:
 class ContextLengthError(ProtocolError):
     """A request whose prompt and answer cannot fit the model's context window."""
 
-    code = "context_length_exceeded"
+    code = protocol.CONTEXT_LENGTH_EXCEEDED
 
 
 class Listener(Protocol):

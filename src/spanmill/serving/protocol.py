@@ -70,6 +70,11 @@ MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 8
 
 
+# The code of a refusal for a prompt that, with its max_tokens, overruns the context
+# window: the model puts it first in its error message, the gateway answers with it.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
 class ProtocolError(ValueError):
     """A request the model cannot serve; the message names the input."""
 
@@ -114,29 +119,6 @@ class GenerationResult:
     @property
     def completion_tokens(self) -> int:
         return sum(len(choice.token_ids) for choice in self.choices)
-
-
-def encode_request(
-    messages: list[dict[str, Any]],
-    params: GenerationParams,
-    tools: list[dict[str, Any]] | None = None,
-) -> dict[str, np.ndarray]:
-    """The input tensors of one request (a batch of one), as Triton hands them to the
-    model from a generate body: what tests of the model's side start from."""
-    tensors: dict[str, np.ndarray] = {
-        "MESSAGES": np.array([json.dumps(messages).encode()], dtype=object),
-        "TEMPERATURE": np.array([params.temperature], dtype=np.float32),
-        "TOP_P": np.array([params.top_p], dtype=np.float32),
-        "MAX_TOKENS": np.array([params.max_tokens], dtype=np.int32),
-        "N": np.array([params.n], dtype=np.int32),
-    }
-    if tools:
-        tensors["TOOLS"] = np.array([json.dumps(tools).encode()], dtype=object)
-    if params.seed is not None:
-        tensors["SEED"] = np.array([params.seed], dtype=np.int64)
-    if params.stop:
-        tensors["STOP"] = np.array([s.encode() for s in params.stop], dtype=object)
-    return {name: array[np.newaxis] for name, array in tensors.items()}
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> Any:
