@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -103,6 +104,11 @@ def triton(services_dir: Path) -> Iterator[TritonService]:
         grpc_port=free_port(),
         metrics_port=free_port(),
     )
+    # The vLLM backend cannot run without a GPU: its stand-in takes its place, as a
+    # Python-based backend, as NVIDIA's image installs the real one (see the file).
+    standin = server.install.backend_dir / "vllm"
+    standin.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(__file__).with_name("vllm_backend_standin.py"), standin / "model.py")
     running = server.start()
     try:
         yield TritonService(running, repository)

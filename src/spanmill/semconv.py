@@ -103,6 +103,13 @@ SPANMILL_PROMPT_TOKEN_IDS: Final = "spanmill.prompt.token_ids"
 # Version of the served model that answered (the MLflow model version), which
 # gen_ai.response.model alone does not say once several versions serve one name.
 SPANMILL_MODEL_VERSION: Final = "spanmill.model.version"
+# The LoRA adapter a vLLM engine served that version as (absent for the base model
+# and for the Python flavour, where a version is a model of its own).
+SPANMILL_LORA_NAME: Final = "spanmill.lora.name"
+# Where the token ids came from: "sampled" (the server's record of what it sampled) or
+# "retokenized" (the server gave none: the text tokenised again, which can differ from
+# the ids sampled, and no logprobs). Absent: the server's own ids (the Python flavour).
+SPANMILL_TOKEN_IDS_SOURCE: Final = "spanmill.token_ids.source"
 # "training" on the calls and episodes of RL rollouts (absent on production traffic):
 # they go to the rollout topic, never into production datasets or rollout health.
 SPANMILL_TRAFFIC: Final = "spanmill.traffic"

@@ -206,7 +206,7 @@ async def _generate(replicas: Replicas, calls: int = 1) -> tuple[list[Any], int]
     """``calls`` generations through one TritonUpstream; (results or errors, retries)."""
     from aiohttp import web
 
-    from spanmill.gateway.upstream import TritonUpstream, UpstreamError
+    from spanmill.gateway.upstream import Target, TritonUpstream, UpstreamError
     from spanmill.serving.protocol import GenerationParams
 
     app = web.Application()
@@ -228,7 +228,8 @@ async def _generate(replicas: Replicas, calls: int = 1) -> tuple[list[Any], int]
         for _ in range(calls):
             try:
                 outcomes.append(
-                    await upstream.generate("calculator", "2", [{"role": "user", "content": "2+3"}],
+                    await upstream.generate(Target("calculator", "2"),
+                                            [{"role": "user", "content": "2+3"}],
                                             GenerationParams(max_tokens=2), None)
                 )  # fmt: skip
             except UpstreamError as exc:

@@ -158,7 +158,7 @@ def test_every_pod_holds_each_version_and_a_new_pod_gets_them_before_it_is_ready
 
     # Meanwhile a call the Service sends there is tried once more on a fresh connection,
     # which reaches a pod that holds the version.
-    from spanmill.gateway.upstream import TritonUpstream
+    from spanmill.gateway.upstream import Target, TritonUpstream
     from spanmill.serving.protocol import GenerationParams
 
     retries: list[int] = []
@@ -166,7 +166,8 @@ def test_every_pod_holds_each_version_and_a_new_pod_gets_them_before_it_is_ready
     async def call(url: str) -> Any:
         upstream = TritonUpstream(url, timeout_s=30, on_retry=lambda: retries.append(1))
         try:
-            return await upstream.generate(model, str(v2), [{"role": "user", "content": "hi"}],
+            return await upstream.generate(Target(model, str(v2)),
+                                           [{"role": "user", "content": "hi"}],
                                            GenerationParams(max_tokens=2), None)  # fmt: skip
         finally:
             await upstream.close()

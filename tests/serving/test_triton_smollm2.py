@@ -13,7 +13,7 @@ import httpx
 import pytest
 import tritonclient.http as httpclient
 
-from spanmill.gateway.upstream import TritonUpstream, UpstreamError
+from spanmill.gateway.upstream import Target, TritonUpstream, UpstreamError
 from spanmill.serving import protocol
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 from spanmill.serving.repository import write_python_version
@@ -25,7 +25,7 @@ def generate(url: str, model: str, messages: list[dict[str, Any]], params: Gener
     async def call() -> GenerationResult:
         upstream = TritonUpstream(url, timeout_s=300)
         try:
-            return await upstream.generate(model, "1", messages, params, None)
+            return await upstream.generate(Target(model, "1"), messages, params, None)
         finally:
             await upstream.close()
 
@@ -85,7 +85,7 @@ def test_requests_that_arrive_together_are_generated_together(  # type: ignore[n
         try:
             answers = await asyncio.gather(*(
                 upstream.generate(
-                    "batched", "1",
+                    Target("batched", "1"),
                     [{"role": "user", "content": f"What is the capital of {country}?"}],
                     GenerationParams(max_tokens=16), None,
                 )

@@ -63,16 +63,15 @@ class ServedModel:
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
     ) -> list[GenerationResult]:
-        from spanmill.gateway.upstream import TritonUpstream, UpstreamError
+        from spanmill.gateway.upstream import Target, TritonUpstream, UpstreamError
 
         upstream = TritonUpstream(self.triton_url, timeout_s=self.timeout_s)
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(messages: list[dict[str, Any]]) -> GenerationResult:
             async with gate:
-                return await upstream.generate(
-                    self.model, str(self.version), messages, params, tools
-                )
+                target = Target(self.model, str(self.version))
+                return await upstream.generate(target, messages, params, tools)
 
         try:
             return list(await asyncio.gather(*(one(c) for c in conversations)))

@@ -36,7 +36,7 @@ from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.gateway.routing import RoutingTable
 from spanmill.gateway.schema import ChatCompletionRequest, error_body
-from spanmill.gateway.upstream import TritonUpstream, Upstream, UpstreamError
+from spanmill.gateway.upstream import Target, TritonUpstream, Upstream, UpstreamError
 from spanmill.serving import protocol
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
@@ -307,6 +307,7 @@ class _Call:
                     **self.span_facts, span_id=new_span_id(), end_ns=ended,
                     response_id=self.response_id, choice=choice,
                     prompt_token_ids=result.prompt_token_ids,
+                    token_ids_source=result.extra.get("token_ids"),
                 )
             )  # fmt: skip
         completion_tokens = sum(len(c["token_ids"]) for c in choices)
@@ -361,6 +362,7 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
             "requested_model": body.model,
             "triton_model": route.triton_model,
             "version": backend.version,
+            "lora_name": backend.lora_name,
             "request_messages": raw_messages,
             "params": {"temperature": body.temperature, "top_p": body.top_p,
                        "max_tokens": body.token_limit, "stop": list(body.stop or ()),
@@ -371,10 +373,15 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
     )  # fmt: skip
     headers = {"x-spanmill-model-version": backend.version, "x-spanmill-trace-id": trace_id}
     messages = chat.to_model_messages(raw_messages)
+    target = Target(
+        model=route.triton_model,
+        version=backend.version,
+        flavour=route.flavour,
+        lora_name=backend.lora_name,
+        base_model=route.base_model,
+    )
     if body.stream:
-        events = state.upstream.stream(
-            route.triton_model, backend.version, messages, params, body.tools
-        )
+        events = state.upstream.stream(target, messages, params, body.tools)
         try:
             # Errors Triton answers at once (a bad parameter, a version it lacks) keep
             # their HTTP status; the stream starts with the first piece of text.
@@ -394,9 +401,7 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
     try:
         result = await _within(
             call,
-            state.upstream.generate(
-                route.triton_model, backend.version, messages, params, body.tools
-            ),
+            state.upstream.generate(target, messages, params, body.tools),
         )
     except UpstreamError as exc:
         call.failed(str(exc), exc.status)

@@ -49,12 +49,17 @@ def build_llm_span(
     metadata: Mapping[str, str] | None,
     choice: Mapping[str, Any] | None = None,
     prompt_token_ids: list[int] | None = None,
+    lora_name: str | None = None,
+    token_ids_source: str | None = None,
     error: str | None = None,
     service_name: str = "spanmill-gateway",
     traffic: str | None = None,
 ) -> Span:
     """One ``chat`` span. ``choice``: the assistant message, finish reason, token ids
-    and logprobs of one completion choice (absent when the call failed)."""
+    and logprobs of one completion choice (absent when the call failed).
+    ``lora_name``: the adapter a vLLM engine served the version as;
+    ``token_ids_source``: where the token ids came from, when the server gave none
+    of its own (see :mod:`spanmill.serving.vllm`)."""
     attributes: dict[str, Any] = {
         sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
         sc.GEN_AI_PROVIDER_NAME: "spanmill",
@@ -81,6 +86,10 @@ def build_llm_span(
             attributes[key] = value
     if traffic:
         attributes[sc.SPANMILL_TRAFFIC] = traffic
+    if lora_name:
+        attributes[sc.SPANMILL_LORA_NAME] = lora_name
+    if token_ids_source:
+        attributes[sc.SPANMILL_TOKEN_IDS_SOURCE] = token_ids_source
     if response_id:
         attributes[sc.GEN_AI_RESPONSE_ID] = response_id
     if prompt_token_ids is not None:
@@ -91,7 +100,8 @@ def build_llm_span(
         attributes[sc.GEN_AI_OUTPUT_MESSAGES] = json.dumps(chat.openai_to_genai([message]))
         attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [choice["finish_reason"]]
         attributes[sc.SPANMILL_COMPLETION_TOKEN_IDS] = choice["token_ids"]
-        attributes[sc.SPANMILL_COMPLETION_LOGPROBS] = choice["logprobs"]
+        if len(choice["logprobs"]) == len(choice["token_ids"]):  # none for retokenised ids
+            attributes[sc.SPANMILL_COMPLETION_LOGPROBS] = choice["logprobs"]
         attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = len(choice["token_ids"])
     return Span(
         trace_id=trace_id,

@@ -11,6 +11,7 @@ import json
 import logging
 import random
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -20,21 +21,37 @@ log = logging.getLogger(__name__)
 
 
 class Backend(BaseModel):
-    """One Triton version taking a share of a route's traffic."""
+    """One registered version taking a share of a route's traffic.
+
+    In the Python flavour it is the Triton version of the same number. In the vLLM
+    flavour every version is served by the model's one engine: an adapter version
+    by its ``lora_name``, the base model (version 1 of an agent, say) by none.
+    """
 
     version: str = Field(pattern=r"^[1-9][0-9]*$")
     weight: float = Field(ge=0)
     role: str = "champion"
+    lora_name: str | None = Field(default=None, min_length=1)
 
 
 class Route(BaseModel):
     triton_model: str
     backends: list[Backend] = Field(min_length=1)
+    # python: spanmill's own model in Triton's Python backend, which renders the chat
+    # template itself; vllm: Triton's vLLM backend, which takes text, so the gateway
+    # renders the prompt with the tokenizer of ``base_model`` (a hub id, an s3://
+    # folder, or a path the gateway can read).
+    flavour: Literal["python", "vllm"] = "python"
+    base_model: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _some_weight(self) -> Route:
         if sum(b.weight for b in self.backends) <= 0:
             raise ValueError("the weights of a route's backends must add up to more than 0")
+        if self.flavour == "vllm" and self.base_model is None:
+            raise ValueError("a vllm route names its base_model (the gateway renders prompts)")
+        if self.flavour == "python" and any(b.lora_name for b in self.backends):
+            raise ValueError("lora_name is for vllm routes; a python version is its own model")
         return self
 
     def choose(self, rng: random.Random) -> Backend:

@@ -1,6 +1,8 @@
-"""Calling a spanmill model in Triton over HTTP (async), with errors mapped for clients.
+"""Calling a model in Triton over HTTP (async), with errors mapped for clients.
 
-Calls go to Triton's generate extension (see :mod:`spanmill.serving.protocol`).
+Calls go to Triton's generate extension, in either flavour: spanmill's own model
+(:mod:`spanmill.serving.protocol`), or Triton's vLLM backend
+(:mod:`spanmill.serving.vllm`), for which the prompt is rendered here.
 
 With several Triton replicas behind one Service, each connection goes to one ready
 pod. A pod may lack a version another one serves (it joined a moment ago and its
@@ -14,13 +16,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import httpx
 
-from spanmill.serving import protocol
+from spanmill.gateway.prompts import PromptError, Tokenizers
+from spanmill.serving import protocol, vllm
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -39,6 +43,22 @@ class UpstreamError(Exception):
         self.code = code
 
 
+@dataclass(frozen=True)
+class Target:
+    """Which model answers a call: a Triton model and the registered version asked for.
+
+    In the vLLM flavour the version is served by the model's one engine, as the
+    adapter ``lora_name`` (or as the base model, with none), and the prompt is
+    rendered with the tokenizer of ``base_model``.
+    """
+
+    model: str
+    version: str
+    flavour: Literal["python", "vllm"] = "python"
+    lora_name: str | None = None
+    base_model: str | None = None
+
+
 class Upstream(Protocol):
     """What the gateway asks of the server behind it: Triton, or a trainer's live policy."""
 
@@ -48,8 +68,7 @@ class Upstream(Protocol):
 
     async def generate(
         self,
-        model: str,
-        version: str,
+        target: Target,
         messages: list[dict[str, Any]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
@@ -57,8 +76,7 @@ class Upstream(Protocol):
 
     def stream(
         self,
-        model: str,
-        version: str,
+        target: Target,
         messages: list[dict[str, Any]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
@@ -69,8 +87,57 @@ class Upstream(Protocol):
     async def close(self) -> None: ...
 
 
+class _SpanmillAnswer:
+    """The responses of a spanmill model: partial ones with new text, then the result."""
+
+    def __init__(self) -> None:
+        self.final: GenerationResult | None = None
+
+    def add(self, event: Mapping[str, Any]) -> list[str] | None:
+        if protocol.is_final(event):
+            self.final = protocol.decode_final(event)
+            return None
+        return protocol.decode_partial(event)
+
+    def result(self) -> GenerationResult | None:
+        return self.final
+
+
+class _VllmAnswer:
+    """The responses of a vLLM model: every one carries new text; the stream's end is
+    the answer's end."""
+
+    def __init__(self, answer: vllm.Answer, version: str) -> None:
+        self.answer = answer
+        self.version = version
+        self.seen = False
+
+    def add(self, event: Mapping[str, Any]) -> list[str] | None:
+        self.seen = True
+        return self.answer.add(event)
+
+    def result(self) -> GenerationResult | None:
+        return self.answer.result(self.version) if self.seen else None
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    path: str
+    body: dict[str, Any]
+    n: int
+    prompt: Any = None  # the rendered prompt of a vLLM call
+    version: str = ""
+
+    def answer(self) -> _SpanmillAnswer | _VllmAnswer:
+        if self.prompt is None:
+            return _SpanmillAnswer()
+        return _VllmAnswer(
+            vllm.Answer(self.n, self.prompt.token_ids, self.prompt.tokenizer), self.version
+        )
+
+
 class TritonUpstream:
-    """A spanmill model in Triton, on the generate extension's Server-Sent Events.
+    """A model in Triton, on the generate extension's Server-Sent Events.
 
     Every call streams (``generate_stream``), a plain one too: the request then
     asks for no partial responses, and closing the connection is how a request
@@ -78,12 +145,17 @@ class TritonUpstream:
     """
 
     def __init__(
-        self, url: str, timeout_s: float = 300.0, on_retry: Callable[[], None] | None = None
+        self,
+        url: str,
+        timeout_s: float = 300.0,
+        on_retry: Callable[[], None] | None = None,
+        tokenizers: Tokenizers | None = None,
     ) -> None:
         self.url = url
         self.timeout_s = timeout_s
         # Called for each call tried again on a fresh connection (a metric counts them).
         self.on_retry = on_retry
+        self.tokenizers = tokenizers or Tokenizers()
         self._client: httpx.AsyncClient | None = None
 
     def _new_client(self) -> httpx.AsyncClient:
@@ -103,41 +175,69 @@ class TritonUpstream:
         except httpx.HTTPError:
             return False
 
+    async def _prepare(
+        self,
+        target: Target,
+        messages: list[dict[str, Any]],
+        params: GenerationParams,
+        tools: list[dict[str, Any]] | None,
+        *,
+        stream: bool,
+    ) -> _Prepared:
+        if target.flavour == "python":
+            return _Prepared(
+                path=f"/v2/models/{target.model}/versions/{target.version}/generate_stream",
+                body=protocol.generate_body(messages, params, tools, stream=stream),
+                n=params.n,
+            )
+        if target.base_model is None:
+            raise UpstreamError(f"the vllm route to {target.model} names no base model", 500)
+        try:
+            prompt = await self.tokenizers.render(target.base_model, messages, tools)
+        except PromptError as exc:
+            raise UpstreamError(str(exc), 400 if "refused" in str(exc) else 503) from None
+        # The engine is the model's one Triton version; the adapter names the version.
+        return _Prepared(
+            path=f"/v2/models/{target.model}/generate_stream",
+            body=vllm.generate_body(prompt.text, params, target.lora_name, stream=stream),
+            n=params.n,
+            prompt=prompt,
+            version=target.version,
+        )
+
     async def generate(
         self,
-        model: str,
-        version: str,
+        target: Target,
         messages: list[dict[str, Any]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
     ) -> GenerationResult:
-        body = protocol.generate_body(messages, params, tools)
+        prepared = await self._prepare(target, messages, params, tools, stream=False)
         # aclosing: a call cancelled midway (a deadline) closes its stream to Triton at
         # once, which stops the generation, instead of whenever the generator is collected.
-        async with aclosing(self._events(model, version, body)) as events:
+        async with aclosing(self._events(target, prepared)) as events:
             async for event in events:
                 if isinstance(event, GenerationResult):
                     return event
-        raise UpstreamError(f"Triton model {model} ended without an answer", 502)
+        raise UpstreamError(f"Triton model {target.model} ended without an answer", 502)
 
     async def stream(
         self,
-        model: str,
-        version: str,
+        target: Target,
         messages: list[dict[str, Any]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
     ) -> AsyncGenerator[list[str] | GenerationResult, None]:
-        body = protocol.generate_body(messages, params, tools, stream=True)
-        async with aclosing(self._events(model, version, body)) as events:
+        prepared = await self._prepare(target, messages, params, tools, stream=True)
+        async with aclosing(self._events(target, prepared)) as events:
             async for event in events:
                 yield event
 
     async def _events(
-        self, model: str, version: str, body: dict[str, Any]
+        self, target: Target, prepared: _Prepared
     ) -> AsyncGenerator[list[str] | GenerationResult, None]:
         try:
-            async with aclosing(self._post(self._get(), model, version, body)) as events:
+            async with aclosing(self._post(self._get(), target, prepared)) as events:
                 async for event in events:
                     yield event
             return
@@ -152,33 +252,33 @@ class TritonUpstream:
         # the shared client's kept-alive connection would reach the same pod again.
         fresh = self._new_client()
         try:
-            async with aclosing(self._post(fresh, model, version, body)) as events:
+            async with aclosing(self._post(fresh, target, prepared)) as events:
                 async for event in events:
                     yield event
         finally:
             await fresh.aclose()
 
     async def _post(
-        self, client: httpx.AsyncClient, model: str, version: str, body: dict[str, Any]
+        self, client: httpx.AsyncClient, target: Target, prepared: _Prepared
     ) -> AsyncGenerator[list[str] | GenerationResult, None]:
-        path = f"/v2/models/{model}/versions/{version}/generate_stream"
+        model, version = target.model, target.version
+        answer = prepared.answer()
         try:
-            async with client.stream("POST", path, json=body) as response:
+            async with client.stream("POST", prepared.path, json=prepared.body) as response:
                 if response.status_code != 200:
                     raise _classify(_error_text(await response.aread()), model, version)
-                final = None
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     event = json.loads(line[5:])
                     if "error" in event:
                         raise _classify(str(event["error"]), model, version)
-                    if protocol.is_final(event):
-                        final = protocol.decode_final(event)
-                    else:
-                        yield protocol.decode_partial(event)
+                    pieces = answer.add(event)
+                    if pieces is not None:
+                        yield pieces
                 # Read to the end of the body first: the connection then goes back to
                 # the pool for the next call instead of being closed.
+                final = answer.result()
                 if final is not None:
                     yield final
                     return
@@ -186,7 +286,7 @@ class TritonUpstream:
             raise UpstreamError(
                 f"Triton at {self.url} is unavailable ({type(exc).__name__}: {exc})", 503
             ) from None
-        except (ValueError, KeyError, protocol.ProtocolError) as exc:
+        except (ValueError, KeyError, TypeError, protocol.ProtocolError) as exc:
             raise UpstreamError(
                 f"Triton model {model} answered out of protocol: {exc}", 502
             ) from None
@@ -216,6 +316,14 @@ def _classify(message: str, model: str, version: str) -> UpstreamError:
             f"model {model} version {version} is busy, its queue is full; try again shortly",
             503,
             code="overloaded",
+        )
+    if "maximum model length" in lowered or "maximum context length" in lowered:
+        # vLLM's words for a prompt longer than the engine's max_model_len.
+        return UpstreamError(message, 400, code=protocol.CONTEXT_LENGTH_EXCEEDED)
+    if "lora" in lowered and "is not supported" in lowered:
+        # The engine does not list the adapter (yet): another replica may.
+        return UpstreamError(
+            f"model {model} version {version} is not being served: {message}", 503, missing=True
         )
     if protocol.CONTEXT_LENGTH_EXCEEDED in lowered:
         start = lowered.find(protocol.CONTEXT_LENGTH_EXCEEDED) + len(

@@ -7,6 +7,7 @@ doing), asks these functions what to do, and carries it out.
 from __future__ import annotations
 
 from spanmill.gateway.routing import Backend, Route, RoutingTable
+from spanmill.rollout.materialize import Engine
 from spanmill.rollout.schemas import (
     VALID_TRANSITIONS,
     AgentState,
@@ -42,15 +43,30 @@ def challenger_weight(state: AgentState, policy: RolloutPolicy) -> float:
     return policy.steps[min(state.step, len(policy.steps) - 1)]
 
 
-def route_for(state: AgentState, policy: RolloutPolicy, triton_model: str) -> Route | None:
-    """The gateway route this state calls for; None while there is no champion."""
+def route_for(
+    state: AgentState, policy: RolloutPolicy, triton_model: str, *, engine: Engine | None = None
+) -> Route | None:
+    """The gateway route this state calls for; None while there is no champion.
+
+    With a vLLM ``engine`` each version is named by its adapter (the base model by none),
+    so moving traffic between versions is this route alone.
+    """
     if state.champion is None:
         return None
     share = challenger_weight(state, policy)
-    backends = [Backend(version=str(state.champion), weight=100.0 - share, role="champion")]
+    chosen = [(state.champion, 100.0 - share, "champion")]
     if share > 0 and state.challenger is not None:
-        backends.append(Backend(version=str(state.challenger), weight=share, role="challenger"))
-    return Route(triton_model=triton_model, backends=backends)
+        chosen.append((state.challenger, share, "challenger"))
+    if engine is None:
+        backends = [Backend(version=str(v), weight=w, role=r) for v, w, r in chosen]
+        return Route(triton_model=triton_model, backends=backends)
+    backends = [
+        Backend(version=str(v), weight=w, role=r, lora_name=engine.versions.get(v))
+        for v, w, r in chosen
+    ]
+    return Route(
+        triton_model=triton_model, backends=backends, flavour="vllm", base_model=engine.base_model
+    )
 
 
 def with_route(table: RoutingTable, name: str, route: Route | None) -> RoutingTable:

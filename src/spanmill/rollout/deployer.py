@@ -10,12 +10,18 @@ are per server, and a deployment is done only when every server answers. Asking
 whether a version is ready asks every server too, so a replica that joins later
 is found lacking on the controller's next pass, and the same deployment loads
 what it lacks onto it.
+
+In the vLLM flavour every version of an agent is served by one engine (Triton
+version 1 of the agent's model): deploying an adapter adds it to the engine's
+adapter list and reloads the engine once; from then on a canary between versions,
+and a rollback, are routing changes alone (the gateway picks the adapter by name).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from spanmill.errors import SpanmillError
 from spanmill.registry import names
@@ -23,12 +29,17 @@ from spanmill.registry.client import ModelRegistry
 from spanmill.rollout.fleet import TritonFleet
 from spanmill.rollout.materialize import (
     ORIGIN,
+    Engine,
     ModelRepository,
     ServingOptions,
+    add_to_engine,
     materialize,
     origin_of,
+    read_engine,
+    remove_from_engine,
 )
 from spanmill.rollout.triton import TritonControl, TritonError
+from spanmill.serving.repository import ENGINE_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +70,32 @@ class Deployer:
         self.options = options or ServingOptions()
         self.smoke_timeout_s = smoke_timeout_s
 
+    @property
+    def vllm(self) -> bool:
+        return self.options.flavour == "vllm"
+
     def ready(self, agent: str, version: int) -> bool:
         """Whether every Triton server has ``version`` loaded and ready."""
         model = names.triton_model(agent)
+        if self.vllm:
+            engine = read_engine(self.repository, model)
+            if engine is None or version not in engine.versions:
+                return False
+            version = ENGINE_VERSION
         return all(s.versions(model).get(version) == "READY" for s in self.triton.members())
+
+    def present(self, agent: str) -> list[int]:
+        """The registered versions the model repository holds for ``agent``."""
+        model = names.triton_model(agent)
+        if self.vllm:
+            engine = read_engine(self.repository, model)
+            return sorted(engine.versions) if engine is not None else []
+        return self.repository.versions(model)
+
+    def engine(self, agent: str) -> Engine | None:
+        """The agent's vLLM engine as the repository holds it (None: python flavour, or
+        no engine yet)."""
+        return read_engine(self.repository, names.triton_model(agent)) if self.vllm else None
 
     def deploy(self, agent: str, version: int) -> float:
         """Write, load and smoke-check ``version`` on every server; returns the seconds it took.
@@ -75,6 +108,8 @@ class Deployer:
         started = time.perf_counter()
         model = names.triton_model(agent)
         registered = self.registry.version(agent, version)
+        if self.vllm:
+            return self._deploy_to_engine(agent, version, registered, started)
         if self.repository.has(model, version):
             found = self.repository.origin(model, version)
             if found != origin_of(registered):
@@ -122,6 +157,43 @@ class Deployer:
             log.info("%s version %d deployed in %.1fs onto %s", agent, version, seconds, onto)
         return seconds
 
+    def _deploy_to_engine(self, agent: str, version: int, registered: Any, started: float) -> float:
+        """The vLLM flavour's deploy: the version joins the engine, and every server
+        reloads the engine once (a version the engine lists already needs nothing)."""
+        model = names.triton_model(agent)
+        engine = read_engine(self.repository, model)
+        listed = engine is not None and version in engine.versions
+        if listed and engine is not None and engine.origins.get(version) != origin_of(registered):
+            raise DeployError(
+                f"the vLLM engine of {model} in {self.repository.location} serves a version "
+                f"{version} that was not written from MLflow version {version} of {agent}: "
+                f"retire it first"
+            )
+        stage, server = "writing", None
+        try:
+            servers = self.triton.members()
+            lacking = [s for s in servers if s.versions(model).get(ENGINE_VERSION) != "READY"]
+            if not listed:
+                add_to_engine(registered, self.registry, self.repository, self.options)
+                lacking = servers
+            stage = "loading"
+            for server in lacking:
+                server.load(model)
+            stage = "checking"
+            for server in servers:
+                self._smoke(server, agent, version)
+        except SpanmillError as exc:
+            where = f" on {server.describe()}" if server is not None else ""
+            message = f"{stage} {agent} version {version} failed{where}: {_first_line(str(exc))}"
+            if not listed:
+                self._clean_up(agent, version)
+                raise DeployError(message) from None
+            raise PodDeployError(message) from None
+        seconds = time.perf_counter() - started
+        if not listed:
+            log.info("%s version %d added to its vLLM engine in %.1fs", agent, version, seconds)
+        return seconds
+
     def _clean_up(self, agent: str, version: int) -> None:
         try:
             self._drop(agent, version)
@@ -129,9 +201,14 @@ class Deployer:
             log.warning("%s version %d: cleaning up after the failure: %s", agent, version, cleanup)
 
     def _smoke(self, server: TritonControl, agent: str, version: int) -> None:
-        lora = names.lora_name(agent, version) if self.options.flavour == "vllm" else None
-        server.smoke(names.triton_model(agent), version, flavour=self.options.flavour,
-                     lora=lora, timeout_s=self.smoke_timeout_s)  # fmt: skip
+        model = names.triton_model(agent)
+        if self.vllm:
+            engine = read_engine(self.repository, model)
+            lora = engine.versions.get(version) if engine is not None else None
+            server.smoke(model, ENGINE_VERSION, flavour="vllm", lora=lora,
+                         timeout_s=self.smoke_timeout_s)  # fmt: skip
+            return
+        server.smoke(model, version, flavour="python", timeout_s=self.smoke_timeout_s)
 
     def retire(self, agent: str, version: int) -> None:
         """Take ``version`` out of every Triton server and out of the repository."""
@@ -139,7 +216,25 @@ class Deployer:
         log.info("%s version %d retired", agent, version)
 
     def _drop(self, agent: str, version: int) -> None:
-        drop_version(self.triton, self.repository, names.triton_model(agent), version)
+        model = names.triton_model(agent)
+        if not self.vllm:
+            drop_version(self.triton, self.repository, model, version)
+            return
+        left = remove_from_engine(self.repository, agent, version, self.options)
+        failures: list[TritonError] = []
+        for server in self.triton.members():
+            try:
+                if server.versions(model).get(ENGINE_VERSION) not in ("READY", "LOADING"):
+                    continue
+                # The engine reloads without the adapter; one serving nothing goes.
+                if left is not None:
+                    server.load(model)
+                else:
+                    server.unload(model)
+            except TritonError as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
 
 def drop_version(

@@ -23,16 +23,19 @@ from spanmill.registry import names
 from spanmill.registry.client import RegisteredVersion
 from spanmill.serving.generation import Dtype
 from spanmill.serving.repository import (
+    ENGINE_VERSION,
     RepositoryError,
     write_echo_version,
     write_python_version,
-    write_vllm_version,
+    write_vllm_engine,
 )
 
 Flavour = Literal["python", "vllm"]
 # Written into every version folder: which registered version it was made from, so a
 # folder put there by other means is never taken for the registered version.
 ORIGIN = "spanmill-registered.json"
+# In a vLLM engine's folder: the registered versions it serves, by LoRA name.
+SERVED = "spanmill-served.json"
 
 
 class MaterializeError(SpanmillError):
@@ -135,15 +138,31 @@ class ModelRepository:
         self._fs.put(str(config), self._path(model, "config.pbtxt"))
 
     def remove(self, model: str, version: int) -> None:
+        self.remove_folder(model, str(version))
+
+    def put_folder(self, local: Path, *parts: str) -> None:
+        """Copy a local folder to ``parts`` in the repository, replacing what was there."""
+        target = self._path(*parts)
         if self.local:
-            shutil.rmtree(self._path(model, str(version)), ignore_errors=True)
+            staged = Path(f"{target}.staging")
+            shutil.rmtree(staged, ignore_errors=True)
+            shutil.copytree(local, staged)
+            shutil.rmtree(target, ignore_errors=True)
+            staged.rename(target)
+            return
+        self.remove_folder(*parts)
+        self._fs.put(str(local), target, recursive=True)
+
+    def remove_folder(self, *parts: str) -> None:
+        if self.local:
+            shutil.rmtree(self._path(*parts), ignore_errors=True)
             return
         with contextlib.suppress(FileNotFoundError):
-            self._fs.rm(self._path(model, str(version)), recursive=True)
+            self._fs.rm(self._path(*parts), recursive=True)
 
-    def origin(self, model: str, version: int) -> dict[str, Any] | None:
-        """What :data:`ORIGIN` says about a version folder; None when it has none."""
-        path = self._path(model, str(version), ORIGIN)
+    def read_json(self, *parts: str) -> dict[str, Any] | None:
+        """A JSON object kept in the repository; None when absent or not an object."""
+        path = self._path(*parts)
         try:
             if self.local:
                 text = Path(path).read_text()
@@ -154,6 +173,10 @@ class ModelRepository:
         except (FileNotFoundError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+    def origin(self, model: str, version: int) -> dict[str, Any] | None:
+        """What :data:`ORIGIN` says about a version folder; None when it has none."""
+        return self.read_json(model, str(version), ORIGIN)
 
     def staging(self) -> tempfile.TemporaryDirectory[str]:
         """A scratch folder, beside the repository when it is local (for an atomic move)."""
@@ -175,7 +198,11 @@ def materialize(
     repository: ModelRepository,
     options: ServingOptions,
 ) -> None:
-    """Write ``registered`` into ``repository`` as Triton version ``registered.version``."""
+    """Write ``registered`` into ``repository`` as Triton version ``registered.version``
+    (in the vLLM flavour: into the agent's engine, see :func:`add_to_engine`)."""
+    if options.flavour == "vllm":
+        add_to_engine(registered, downloader, repository, options)
+        return
     agent, version = registered.agent, registered.version
     model = names.triton_model(agent)
     lineage = registered.lineage
@@ -183,9 +210,7 @@ def materialize(
         stage = Path(scratch) / "repository"
         download = Path(scratch) / "download"
         try:
-            if options.flavour == "vllm":
-                _vllm(registered, downloader, stage, options, download, repository)
-            elif lineage.kind == "echo":
+            if lineage.kind == "echo":
                 write_echo_version(stage, model, version)
             elif lineage.kind == "base":
                 write_python_version(stage, model, version, resolve_base(lineage.base_model),
@@ -218,34 +243,133 @@ def origin_of(registered: RegisteredVersion) -> dict[str, Any]:
     }
 
 
-def _vllm(
+@dataclass(frozen=True)
+class Engine:
+    """What an agent's vLLM engine serves: registered versions by LoRA name (None: the base
+    model itself), the base model as registered, and where each version came from."""
+
+    base_model: str
+    versions: dict[int, str | None]
+    origins: dict[int, dict[str, Any]]
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "base_model": self.base_model,
+            "versions": {str(v): lora for v, lora in self.versions.items()},
+            "origins": {str(v): origin for v, origin in self.origins.items()},
+        }, indent=2)  # fmt: skip
+
+
+def read_engine(repository: ModelRepository, model: str) -> Engine | None:
+    """The engine record of a vLLM-flavour model; None when the model has no engine."""
+    data = repository.read_json(model, str(ENGINE_VERSION), SERVED)
+    if data is None:
+        return None
+    return Engine(
+        base_model=str(data["base_model"]),
+        versions={int(v): lora for v, lora in dict(data.get("versions", {})).items()},
+        origins={int(v): dict(o) for v, o in dict(data.get("origins", {})).items()},
+    )
+
+
+def _engine_base(reference: str) -> str:
+    """The base model as vLLM in the Triton pod opens it: a hub id (a catalog name is
+    its hub id) or a path Triton sees; never a name only spanmill knows."""
+    from spanmill.models.catalog import CATALOG
+
+    entry = CATALOG.get(reference)
+    return entry.hf_id if entry is not None else reference
+
+
+def write_engine(
+    repository: ModelRepository, model: str, engine: Engine, options: ServingOptions
+) -> None:
+    """Write the engine's version folder for ``engine`` (its model.json, its adapter list
+    and its record) in one move; an engine that serves nothing more is removed."""
+    if not engine.versions:
+        repository.remove(model, ENGINE_VERSION)
+        return
+    root = (options.triton_root or repository.location).rstrip("/")
+    adapters = {
+        lora: f"{root}/{model}/adapters/{lora}"
+        for lora in sorted(lora for lora in engine.versions.values() if lora)
+    }
+    with repository.staging() as scratch:
+        stage = Path(scratch) / "repository"
+        try:
+            write_vllm_engine(
+                stage, model, _engine_base(engine.base_model), adapters,
+                max_lora_rank=options.vllm_max_lora_rank,
+                gpu_memory_utilization=options.vllm_gpu_memory_utilization,
+                max_model_len=options.vllm_max_model_len,
+            )  # fmt: skip
+        except RepositoryError as exc:
+            raise MaterializeError(f"{model}: {exc}") from None
+        (stage / model / str(ENGINE_VERSION) / SERVED).write_text(engine.to_json())
+        repository.install(stage / model, model, ENGINE_VERSION)
+
+
+def add_to_engine(
     registered: RegisteredVersion,
     downloader: Downloader,
-    stage: Path,
-    options: ServingOptions,
-    download: Path,
     repository: ModelRepository,
-) -> None:
+    options: ServingOptions,
+) -> Engine:
+    """Serve ``registered`` from its agent's vLLM engine: an adapter joins the engine's
+    adapter list under its LoRA name (its files copied where Triton reads them); a base
+    version is the engine's base model itself. The engine is written, not loaded."""
     agent, version = registered.agent, registered.version
     lineage = registered.lineage
-    if lineage.kind != "adapter":
+    if lineage.kind not in ("adapter", "base") or not lineage.base_model:
         raise MaterializeError(
             f"{agent} version {version} is a {lineage.kind!r} version; the vllm flavour serves "
-            "LoRA adapters on a base model (use SPANMILL_SERVING_FLAVOUR=python for it)"
+            "a base model and LoRA adapters on it (use SPANMILL_SERVING_FLAVOUR=python for it)"
         )
     model = names.triton_model(agent)
-    adapter = downloader.download(agent, version, download)
-    version_dir = stage / model / str(version)
-    shutil.copytree(adapter, version_dir / "adapter")
-    root = (options.triton_root or repository.location).rstrip("/")
-    seen_by_triton = f"{root}/{model}/{version}/adapter"
-    write_vllm_version(
-        stage,
-        model,
-        version,
-        lineage.base_model,
-        {names.lora_name(agent, version): seen_by_triton},
-        max_lora_rank=options.vllm_max_lora_rank,
-        gpu_memory_utilization=options.vllm_gpu_memory_utilization,
-        max_model_len=options.vllm_max_model_len,
+    engine = read_engine(repository, model)
+    if engine is None:
+        engine = Engine(base_model=lineage.base_model, versions={}, origins={})
+    elif engine.base_model != lineage.base_model and engine.versions:
+        raise MaterializeError(
+            f"{agent} version {version} is on {lineage.base_model!r}, and the agent's vLLM "
+            f"engine serves {engine.base_model!r}: one engine serves adapters of one base "
+            "model; retire the versions on the other base first"
+        )
+    lora = None
+    if lineage.kind == "adapter":
+        lora = names.lora_name(agent, version)
+        with tempfile.TemporaryDirectory(prefix="spanmill-adapter-") as scratch:
+            adapter = downloader.download(agent, version, Path(scratch) / "download")
+            if not (adapter / "adapter_config.json").exists():
+                raise MaterializeError(
+                    f"{agent} version {version}: the adapter has no adapter_config.json"
+                )
+            repository.put_folder(adapter, model, "adapters", lora)
+    updated = Engine(
+        base_model=lineage.base_model,
+        versions={**engine.versions, version: lora},
+        origins={**engine.origins, version: origin_of(registered)},
     )
+    write_engine(repository, model, updated, options)
+    return updated
+
+
+def remove_from_engine(
+    repository: ModelRepository, agent: str, version: int, options: ServingOptions
+) -> Engine | None:
+    """Take ``version`` out of its agent's vLLM engine (written, not loaded); the engine
+    as it is now, None when it serves nothing more."""
+    model = names.triton_model(agent)
+    engine = read_engine(repository, model)
+    if engine is None or version not in engine.versions:
+        return engine
+    lora = engine.versions[version]
+    left = Engine(
+        base_model=engine.base_model,
+        versions={v: n for v, n in engine.versions.items() if v != version},
+        origins={v: o for v, o in engine.origins.items() if v != version},
+    )
+    write_engine(repository, model, left, options)
+    if lora:
+        repository.remove_folder(model, "adapters", lora)
+    return left if left.versions else None

@@ -175,7 +175,9 @@ class Reconciler:
         table = decide.with_route(
             self._table,
             names.route(agent),
-            decide.route_for(st, self.policy, names.triton_model(agent)),
+            decide.route_for(
+                st, self.policy, names.triton_model(agent), engine=self.deployer.engine(agent)
+            ),
         )
         routes_changed = table is not self._table
         if before == st and not routes_changed:
@@ -359,9 +361,8 @@ class Reconciler:
         if st.champion is not None:
             # Versions nobody asked for (left by an interrupted step, or copied in by
             # hand) go too, after the same grace as a replaced champion.
-            model = names.triton_model(agent)
             wanted = {st.champion, st.challenger, *st.retiring}
-            strays = [v for v in self.deployer.repository.versions(model) if v not in wanted]
+            strays = [v for v in self.deployer.present(agent) if v not in wanted]
             if strays:
                 retiring = dict(st.retiring)
                 retiring.update({v: now + self.policy.grace_s for v in strays})

@@ -146,6 +146,23 @@ class TextStream:
         return False
 
 
+def render_prompt(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> str:
+    """The prompt text of a conversation: the model's chat template, with its tools.
+
+    One rendering for both flavours: the Python flavour renders inside Triton, the
+    gateway renders for the vLLM flavour, which takes text.
+    """
+    text = tokenizer.apply_chat_template(
+        messages,
+        tools=list(tools) if tools else None,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    return str(text)
+
+
 def instance_device(kind: str, device_id: int | str = 0) -> str:
     """The torch device of a Triton model instance: its GPU for ``KIND_GPU``, else the CPU.
 
@@ -242,13 +259,7 @@ class Generator:
         )
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        text = self.tokenizer.apply_chat_template(
-            messages,
-            tools=list(tools) if tools else None,
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        return str(text)
+        return render_prompt(self.tokenizer, messages, tools)
 
     def check_fits(
         self,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from spanmill.errors import SpanmillError
-from spanmill.serving import protocol
+from spanmill.serving import protocol, vllm
 from spanmill.serving.generation import SERVING_SPEC, Dtype, ServingSpec
 
 Flavour = Literal["python", "vllm"]
@@ -42,14 +42,14 @@ def _check_target(repository: Path, model_name: str, version: int) -> Path:
     return repository / model_name / str(version)
 
 
-def _tensor_block(kind: str, tensors: Mapping[str, tuple[str, list[int]]]) -> str:
+def _tensor_block(
+    kind: str,
+    tensors: Mapping[str, tuple[str, list[int]]],
+    required: frozenset[str] = protocol.REQUIRED_INPUTS,
+) -> str:
     entries = []
     for name, (dtype, dims) in tensors.items():
-        optional = (
-            "\n    optional: true"
-            if kind == "input" and name not in protocol.REQUIRED_INPUTS
-            else ""
-        )
+        optional = "\n    optional: true" if kind == "input" and name not in required else ""
         entries.append(
             f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: {dims}{optional}\n  }}'
         )
@@ -156,19 +156,30 @@ def write_echo_version(repository: Path, model_name: str, version: int) -> Path:
 
 
 def vllm_config(model_name: str) -> str:
-    """config.pbtxt of the vLLM flavour: the backend defines its own tensors."""
+    """config.pbtxt of the vLLM flavour, complete: Triton runs with auto-complete off, so
+    the backend's own tensors (:mod:`spanmill.serving.vllm`) are written out. vLLM
+    batches by itself (``max_batch_size: 0``) and answers through a response sender."""
     return (
         f'name: "{model_name}"\n'
         'backend: "vllm"\n'
-        "version_policy: { all: {} }\n"
-        "instance_group [ { count: 1, kind: KIND_MODEL } ]\n"
+        "max_batch_size: 0\n"
+        "model_transaction_policy { decoupled: true }\n"
+        # One engine, one version: adapters are its versions (multi_lora.json).
+        "version_policy: { latest: { num_versions: 1 } }\n"
+        + _tensor_block("input", vllm.INPUTS, vllm.REQUIRED_INPUTS)
+        + _tensor_block("output", vllm.OUTPUTS)
+        + "instance_group [ { count: 1, kind: KIND_MODEL } ]\n"
     )
 
 
-def write_vllm_version(
+# The vLLM flavour serves every version of an agent from one engine: Triton version 1
+# of the agent's model, whose adapters (multi_lora.json) are the registered versions.
+ENGINE_VERSION = 1
+
+
+def write_vllm_engine(
     repository: Path,
     model_name: str,
-    version: int,
     base_model: str,
     adapters: Mapping[str, str],
     *,
@@ -178,19 +189,21 @@ def write_vllm_version(
     max_model_len: int = 4096,
     dtype: Literal["auto", "bfloat16", "float16"] = "auto",
 ) -> Path:
-    """Write one version of a vLLM-backend model with LoRA adapters.
+    """Write (or replace) the engine version of a vLLM-backend model; returns its folder.
 
     ``adapters`` maps the LoRA name a request asks for (``sampling_parameters``'
-    ``lora_name``) to where the adapter lies as seen from the Triton pod (a path
-    on the model volume).
+    ``lora_name``) to where the adapter lies as Triton sees it. No adapters: the base
+    model alone serves (an agent's first version). The backend reads both files when
+    the model loads, so a changed list takes a reload of the model.
     """
-    version_dir = _check_target(repository, model_name, version)
-    if not adapters:
-        raise RepositoryError("a vLLM version needs at least one LoRA adapter")
+    version_dir = _check_target(repository, model_name, ENGINE_VERSION)
     if not 0 < gpu_memory_utilization <= 1:
         raise RepositoryError(
             f"gpu_memory_utilization must be within (0, 1], got {gpu_memory_utilization}"
         )
+    for name in adapters:
+        if not _MODEL_NAME.match(name):
+            raise RepositoryError(f"LoRA name {name!r} must be letters, digits, '_', '.' or '-'")
     engine: dict[str, Any] = {
         "model": base_model,
         "disable_log_requests": True,
@@ -198,14 +211,23 @@ def write_vllm_version(
         "tensor_parallel_size": tensor_parallel_size,
         "max_model_len": max_model_len,
         "dtype": dtype,
+        # Always on, so the memory planned for adapters does not change as they come.
         "enable_lora": True,
         "max_lora_rank": max_lora_rank,
-        "max_loras": len(adapters),
+        "max_loras": max(1, len(adapters)),
     }
-    version_dir.mkdir(parents=True, exist_ok=True)
-    (version_dir / "model.json").write_text(json.dumps(engine, indent=2))
-    (version_dir / "multi_lora.json").write_text(json.dumps(dict(adapters), indent=2))
-    (version_dir.parent / "config.pbtxt").write_text(vllm_config(model_name))
+    staging = version_dir.with_name(f".{ENGINE_VERSION}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    (staging / "model.json").write_text(json.dumps(engine, indent=2))
+    (staging / "multi_lora.json").write_text(json.dumps(dict(adapters), indent=2))
+    config = version_dir.parent / "config.pbtxt"
+    if config.exists() and 'backend: "vllm"' not in config.read_text():
+        raise RepositoryError(f"{config.parent} holds a model of another flavour")
+    config.write_text(vllm_config(model_name))
+    if version_dir.exists():
+        shutil.rmtree(version_dir)
+    staging.rename(version_dir)
     return version_dir
 
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from spanmill.config import GatewaySettings, KafkaSettings
 from spanmill.gateway.routing import Backend, Route, RoutingTable
+from spanmill.gateway.upstream import Target
 from spanmill.serving.generation import Generator, Request, generate_all
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
@@ -79,8 +80,7 @@ class PolicyServer:
 
     async def generate(
         self,
-        model: str,
-        version: str,
+        target: Target,
         messages: list[dict[str, Any]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
@@ -96,14 +96,13 @@ class PolicyServer:
 
     async def stream(
         self,
-        model: str,
-        version: str,
+        target: Target,
         messages: list[dict[str, Any]],
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
     ) -> AsyncGenerator[list[str] | GenerationResult, None]:
         """Rollouts do not stream: a streamed request gets its whole answer at once."""
-        yield await self.generate(model, version, messages, params, tools)
+        yield await self.generate(target, messages, params, tools)
 
     def _start_flush(self, delay: float) -> None:
         if self._flusher is not None and not self._flusher.done() and delay > 0:
