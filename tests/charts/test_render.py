@@ -617,7 +617,7 @@ def test_triton_image_follows_the_flavour_unless_named(render_set: Any, helm: Pa
     python = render_set("defaults").container(f"{FULLNAME}-triton")
     assert python["image"] == "ghcr.io/spanmill/triton:0.1.0"
     vllm = render_set("gpu-cluster").container(f"{FULLNAME}-triton")
-    assert vllm["image"] == "nvcr.io/nvidia/tritonserver:24.10-vllm-python-py3"
+    assert vllm["image"] == "nvcr.io/nvidia/tritonserver:25.01-vllm-python-py3"
     digest = "sha256:" + "ab" * 32
     result = template(
         helm,

@@ -48,6 +48,10 @@ BAD_VALUES = {
     ),
     "unknown-flavour": ("triton:\n  flavour: tensorrt\n", "triton.flavour: triton.flavour must be"),
     "vllm-without-gpu": ("triton:\n  flavour: vllm\n", "triton.gpu.count: Must be greater"),
+    "vllm-on-s3": (
+        "triton:\n  flavour: vllm\n  gpu:\n    count: 1\n",
+        "triton.modelRepository.type: triton.modelRepository.type does not match",
+    ),
     "floating-image-tag": ("image:\n  tag: latest\n", "image.tag: Must not validate"),
     "floating-triton-tag": ("triton:\n  image:\n    tag: latest\n", "triton.image.tag"),
     "triton-repository-without-tag": (

@@ -15,6 +15,8 @@ from spanmill.rollout.materialize import (
     ModelRepository,
     ServingOptions,
     materialize,
+    read_engine,
+    remove_from_engine,
 )
 
 
@@ -94,21 +96,46 @@ def test_an_unchanged_config_is_not_rewritten(tmp_path: Path) -> None:
     assert config.stat().st_mtime_ns == stamp
 
 
-def test_vllm_flavour_serves_the_adapter_under_a_predictable_name(
+def test_vllm_flavour_serves_every_version_from_one_engine(
     tmp_path: Path, adapter: Path
 ) -> None:
     repository = ModelRepository(str(tmp_path / "repo"))
     options = ServingOptions(flavour="vllm", triton_root="/models")
-    lineage = Lineage(kind="adapter", base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
-    materialize(registered(5, lineage), FolderDownloader(adapter), repository, options)
-    version = tmp_path / "repo" / "calc" / "5"
-    assert json.loads((version / "multi_lora.json").read_text()) == {
-        "calc-v5": "/models/calc/5/adapter"
+    base = "smollm2-135m"
+    downloader = FolderDownloader(adapter)
+    materialize(registered(1, Lineage(kind="base", base_model=base)), downloader, repository,
+                options)  # fmt: skip
+    for version in (5, 6):
+        materialize(registered(version, Lineage(kind="adapter", base_model=base)), downloader,
+                    repository, options)  # fmt: skip
+    engine_dir = tmp_path / "repo" / "calc" / "1"
+    # Adapters by name on one engine, read by Triton where it mounts the repository.
+    assert json.loads((engine_dir / "multi_lora.json").read_text()) == {
+        "calc-v5": "/models/calc/adapters/calc-v5",
+        "calc-v6": "/models/calc/adapters/calc-v6",
     }
-    engine = json.loads((version / "model.json").read_text())
-    assert engine["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and engine["enable_lora"]
-    assert (version / "adapter" / "adapter_config.json").exists()
-    with pytest.raises(MaterializeError, match="vllm flavour serves LoRA adapters"):
-        materialize(registered(6, Lineage(kind="echo")), FolderDownloader(adapter), repository,
-                    options)  # fmt: skip
-    assert repository.versions("calc") == [5]
+    args = json.loads((engine_dir / "model.json").read_text())
+    # The catalog name becomes the hub id vLLM can open.
+    assert args["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and args["enable_lora"]
+    assert (tmp_path / "repo" / "calc" / "adapters" / "calc-v5" / "adapter_config.json").exists()
+    engine = read_engine(repository, "calc")
+    assert engine is not None and engine.versions == {1: None, 5: "calc-v5", 6: "calc-v6"}
+    assert engine.origins[5]["version"] == 5
+    assert repository.versions("calc") == [1]  # one Triton version: the engine
+
+    with pytest.raises(MaterializeError, match="a base model and LoRA adapters"):
+        materialize(registered(7, Lineage(kind="echo")), downloader, repository, options)
+    with pytest.raises(MaterializeError, match="one engine serves adapters of one base"):
+        materialize(registered(8, Lineage(kind="adapter", base_model="org/other")), downloader,
+                    repository, options)  # fmt: skip
+
+    left = remove_from_engine(repository, "calc", 5, options)
+    assert left is not None and left.versions == {1: None, 6: "calc-v6"}
+    assert json.loads((engine_dir / "multi_lora.json").read_text()) == {
+        "calc-v6": "/models/calc/adapters/calc-v6"
+    }
+    assert not (tmp_path / "repo" / "calc" / "adapters" / "calc-v5").exists()
+    remove_from_engine(repository, "calc", 6, options)
+    assert remove_from_engine(repository, "calc", 1, options) is None
+    assert repository.versions("calc") == [] and read_engine(repository, "calc") is None
+

@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 from generate_extension import as_event, as_tensors
 
-from spanmill.serving import protocol
+from spanmill.serving import protocol, vllm
 from spanmill.serving.generation import ServingSpec
 from spanmill.serving.protocol import GenerationParams, ProtocolError
 from spanmill.serving.repository import (
+    ENGINE_VERSION,
     RepositoryError,
     python_config,
     versions,
     write_python_version,
-    write_vllm_version,
+    write_vllm_engine,
 )
 
 
@@ -71,22 +72,31 @@ def test_missing_adapter_config_is_named(tmp_path: Path) -> None:
 
 
 def test_vllm_flavour(tmp_path: Path) -> None:
-    v3 = write_vllm_version(
-        tmp_path, "calculator", 3, "HuggingFaceTB/SmolLM2-135M-Instruct",
-        {"calculator-v3": "/models/adapters/calculator/3"}, max_lora_rank=16,
+    engine = write_vllm_engine(
+        tmp_path, "calculator", "HuggingFaceTB/SmolLM2-135M-Instruct",
+        {"calculator-v3": "/models/calculator/adapters/calculator-v3"}, max_lora_rank=16,
     )  # fmt: skip
-    engine = json.loads((v3 / "model.json").read_text())
-    assert engine["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert engine["enable_lora"] is True and engine["max_lora_rank"] == 16
-    assert json.loads((v3 / "multi_lora.json").read_text()) == {
-        "calculator-v3": "/models/adapters/calculator/3"
+    assert engine == tmp_path / "calculator" / str(ENGINE_VERSION)
+    args = json.loads((engine / "model.json").read_text())
+    assert args["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert args["enable_lora"] is True and args["max_lora_rank"] == 16
+    assert json.loads((engine / "multi_lora.json").read_text()) == {
+        "calculator-v3": "/models/calculator/adapters/calculator-v3"
     }
     config = (tmp_path / "calculator" / "config.pbtxt").read_text()
+    # Complete, as Triton runs with auto-complete off: the backend's tensors are spelled out.
     assert 'backend: "vllm"' in config and "KIND_MODEL" in config
-    with pytest.raises(RepositoryError, match="at least one LoRA adapter"):
-        write_vllm_version(tmp_path, "calculator", 4, "m", {})
+    assert "decoupled: true" in config and "max_batch_size: 0" in config
+    for name in vllm.INPUTS:
+        assert f'name: "{name}"' in config
+    assert config.count("optional: true") == len(vllm.INPUTS) - 1  # all but text_input
+    # The base model alone: no adapters, and LoRA still on for those to come.
+    alone = write_vllm_engine(tmp_path, "calculator", "m", {})
+    assert json.loads((alone / "multi_lora.json").read_text()) == {}
     with pytest.raises(RepositoryError, match="gpu_memory_utilization"):
-        write_vllm_version(tmp_path, "calculator", 4, "m", {"a": "/a"}, gpu_memory_utilization=2)
+        write_vllm_engine(tmp_path, "calculator", "m", {"a": "/a"}, gpu_memory_utilization=2)
+    with pytest.raises(RepositoryError, match="LoRA name"):
+        write_vllm_engine(tmp_path, "calculator", "m", {"a b": "/a"})
 
 
 def test_gpu_config_uses_gpu_instances() -> None:

@@ -246,7 +246,7 @@ python, NVIDIA's vLLM image for vllm. A sha256: tag is pinned as a digest.
 {{- if not $repository -}}
 {{- if eq .Values.triton.flavour "vllm" -}}
 {{- $repository = "nvcr.io/nvidia/tritonserver" -}}
-{{- $tag = $tag | default "24.10-vllm-python-py3" -}}
+{{- $tag = $tag | default "25.01-vllm-python-py3" -}}
 {{- else -}}
 {{- $repository = printf "%s/triton" (trimSuffix "/" .Values.image.registry) -}}
 {{- $tag = $tag | default .Values.image.tag | default .Chart.AppVersion -}}
@@ -365,6 +365,9 @@ folder: no pod sees another pod's files.
 {{- end -}}
 {{- if and (eq .Values.triton.flavour "vllm") (eq (int .Values.triton.gpu.count) 0) -}}
 {{- fail "triton.flavour vllm needs triton.gpu.count of at least 1" -}}
+{{- end -}}
+{{- if and (eq .Values.triton.flavour "vllm") (ne .Values.triton.modelRepository.type "pvc") -}}
+{{- fail "triton.flavour vllm needs triton.modelRepository.type pvc: the vLLM backend opens LoRA adapters from local paths, which an s3 repository does not give it" -}}
 {{- end -}}
 {{- if and (hasPrefix "SASL" .Values.kafka.securityProtocol) (not .Values.kafka.sasl.mechanism) -}}
 {{- fail (printf "kafka.sasl.mechanism is required with kafka.securityProtocol %s" .Values.kafka.securityProtocol) -}}

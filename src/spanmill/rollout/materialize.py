@@ -290,6 +290,12 @@ def write_engine(
         repository.remove(model, ENGINE_VERSION)
         return
     root = (options.triton_root or repository.location).rstrip("/")
+    if "://" in root:
+        raise MaterializeError(
+            f"the vLLM backend opens LoRA adapters from local paths, and Triton reads the model "
+            f"repository at {root}: serve the vllm flavour from a repository on a volume "
+            "(the chart's triton.modelRepository.type pvc)"
+        )
     adapters = {
         lora: f"{root}/{model}/adapters/{lora}"
         for lora in sorted(lora for lora in engine.versions.values() if lora)
