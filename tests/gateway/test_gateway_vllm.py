@@ -173,9 +173,7 @@ def streamed(url: str, **extra: Any) -> tuple[str, list[dict[str, Any]]]:
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunks.append(json.loads(line[6:]))
-    text = "".join(
-        c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
-    )
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     return text, chunks
 
 

@@ -96,9 +96,7 @@ def test_an_unchanged_config_is_not_rewritten(tmp_path: Path) -> None:
     assert config.stat().st_mtime_ns == stamp
 
 
-def test_vllm_flavour_serves_every_version_from_one_engine(
-    tmp_path: Path, adapter: Path
-) -> None:
+def test_vllm_flavour_serves_every_version_from_one_engine(tmp_path: Path, adapter: Path) -> None:
     repository = ModelRepository(str(tmp_path / "repo"))
     options = ServingOptions(flavour="vllm", triton_root="/models")
     base = "smollm2-135m"
@@ -138,4 +136,3 @@ def test_vllm_flavour_serves_every_version_from_one_engine(
     remove_from_engine(repository, "calc", 6, options)
     assert remove_from_engine(repository, "calc", 1, options) is None
     assert repository.versions("calc") == [] and read_engine(repository, "calc") is None
-
