@@ -31,6 +31,12 @@ def test_only_versions_that_take_traffic_are_required() -> None:
     assert routed(table(calc={"1": 80, "2": 20}, sql={"4": 100, "5": 0})) == {
         ("calc", 1), ("calc", 2), ("sql", 4)}  # fmt: skip
     assert routed(RoutingTable()) == set()
+    # A vLLM engine serves every version of its model, as Triton version 1.
+    engine = RoutingTable.model_validate({"routes": {"calc": {
+        "triton_model": "calc", "flavour": "vllm", "base_model": "org/base",
+        "backends": [{"version": "3", "weight": 90, "lora_name": "calc-v3"},
+                     {"version": "4", "weight": 10, "lora_name": "calc-v4"}]}}})  # fmt: skip
+    assert routed(engine) == {("calc", 1)}
 
 
 def test_a_new_replica_lacks_what_it_has_not_loaded() -> None:

@@ -317,9 +317,6 @@ def _classify(message: str, model: str, version: str) -> UpstreamError:
             503,
             code="overloaded",
         )
-    if "maximum model length" in lowered or "maximum context length" in lowered:
-        # vLLM's words for a prompt longer than the engine's max_model_len.
-        return UpstreamError(message, 400, code=protocol.CONTEXT_LENGTH_EXCEEDED)
     if "lora" in lowered and "is not supported" in lowered:
         # The engine does not list the adapter (yet): another replica may.
         return UpstreamError(
@@ -331,6 +328,9 @@ def _classify(message: str, model: str, version: str) -> UpstreamError:
         )
         said = message[start:].lstrip(": ").strip() or message
         return UpstreamError(said, 400, code=protocol.CONTEXT_LENGTH_EXCEEDED)
+    if "maximum model length" in lowered:
+        # vLLM's words for a prompt longer than the engine's max_model_len.
+        return UpstreamError(message, 400, code=protocol.CONTEXT_LENGTH_EXCEEDED)
     if "must be" in lowered or "invalid" in lowered or "takes 1 to" in lowered:
         return UpstreamError(message, 400)
     if "unknown model" in lowered or "not found" in lowered or "unavailable" in lowered:

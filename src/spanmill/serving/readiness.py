@@ -35,9 +35,12 @@ class ReadinessError(SpanmillError):
 
 
 def routed_versions(table: RoutingTable) -> set[tuple[str, int]]:
-    """(Triton model, version) of every backend that takes a share of traffic."""
+    """(Triton model, version) of every backend that takes a share of traffic (in the
+    vLLM flavour every version is served by the model's one engine version)."""
+    from spanmill.serving.repository import ENGINE_VERSION
+
     return {
-        (route.triton_model, int(backend.version))
+        (route.triton_model, ENGINE_VERSION if route.flavour == "vllm" else int(backend.version))
         for route in table.routes.values()
         for backend in route.backends
         if backend.weight > 0
