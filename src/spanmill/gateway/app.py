@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
 
 from spanmill import feedback
 from spanmill import messages as chat
@@ -39,6 +40,7 @@ from spanmill.gateway.schema import ChatCompletionRequest, error_body
 from spanmill.gateway.upstream import Target, TritonUpstream, Upstream, UpstreamError
 from spanmill.serving import protocol
 from spanmill.serving.protocol import GenerationParams, GenerationResult
+from spanmill.spans import Span
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -289,6 +291,8 @@ class _Call:
     span_facts: dict[str, Any]
     started_ns: int
     clock: float
+    # The answer's spans, handed to the emitter once the response is sent (flush).
+    spans: list[Span] = field(default_factory=list)
 
     def failed(self, error: str, status: int) -> None:
         self.state.emitter.emit(
@@ -302,7 +306,7 @@ class _Call:
         choices = list(_choices(result, tools_offered=bool(self.body.tools)))
         ended = time.time_ns()
         for choice in choices:
-            self.state.emitter.emit(
+            self.spans.append(
                 build_llm_span(
                     **self.span_facts, span_id=new_span_id(), end_ns=ended,
                     response_id=self.response_id, choice=choice,
@@ -322,6 +326,13 @@ class _Call:
             "total_tokens": prompt_tokens + completion_tokens,
         }
         return choices, usage
+
+    def flush(self) -> None:
+        """Hand the answer's spans to the emitter. Called once the response has left:
+        encoding and sending them then never competes with the response itself."""
+        for span in self.spans:
+            self.state.emitter.emit(span)
+        self.spans.clear()
 
     def head(self, result: GenerationResult | None = None) -> dict[str, Any]:
         served = result.model_version if result is not None and result.model_version else None
@@ -417,7 +428,7 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
         ],
         "usage": usage,
     }  # fmt: skip
-    return JSONResponse(payload, headers=headers)
+    return JSONResponse(payload, headers=headers, background=BackgroundTask(call.flush))
 
 
 async def _within(call: _Call, step: Awaitable[T]) -> T:
@@ -517,19 +528,23 @@ async def _stream(
         await events.aclose()  # closing the stream to Triton cancels what is left
     choices, usage = call.answered(event)
     head = {**call.head(event), "object": "chat.completion.chunk"}
-    for index, choice in enumerate(choices):
-        message = choice["message"]
-        if message.get("tool_calls"):
-            delta: dict[str, Any] = {
-                "tool_calls": [dict(c, index=i) for i, c in enumerate(message["tool_calls"])]
-            }
-            yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
-        else:
-            whole = message.get("content") or ""
-            rest = whole[len(sent[index]) :] if whole.startswith(sent[index]) else ""
-            if rest:
-                yield chunk([{"index": index, "delta": {"content": rest}, "finish_reason": None}])
-        yield chunk([{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}])
-    if body.stream_options is not None and body.stream_options.get("include_usage"):
-        yield chunk([], usage=usage)
-    yield "data: [DONE]\n\n"
+    try:
+        for index, choice in enumerate(choices):
+            message = choice["message"]
+            if message.get("tool_calls"):
+                delta: dict[str, Any] = {
+                    "tool_calls": [dict(c, index=i) for i, c in enumerate(message["tool_calls"])]
+                }
+                yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
+            else:
+                whole = message.get("content") or ""
+                rest = whole[len(sent[index]) :] if whole.startswith(sent[index]) else ""
+                if rest:
+                    yield chunk([{"index": index, "delta": {"content": rest},
+                                  "finish_reason": None}])  # fmt: skip
+            yield chunk([{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}])
+        if body.stream_options is not None and body.stream_options.get("include_usage"):
+            yield chunk([], usage=usage)
+        yield "data: [DONE]\n\n"
+    finally:
+        call.flush()  # the answer was whole: its spans, even if the client left just now

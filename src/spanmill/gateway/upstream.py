@@ -21,7 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-import httpx
+import aiohttp
 
 from spanmill.gateway.prompts import PromptError, Tokenizers
 from spanmill.serving import protocol, vllm
@@ -156,23 +156,26 @@ class TritonUpstream:
         # Called for each call tried again on a fresh connection (a metric counts them).
         self.on_retry = on_retry
         self.tokenizers = tokenizers or Tokenizers()
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
 
-    def _new_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
+    def _new_client(self) -> aiohttp.ClientSession:
+        # aiohttp rather than httpx: a call costs well under half the CPU, which on a busy
+        # gateway is most of its own share of the latency (bench/gateway_overhead.py).
+        return aiohttp.ClientSession(
             base_url=f"http://{self.url}",
-            timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 10.0)),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=min(self.timeout_s, 10.0)),
         )
 
-    def _get(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def _get(self) -> aiohttp.ClientSession:
+        if self._client is None or self._client.closed:
             self._client = self._new_client()
         return self._client
 
     async def ready(self) -> bool:
         try:
-            return (await self._get().get("/v2/health/ready")).status_code == 200
-        except httpx.HTTPError:
+            async with self._get().get("/v2/health/ready") as response:
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             return False
 
     async def _prepare(
@@ -256,33 +259,39 @@ class TritonUpstream:
                 async for event in events:
                     yield event
         finally:
-            await fresh.aclose()
+            await fresh.close()
 
     async def _post(
-        self, client: httpx.AsyncClient, target: Target, prepared: _Prepared
+        self, client: aiohttp.ClientSession, target: Target, prepared: _Prepared
     ) -> AsyncGenerator[list[str] | GenerationResult, None]:
         model, version = target.model, target.version
         answer = prepared.answer()
         try:
-            async with client.stream("POST", prepared.path, json=prepared.body) as response:
-                if response.status_code != 200:
-                    raise _classify(_error_text(await response.aread()), model, version)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    event = json.loads(line[5:])
-                    if "error" in event:
-                        raise _classify(str(event["error"]), model, version)
-                    pieces = answer.add(event)
-                    if pieces is not None:
-                        yield pieces
+            async with client.post(prepared.path, json=prepared.body) as response:
+                if response.status != 200:
+                    raise _classify(_error_text(await response.read()), model, version)
+                try:
+                    async for line in _lines(response.content):
+                        if not line.startswith(b"data:"):
+                            continue
+                        event = json.loads(line[5:])
+                        if "error" in event:
+                            raise _classify(str(event["error"]), model, version)
+                        pieces = answer.add(event)
+                        if pieces is not None:
+                            yield pieces
+                except BaseException:
+                    # An answer left midway closes its connection, which is how Triton
+                    # learns to stop generating.
+                    response.close()
+                    raise
                 # Read to the end of the body first: the connection then goes back to
                 # the pool for the next call instead of being closed.
                 final = answer.result()
                 if final is not None:
                     yield final
                     return
-        except httpx.HTTPError as exc:  # connection refused, reset, timeout
+        except (aiohttp.ClientError, TimeoutError) as exc:  # refused, reset, timeout
             raise UpstreamError(
                 f"Triton at {self.url} is unavailable ({type(exc).__name__}: {exc})", 503
             ) from None
@@ -294,8 +303,21 @@ class TritonUpstream:
 
     async def close(self) -> None:
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncGenerator[bytes, None]:
+    """The lines of a body as they arrive, however long (a final answer's token ids and
+    logprobs can pass any line limit a reader would set)."""
+    pending = b""
+    async for chunk in content.iter_any():
+        pending += chunk
+        *whole, pending = pending.split(b"\n")
+        for line in whole:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending
 
 
 def _error_text(raw: bytes) -> str:
