@@ -283,7 +283,20 @@ class GatewaySettings(BaseSettings):
         "watched instead of routing_file.",
     )
     api_key: SecretStr | None = Field(
-        None, description="When set, requests need this bearer token."
+        None,
+        description="One bearer token shared by every client (known as key id 'default'); "
+        "client_keys_file gives each client a key of its own.",
+    )
+    client_keys_file: Path | None = Field(
+        None,
+        description="Client keys, one '<key id> sha256:<hex>' line each (spanmill gateway-key "
+        "makes them); re-read on change, so deleting a line revokes a key. When set, or with "
+        "api_key, every client must present a key.",
+    )
+    admin_api_key: SecretStr | None = Field(
+        None,
+        description="Bearer token for /admin (no client key opens it). Unset: /admin is refused "
+        "while clients need keys, and open when they do not.",
     )
     span_queue_size: int = Field(10_000, gt=0)
     request_timeout_s: float = Field(

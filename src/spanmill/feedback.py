@@ -240,7 +240,7 @@ def trace_of(item: FeedbackItem) -> str:
 class Caller:
     """Who sent feedback, as the route authenticated it."""
 
-    principal: str  # "bearer" when a token was checked, "anonymous" when none is asked
+    principal: str  # the id of the API key checked, "anonymous" when none is asked
     address: str | None = None
 
 

@@ -106,6 +106,9 @@ SPANMILL_MODEL_VERSION: Final = "spanmill.model.version"
 # The LoRA adapter a vLLM engine served that version as (absent for the base model
 # and for the Python flavour, where a version is a model of its own).
 SPANMILL_LORA_NAME: Final = "spanmill.lora.name"
+# Who called the gateway: the id of the API key presented ("anonymous" where the
+# gateway asks for none). Never the key itself.
+SPANMILL_CLIENT_KEY_ID: Final = "spanmill.client.key_id"
 # Where the token ids came from: "sampled" (the server's record of what it sampled) or
 # "retokenized" (the server gave none: the text tokenised again, which can differ from
 # the ids sampled, and no logprobs). Absent: the server's own ids (the Python flavour).
@@ -128,7 +131,7 @@ SPANMILL_PROMPT_VERSION: Final = "spanmill.prompt.version"
 SPANMILL_MESSAGE_EXAMPLE: Final = "spanmill.message.example"
 # Feedback spans (POST /v1/feedback): where the caller says the feedback came from
 # ("thumbs", "ticket-resolved", ...), and who sent it as authenticated by the route
-# ("bearer" when a token was checked, "anonymous" when the route takes any caller).
+# (the id of the API key checked, "anonymous" when the route takes any caller).
 SPANMILL_FEEDBACK_SOURCE: Final = "spanmill.feedback.source"
 SPANMILL_FEEDBACK_PRINCIPAL: Final = "spanmill.feedback.principal"
 # Instrumentation scope of feedback spans: how readers tell feedback from the rewards

@@ -89,6 +89,21 @@ def test_credentials_come_from_the_named_secrets(render_set: Any) -> None:
     key = gateway["SPANMILL_GATEWAY_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert key["name"] == "spanmill-gateway-api-key"
     everything = render_set("all-features")
+    # Client keys come as a file from their Secret, mounted as a folder (so that a revoked
+    # key's line leaves the file), and the admin credential apart.
+    gateway_pod = everything.get("Deployment", f"{FULLNAME}-gateway")["spec"]["template"]["spec"]
+    gateway = env_of(everything.container(f"{FULLNAME}-gateway"))
+    assert (
+        gateway["SPANMILL_GATEWAY_CLIENT_KEYS_FILE"]["value"] == "/etc/spanmill/gateway-keys/keys"
+    )
+    mount = next(m for m in gateway_pod["containers"][0]["volumeMounts"]
+                 if m["name"] == "gateway-keys")  # fmt: skip
+    assert mount == {"name": "gateway-keys", "mountPath": "/etc/spanmill/gateway-keys",
+                     "readOnly": True} and "subPath" not in mount  # fmt: skip
+    volume = next(v for v in gateway_pod["volumes"] if v["name"] == "gateway-keys")
+    assert volume["secret"]["secretName"] == "spanmill-gateway-client-keys"
+    admin = gateway["SPANMILL_GATEWAY_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert admin == {"name": "spanmill-gateway-admin-key", "key": "admin-key"}
     mlflow = env_of(everything.container(f"{FULLNAME}-mlflow"))
     uri = mlflow["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"]
     assert uri == {"name": "spanmill-mlflow-db", "key": "uri"}

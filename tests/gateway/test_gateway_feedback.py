@@ -178,7 +178,8 @@ def test_auth_is_enforced_when_a_token_is_set(emitter: FakeEmitter) -> None:
         assert emitter.delivered == []
         ok = client.post("/v1/feedback", json=body, headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200
-    assert emitter.delivered[0].attributes[sc.SPANMILL_FEEDBACK_PRINCIPAL] == "bearer"
+    # The shared key (SPANMILL_GATEWAY_API_KEY) is known by the id "default".
+    assert emitter.delivered[0].attributes[sc.SPANMILL_FEEDBACK_PRINCIPAL] == "default"
 
 
 def test_503_with_retry_after_when_not_taken_or_not_acknowledged(

@@ -132,8 +132,9 @@ def test_chat_completion_is_answered_and_recorded(kafka, echo_model, serve_app) 
 
 
 def test_auth_and_bad_requests(kafka, echo_model, serve_app) -> None:  # type: ignore[no-untyped-def]
-    token = uuid.uuid4().hex
-    gateway = settings(kafka.bootstrap_servers, "unused-topic", echo_model, api_key=token)
+    token, admin = uuid.uuid4().hex, uuid.uuid4().hex
+    gateway = settings(kafka.bootstrap_servers, "unused-topic", echo_model, api_key=token,
+                       admin_api_key=admin)  # fmt: skip
     with serve_app(create_app(gateway, table=echo_table())) as url:
         body = {"model": "echo", "messages": [{"role": "user", "content": "x"}]}
         assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 401
@@ -150,7 +151,11 @@ def test_auth_and_bad_requests(kafka, echo_model, serve_app) -> None:  # type: i
         )
         assert bad.status_code == 400 and "temperature" in bad.json()["error"]["message"]
         routes = echo_table("renamed").model_copy(update={"revision": 9})
-        put = httpx.put(f"{url}/admin/routes", content=routes.dumps(), headers=auth)
+        # The admin routes take their own credential: a client key does not open them.
+        refused = httpx.put(f"{url}/admin/routes", content=routes.dumps(), headers=auth)
+        assert refused.status_code == 401
+        put = httpx.put(f"{url}/admin/routes", content=routes.dumps(),
+                        headers={"authorization": f"Bearer {admin}"})  # fmt: skip
         assert put.json() == {"revision": 9}
         renamed = httpx.post(
             f"{url}/v1/chat/completions", json={**body, "model": "renamed"}, headers=auth

@@ -40,3 +40,34 @@ def gateway(
         log_level="info",
         access_log=False,
     )
+
+
+@handle_errors
+def gateway_key(
+    key_id: str = typer.Argument(..., help="Who the key is for, e.g. support-agent."),
+    keys_file: Path = typer.Option(
+        None, help="Append the key's line to this keys file (SPANMILL_GATEWAY_CLIENT_KEYS_FILE)."
+    ),
+) -> None:
+    """Make a client API key for the gateway: the key is printed once, only its hash is kept.
+
+    Revoke it by deleting its line from the keys file; the gateway re-reads the file.
+    """
+    from spanmill.errors import ConfigError
+    from spanmill.gateway.keys import key_line, new_key, parse_keys
+
+    key = new_key()
+    line = key_line(key_id, key)
+    if keys_file is not None:
+        existing = keys_file.read_text() if keys_file.exists() else ""
+        if key_id in parse_keys(existing, str(keys_file)):
+            raise ConfigError(f"{keys_file} already holds a key with id {key_id!r}")
+        separator = "" if not existing or existing.endswith("\n") else "\n"
+        keys_file.parent.mkdir(parents=True, exist_ok=True)
+        with keys_file.open("a") as handle:
+            handle.write(f"{separator}{line}\n")
+        console.print(f"added {key_id!r} to {keys_file}")
+    else:
+        console.print(f"keys-file line (put it in the gateway's keys Secret):\n{line}")
+    console.print("the key, shown this once:")
+    typer.echo(key)

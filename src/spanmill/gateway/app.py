@@ -33,6 +33,7 @@ from spanmill import messages as chat
 from spanmill.config import GatewaySettings
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
 from spanmill.gateway.emitter import EmitterBusy, SpanEmitter
+from spanmill.gateway.keys import ADMIN, ANONYMOUS, KeyRing, bearer
 from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.gateway.routing import RoutingTable
@@ -86,27 +87,48 @@ def _caller(request: Request) -> feedback.Caller:
 
 
 class _Authorize:
-    """The bearer-token check, as a plain ASGI middleware (Starlette's ``BaseHTTPMiddleware``
-    costs a task and a stream copy per request). It notes who called in the request's
-    state: ``bearer`` when a token was checked, ``anonymous`` when none is asked."""
+    """Who calls, as a plain ASGI middleware (Starlette's ``BaseHTTPMiddleware`` costs a task
+    and a stream copy per request): the id of the client key presented, ``admin`` on the
+    admin routes, ``anonymous`` where no key is asked. It goes into the request's state."""
 
     OPEN = ("/healthz", "/readyz", "/metrics")
 
-    def __init__(self, app: Any, key: Any) -> None:
+    def __init__(self, app: Any, keys: KeyRing) -> None:
         self.app = app
-        self.expected = f"Bearer {key.get_secret_value()}".encode() if key is not None else None
+        self.keys = keys
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             state = scope.setdefault("state", {})
-            state["principal"] = "anonymous"
-            if self.expected is not None and not scope["path"].startswith(self.OPEN):
-                given = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-                if given != self.expected:
-                    refused = _error(401, "missing or wrong bearer token", "authentication_error")
+            state["principal"] = ANONYMOUS
+            path = scope["path"]
+            if not path.startswith(self.OPEN):
+                header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+                token = bearer(header)
+                refused = None
+                if path.startswith("/admin"):
+                    if self.keys.admin_configured:
+                        if token is None or not self.keys.is_admin(token):
+                            refused = _error(401, "missing or wrong admin token",
+                                             "authentication_error")  # fmt: skip
+                        else:
+                            state["principal"] = ADMIN
+                    elif self.keys.required:
+                        refused = _error(
+                            403,
+                            "the admin routes need their own credential, and none is set "
+                            "(SPANMILL_GATEWAY_ADMIN_API_KEY)",
+                            "permission_error",
+                        )
+                elif self.keys.required:
+                    key_id = self.keys.identify(token) if token is not None else None
+                    if key_id is None:
+                        refused = _error(401, "missing or unknown API key", "authentication_error")
+                    else:
+                        state["principal"] = key_id
+                if refused is not None:
                     await refused(scope, receive, send)
                     return
-                state["principal"] = "bearer"
         await self.app(scope, receive, send)
 
 
@@ -194,7 +216,8 @@ def create_app(
     app.state.gateway = state
 
     app.add_middleware(_BodyLimit, limit=settings.max_request_bytes)
-    app.add_middleware(_Authorize, key=settings.api_key)
+    keys = KeyRing(settings.client_keys_file, settings.api_key, settings.admin_api_key)
+    app.add_middleware(_Authorize, keys=keys)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -380,6 +403,7 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
                        "tools": body.tools},
             "metadata": body.metadata,
             "traffic": state.settings.traffic,
+            "client": getattr(request.state, "principal", ANONYMOUS),
         },
     )  # fmt: skip
     headers = {"x-spanmill-model-version": backend.version, "x-spanmill-trace-id": trace_id}

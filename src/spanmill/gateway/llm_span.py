@@ -51,6 +51,7 @@ def build_llm_span(
     prompt_token_ids: list[int] | None = None,
     lora_name: str | None = None,
     token_ids_source: str | None = None,
+    client: str | None = None,
     error: str | None = None,
     service_name: str = "spanmill-gateway",
     traffic: str | None = None,
@@ -59,7 +60,8 @@ def build_llm_span(
     and logprobs of one completion choice (absent when the call failed).
     ``lora_name``: the adapter a vLLM engine served the version as;
     ``token_ids_source``: where the token ids came from, when the server gave none
-    of its own (see :mod:`spanmill.serving.vllm`)."""
+    of its own (see :mod:`spanmill.serving.vllm`); ``client``: the id of the API key
+    the caller presented (``anonymous`` where none is asked)."""
     attributes: dict[str, Any] = {
         sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
         sc.GEN_AI_PROVIDER_NAME: "spanmill",
@@ -88,6 +90,8 @@ def build_llm_span(
         attributes[sc.SPANMILL_TRAFFIC] = traffic
     if lora_name:
         attributes[sc.SPANMILL_LORA_NAME] = lora_name
+    if client:
+        attributes[sc.SPANMILL_CLIENT_KEY_ID] = client
     if token_ids_source:
         attributes[sc.SPANMILL_TOKEN_IDS_SOURCE] = token_ids_source
     if response_id:
