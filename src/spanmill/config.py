@@ -251,6 +251,12 @@ class CollectorSettings(BaseSettings):
         description="Foreign conventions translated into the GenAI ones.",
     )
     receiver_enabled: bool = Field(True, description="Serve OTLP/HTTP POST /v1/traces.")
+    receiver_keys_file: Path | None = Field(
+        None,
+        description="Producer keys for the receiver's POST /v1/traces and /v1/feedback, in the "
+        "gateway's keys-file format (spanmill gateway-key); the key's id is stored with each "
+        "span as spanmill.producer. Unset: the receiver takes any caller, as 'anonymous'.",
+    )
     ledger_retention_s: float = Field(
         3600.0, ge=0, description="Age after which ledger entries of committed batches go."
     )

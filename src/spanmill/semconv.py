@@ -109,6 +109,10 @@ SPANMILL_LORA_NAME: Final = "spanmill.lora.name"
 # Who called the gateway: the id of the API key presented ("anonymous" where the
 # gateway asks for none). Never the key itself.
 SPANMILL_CLIENT_KEY_ID: Final = "spanmill.client.key_id"
+# Resource attribute the collector's OTLP receiver sets on every span it takes: the id
+# of the key the producer presented ("anonymous" when it asks for none), replacing
+# whatever the producer claimed.
+SPANMILL_PRODUCER: Final = "spanmill.producer"
 # Where the token ids came from: "sampled" (the server's record of what it sampled) or
 # "retokenized" (the server gave none: the text tokenised again, which can differ from
 # the ids sampled, and no logprobs). Absent: the server's own ids (the Python flavour).

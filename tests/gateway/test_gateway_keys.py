@@ -12,14 +12,14 @@ from pydantic import SecretStr
 from test_gateway_feedback import TRACE, EchoUpstream, FakeEmitter
 from typer.testing import CliRunner
 
+from spanmill import keys as keyring
 from spanmill import semconv as sc
 from spanmill.cli.main import app as cli
 from spanmill.config import GatewaySettings
 from spanmill.errors import ConfigError
-from spanmill.gateway import keys as keyring
 from spanmill.gateway.app import create_app
-from spanmill.gateway.keys import KeyRing, key_line, new_key
 from spanmill.gateway.routing import RoutingTable
+from spanmill.keys import KeyRing, key_line, new_key
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -54,7 +54,7 @@ def gateway_key(
     Revoke it by deleting its line from the keys file; the gateway re-reads the file.
     """
     from spanmill.errors import ConfigError
-    from spanmill.gateway.keys import key_line, new_key, parse_keys
+    from spanmill.keys import key_line, new_key, parse_keys
 
     key = new_key()
     line = key_line(key_id, key)

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.collector.receiver import OtlpReceiver, status_message
 from spanmill.feedback import Caller, declared_too_large
+from spanmill.keys import ANONYMOUS, KeyRing, bearer
 
 
 class Health(Protocol):
@@ -27,9 +28,19 @@ def create_app(
     metrics: CollectorMetrics,
     receiver: OtlpReceiver | None = None,
     exposition: Any = None,
+    keys: KeyRing | None = None,
 ) -> FastAPI:
-    """``exposition``: what /metrics shows (anything with ``collect()``); the registry if None."""
+    """``exposition``: what /metrics shows (anything with ``collect()``); the registry if None.
+    ``keys``: the producers the receiver takes, by key; None takes any caller."""
     app = FastAPI(title="spanmill collector", docs_url=None, redoc_url=None)
+
+    def producer(request: Request) -> str | None:
+        """Who sends: the id of the key presented; None when a key is asked and none fits."""
+        if keys is None or not keys.required:
+            return ANONYMOUS
+        token = bearer(request.headers.get("authorization", "").encode() or None)
+        return keys.identify(token) if token is not None else None
+
     shown = exposition if exposition is not None else metrics.registry
 
     @app.get("/healthz")
@@ -50,10 +61,16 @@ def create_app(
 
         @app.post("/v1/traces")
         async def traces(request: Request) -> Response:
+            who = producer(request)
+            as_json = "json" in request.headers.get("content-type", "")
+            if who is None:
+                return Response(
+                    status_message(16, "missing or unknown producer key", as_json),
+                    status_code=401,
+                )
             limit = receiver.max_bytes
             declared = request.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > limit:
-                as_json = "json" in request.headers.get("content-type", "")
                 return Response(
                     status_message(
                         3, f"request is over {limit} bytes; export smaller batches", as_json
@@ -66,6 +83,7 @@ def create_app(
                 body,
                 request.headers.get("content-type"),
                 request.headers.get("content-encoding"),
+                who,
             )
             return Response(
                 reply.body,
@@ -76,13 +94,19 @@ def create_app(
 
         @app.post("/v1/feedback")
         async def feedback(request: Request) -> Response:
-            # Like /v1/traces, the receiver takes any caller: it is anonymous here.
+            who = producer(request)
+            if who is None:
+                return JSONResponse(
+                    {"error": {"message": "missing or unknown producer key",
+                               "type": "authentication_error"}},
+                    status_code=401,
+                )  # fmt: skip
             error = declared_too_large(request.headers.get("content-length"))
             if error is not None:
                 return JSONResponse(error.body(), status_code=error.status)
             address = request.client.host if request.client is not None else None
             reply = await run_in_threadpool(
-                receiver.feedback, await request.body(), Caller("anonymous", address)
+                receiver.feedback, await request.body(), Caller(who, address)
             )
             return Response(
                 reply.body,

@@ -31,6 +31,7 @@ from typing import Any, Final
 from spanmill import feedback
 from spanmill import semconv as sc
 from spanmill.collector.metrics import CollectorMetrics
+from spanmill.keys import ANONYMOUS
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,15 @@ class OtlpReceiver:
         self.metrics.receiver_requests.labels(str(status)).inc()
         return Reply(status, body, JSON if as_json else PROTOBUF, headers)
 
-    def export(self, body: bytes, content_type: str | None, content_encoding: str | None) -> Reply:
+    def export(
+        self,
+        body: bytes,
+        content_type: str | None,
+        content_encoding: str | None,
+        producer: str = ANONYMOUS,
+    ) -> Reply:
+        """Forward one export request; ``producer`` (who sent it, by key id) is stored with
+        each span as ``spanmill.producer``, over anything the request said."""
         media = (content_type or "").split(";")[0].strip().lower()
         as_json = media == JSON or media.endswith("+json")
         encoding = (content_encoding or "identity").strip().lower()
@@ -143,7 +152,11 @@ class OtlpReceiver:
                     ),
                     as_json,
                 )
-            spans = detect_and_decode(body, content_type or None, max_bytes=self.max_bytes)
+            spans = [
+                span.model_copy(update={"resource_attributes": {
+                    **span.resource_attributes, sc.SPANMILL_PRODUCER: producer}})
+                for span in detect_and_decode(body, content_type or None, max_bytes=self.max_bytes)
+            ]  # fmt: skip
         except SpanDecodeError as exc:
             self.metrics.receiver_spans.labels("rejected").inc()
             return self._reply(

@@ -59,7 +59,10 @@ def _start_http(
         if settings.receiver_enabled
         else None
     )
-    app = create_app(health, collector.metrics, receiver, exposition=metrics)
+    from spanmill.keys import KeyRing
+
+    keys = KeyRing(settings.receiver_keys_file) if settings.receiver_keys_file else None
+    app = create_app(health, collector.metrics, receiver, exposition=metrics, keys=keys)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

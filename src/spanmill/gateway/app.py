@@ -33,12 +33,12 @@ from spanmill import messages as chat
 from spanmill.config import GatewaySettings
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
 from spanmill.gateway.emitter import EmitterBusy, SpanEmitter
-from spanmill.gateway.keys import ADMIN, ANONYMOUS, KeyRing, bearer
 from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.gateway.routing import RoutingTable
 from spanmill.gateway.schema import ChatCompletionRequest, error_body
 from spanmill.gateway.upstream import Target, TritonUpstream, Upstream, UpstreamError
+from spanmill.keys import ADMIN, ANONYMOUS, KeyRing, bearer
 from spanmill.serving import protocol
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 from spanmill.spans import Span

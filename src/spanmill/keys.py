@@ -1,4 +1,5 @@
-"""Who may call the gateway: client API keys by id, and the admin credential.
+"""Who may call: client API keys by id (the gateway, the collector's receiver), and the
+gateway's admin credential.
 
 Client keys live in a file (on Kubernetes, a Secret mounted as one), one per line::
 
