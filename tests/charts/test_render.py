@@ -102,6 +102,13 @@ def test_credentials_come_from_the_named_secrets(render_set: Any) -> None:
                      "readOnly": True} and "subPath" not in mount  # fmt: skip
     volume = next(v for v in gateway_pod["volumes"] if v["name"] == "gateway-keys")
     assert volume["secret"]["secretName"] == "spanmill-gateway-client-keys"
+    collector = env_of(everything.container(f"{FULLNAME}-collector"))
+    assert collector["SPANMILL_COLLECTOR_RECEIVER_KEYS_FILE"]["value"] == (
+        "/etc/spanmill/receiver-keys/keys"
+    )
+    collector_pod = everything.get("Deployment", f"{FULLNAME}-collector")["spec"]["template"]
+    assert {"name": "receiver-keys", "secret": {"secretName": "spanmill-collector-receiver-keys"}
+            } in collector_pod["spec"]["volumes"]  # fmt: skip
     admin = gateway["SPANMILL_GATEWAY_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert admin == {"name": "spanmill-gateway-admin-key", "key": "admin-key"}
     mlflow = env_of(everything.container(f"{FULLNAME}-mlflow"))
