@@ -304,6 +304,24 @@ class GatewaySettings(BaseSettings):
         description="Bearer token for /admin (no client key opens it). Unset: /admin is refused "
         "while clients need keys, and open when they do not.",
     )
+    key_requests_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Chat completions a client (an API key; 'anonymous' without keys) may "
+        "start per second, per gateway replica; past it 429 with Retry-After. Unset: no limit.",
+    )
+    key_burst: float | None = Field(
+        None,
+        ge=1,
+        description="Requests a client may start at once within its rate (default: "
+        "one second's worth).",
+    )
+    key_max_concurrent: int | None = Field(
+        None,
+        ge=1,
+        description="Chat completions a client may have in flight at once, per "
+        "gateway replica; past it 429. Unset: no limit.",
+    )
     span_queue_size: int = Field(10_000, gt=0)
     request_timeout_s: float = Field(
         300.0,

@@ -109,6 +109,10 @@ def test_credentials_come_from_the_named_secrets(render_set: Any) -> None:
     collector_pod = everything.get("Deployment", f"{FULLNAME}-collector")["spec"]["template"]
     assert {"name": "receiver-keys", "secret": {"secretName": "spanmill-collector-receiver-keys"}
             } in collector_pod["spec"]["volumes"]  # fmt: skip
+    assert gateway["SPANMILL_GATEWAY_KEY_REQUESTS_PER_S"]["value"] == "20"
+    assert gateway["SPANMILL_GATEWAY_KEY_MAX_CONCURRENT"]["value"] == "8"
+    plain = env_of(render_set("gpu-cluster").container(f"{FULLNAME}-gateway"))
+    assert "SPANMILL_GATEWAY_KEY_REQUESTS_PER_S" not in plain  # 0: no limit
     admin = gateway["SPANMILL_GATEWAY_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert admin == {"name": "spanmill-gateway-admin-key", "key": "admin-key"}
     mlflow = env_of(everything.container(f"{FULLNAME}-mlflow"))

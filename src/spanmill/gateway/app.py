@@ -15,7 +15,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -33,6 +33,7 @@ from spanmill import messages as chat
 from spanmill.config import GatewaySettings
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
 from spanmill.gateway.emitter import EmitterBusy, SpanEmitter
+from spanmill.gateway.limits import KeyLimits
 from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.gateway.routing import RoutingTable
@@ -58,6 +59,7 @@ class GatewayState:
     routing_file: RoutingSource | None
     table: RoutingTable = field(default_factory=RoutingTable)
     rng: random.Random = field(default_factory=random.Random)
+    limits: KeyLimits = field(default_factory=KeyLimits)
 
     def routes(self) -> RoutingTable:
         if self.routing_file is not None:
@@ -200,6 +202,11 @@ def create_app(
         metrics=metrics,
         routing_file=routing_source(settings.routing_file, settings.routing_configmap),
         table=table or RoutingTable(),
+        limits=KeyLimits(
+            requests_per_s=settings.key_requests_per_s,
+            burst=settings.key_burst,
+            max_concurrent=settings.key_max_concurrent,
+        ),
     )
     state.emitter.metrics = metrics
 
@@ -368,6 +375,42 @@ class _Call:
 
 
 async def _complete(state: GatewayState, body: ChatCompletionRequest, request: Request) -> Response:
+    """One chat completion, within its client's limits (see :mod:`spanmill.gateway.limits`)."""
+    if not state.limits.active:
+        return await _answer(state, body, request, lambda: None)
+    key = getattr(request.state, "principal", ANONYMOUS)
+    refusal = state.limits.admit(key)
+    if refusal is not None:
+        state.metrics.requests.labels(body.model, "", "429").inc()
+        refused = _error(429, refusal.message, "rate_limit_exceeded")
+        refused.headers["retry-after"] = str(refusal.retry_after_s)
+        return refused
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            state.limits.done(key)
+
+    try:
+        response = await _answer(state, body, request, release)
+    except BaseException:
+        release()
+        raise
+    if not isinstance(response, StreamingResponse):
+        release()
+    return response
+
+
+async def _answer(
+    state: GatewayState,
+    body: ChatCompletionRequest,
+    request: Request,
+    release: Callable[[], None],
+) -> Response:
+    """The completion itself; ``release`` ends the client's request slot, which a streamed
+    answer keeps until its stream ends."""
     started = time.time_ns()
     clock = time.perf_counter()
     route = state.routes().routes.get(body.model)
@@ -431,7 +474,11 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
             call.failed(str(failure), failure.status)
             return _upstream_error(failure)
         return StreamingResponse(
-            _stream(call, first, events), media_type="text/event-stream", headers=headers
+            _stream(call, first, events, release),
+            media_type="text/event-stream",
+            headers=headers,
+            # Also after a stream that never started (the client left at once).
+            background=BackgroundTask(release),
         )
     try:
         result = await _within(
@@ -500,7 +547,10 @@ def _may_be_tool_call(text: str) -> bool | None:
 
 
 async def _stream(
-    call: _Call, first: list[str] | GenerationResult, events: AsyncGenerator[Any, None]
+    call: _Call,
+    first: list[str] | GenerationResult,
+    events: AsyncGenerator[Any, None],
+    release: Callable[[], None] = lambda: None,
 ) -> AsyncIterator[str]:
     """Server-Sent Events in OpenAI's chunk format, each piece of text as Triton makes it.
 
@@ -509,66 +559,75 @@ async def _stream(
     The spans are emitted once the answer ends. A client that goes away closes the
     stream to Triton, which stops generating; its span records that it went away.
     """
-    body = call.body
-    head = {**call.head(), "object": "chat.completion.chunk"}
-
-    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-        return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
-
-    n = body.n
-    text = [""] * n
-    sent = [""] * n
-    streaming: list[bool | None] = [None if body.tools else True] * n
-    for index in range(n):
-        yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
-                      "finish_reason": None}])  # fmt: skip
-    event: list[str] | GenerationResult = first
     try:
-        while not isinstance(event, GenerationResult):
-            for index, piece in enumerate(event[:n]):
-                text[index] += piece
-                if streaming[index] is None:
-                    held = _may_be_tool_call(text[index])
-                    streaming[index] = None if held is None else not held
-                if streaming[index] and len(text[index]) > len(sent[index]):
-                    new = text[index][len(sent[index]) :]
-                    sent[index] = text[index]
-                    yield chunk([{"index": index, "delta": {"content": new},
-                                  "finish_reason": None}])  # fmt: skip
-            try:
-                event = await _within(call, anext(events))
-            except StopAsyncIteration:
-                raise UpstreamError(f"Triton model {call.triton_model} ended early", 502) from None
-    except UpstreamError as exc:
-        call.failed(str(exc), exc.status)
-        yield f"data: {json.dumps(error_body(str(exc), 'upstream_error'))}\n\n"
-        yield "data: [DONE]\n\n"
-        return
-    except BaseException:
-        # The client went away (the server cancels the response) or the server stops.
-        call.failed("the client closed the connection before the answer ended", 499)
-        raise
+        body = call.body
+        head = {**call.head(), "object": "chat.completion.chunk"}
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+            return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+        n = body.n
+        text = [""] * n
+        sent = [""] * n
+        streaming: list[bool | None] = [None if body.tools else True] * n
+        for index in range(n):
+            yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
+                          "finish_reason": None}])  # fmt: skip
+        event: list[str] | GenerationResult = first
+        try:
+            while not isinstance(event, GenerationResult):
+                for index, piece in enumerate(event[:n]):
+                    text[index] += piece
+                    if streaming[index] is None:
+                        held = _may_be_tool_call(text[index])
+                        streaming[index] = None if held is None else not held
+                    if streaming[index] and len(text[index]) > len(sent[index]):
+                        new = text[index][len(sent[index]) :]
+                        sent[index] = text[index]
+                        yield chunk([{"index": index, "delta": {"content": new},
+                                      "finish_reason": None}])  # fmt: skip
+                try:
+                    event = await _within(call, anext(events))
+                except StopAsyncIteration:
+                    raise UpstreamError(
+                        f"Triton model {call.triton_model} ended early", 502
+                    ) from None
+        except UpstreamError as exc:
+            call.failed(str(exc), exc.status)
+            yield f"data: {json.dumps(error_body(str(exc), 'upstream_error'))}\n\n"
+            yield "data: [DONE]\n\n"
+            return
+        except BaseException:
+            # The client went away (the server cancels the response) or the server stops.
+            call.failed("the client closed the connection before the answer ended", 499)
+            raise
+        finally:
+            await events.aclose()  # closing the stream to Triton cancels what is left
+        choices, usage = call.answered(event)
+        head = {**call.head(event), "object": "chat.completion.chunk"}
+        try:
+            for index, choice in enumerate(choices):
+                message = choice["message"]
+                if message.get("tool_calls"):
+                    delta: dict[str, Any] = {
+                        "tool_calls": [
+                            dict(c, index=i) for i, c in enumerate(message["tool_calls"])
+                        ]
+                    }
+                    yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
+                else:
+                    whole = message.get("content") or ""
+                    rest = whole[len(sent[index]) :] if whole.startswith(sent[index]) else ""
+                    if rest:
+                        yield chunk([{"index": index, "delta": {"content": rest},
+                                      "finish_reason": None}])  # fmt: skip
+                yield chunk(
+                    [{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}]
+                )
+            if body.stream_options is not None and body.stream_options.get("include_usage"):
+                yield chunk([], usage=usage)
+            yield "data: [DONE]\n\n"
+        finally:
+            call.flush()  # the answer was whole: its spans, even if the client left just now
     finally:
-        await events.aclose()  # closing the stream to Triton cancels what is left
-    choices, usage = call.answered(event)
-    head = {**call.head(event), "object": "chat.completion.chunk"}
-    try:
-        for index, choice in enumerate(choices):
-            message = choice["message"]
-            if message.get("tool_calls"):
-                delta: dict[str, Any] = {
-                    "tool_calls": [dict(c, index=i) for i, c in enumerate(message["tool_calls"])]
-                }
-                yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
-            else:
-                whole = message.get("content") or ""
-                rest = whole[len(sent[index]) :] if whole.startswith(sent[index]) else ""
-                if rest:
-                    yield chunk([{"index": index, "delta": {"content": rest},
-                                  "finish_reason": None}])  # fmt: skip
-            yield chunk([{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}])
-        if body.stream_options is not None and body.stream_options.get("include_usage"):
-            yield chunk([], usage=usage)
-        yield "data: [DONE]\n\n"
-    finally:
-        call.flush()  # the answer was whole: its spans, even if the client left just now
+        release()  # the client's request slot, once the stream has ended
