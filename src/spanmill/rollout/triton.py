@@ -153,20 +153,38 @@ class TritonControl:
         return decoded.choices[0].text if decoded.choices else ""
 
     def _generate(self, model: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
-        """One answer from exactly this version, on Triton's generate extension."""
-        url = f"http://{self.url}/v2/models/{model}/versions/{version}/generate"
+        """The last response of one request to exactly this version, on the generate
+        extension's stream: a model may answer in several responses (a slow answer's
+        Python-flavour model sends an empty one each second it runs), which the plain
+        ``generate`` endpoint refuses."""
+        url = f"http://{self.url}/v2/models/{model}/versions/{version}/generate_stream"
         what = f"smoke check of {model} version {version}"
+        last: dict[str, Any] = {}
         try:
-            response = httpx.post(url, json=body, timeout=self.load_timeout_s)
+            with httpx.stream("POST", url, json=body, timeout=self.load_timeout_s) as response:
+                if response.status_code != 200:
+                    response.read()
+                    try:
+                        failure = response.json()
+                    except ValueError:
+                        failure = {"error": response.text[:500]}
+                    raise TritonError(f"{self.describe()}: {what}: {failure.get('error', failure)}")
+                for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        raise TritonError(f"{self.describe()}: {what}: {event['error']}")
+                    last = event
         except httpx.HTTPError as exc:
             raise TritonError(f"{self.describe()}: {what}: {type(exc).__name__}: {exc}") from None
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = {"error": response.text[:500]}
-        if response.status_code != 200 or "error" in answer:
-            raise TritonError(f"{self.describe()}: {what}: {answer.get('error', answer)}")
-        return dict(answer)
+        except ValueError as exc:
+            raise TritonError(
+                f"{self.describe()}: {what}: an answer out of protocol: {exc}"
+            ) from None
+        if not last:
+            raise TritonError(f"{self.describe()}: {what}: no answer")
+        return last
 
     def close(self) -> None:
         self._client.close()
