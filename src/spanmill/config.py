@@ -400,7 +400,11 @@ class RolloutSettings(BaseSettings):
     gateway_admin_url: str | None = Field(
         None, description="Write routes through this gateway's admin API instead of the file."
     )
-    gateway_api_key: SecretStr | None = None
+    gateway_admin_key: SecretStr | None = Field(
+        None,
+        description="The gateway's admin credential (its SPANMILL_GATEWAY_ADMIN_API_KEY), for "
+        "writing routes through gateway_admin_url.",
+    )
 
     # The Kubernetes backend.
     namespace: str = "default"

@@ -42,13 +42,15 @@ def test_state_file_and_routing_file(tmp_path: Path) -> None:
 
 def test_routes_through_the_gateway_admin_api(tmp_path: Path, serve_app) -> None:  # type: ignore[no-untyped-def]
     settings = GatewaySettings(kafka=KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"),
-                               api_key="secret")  # fmt: skip
+                               api_key="client", admin_api_key="admin")  # fmt: skip
     with serve_app(create_app(settings)) as url:
-        backend = LocalBackend(tmp_path / "state.json", gateway_url=url, api_key="secret")
+        backend = LocalBackend(tmp_path / "state.json", gateway_url=url, api_key="admin")
         backend.save(STATE, TABLE)
         assert backend.load() == (STATE, TABLE)
-        wrong = LocalBackend(tmp_path / "state.json", gateway_url=url, api_key="nope")
-        with pytest.raises(BackendError, match="401"):
-            wrong.load()
+        # A client's key is not the admin credential.
+        for key in ("nope", "client"):
+            wrong = LocalBackend(tmp_path / "state.json", gateway_url=url, api_key=key)
+            with pytest.raises(BackendError, match="401"):
+                wrong.load()
     with pytest.raises(ConfigError, match="exactly one"):
         LocalBackend(tmp_path / "s.json")

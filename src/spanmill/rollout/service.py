@@ -55,7 +55,7 @@ def backend_of(settings: RolloutSettings) -> RolloutBackend:
         return KubernetesBackend(settings.namespace, settings.configmap)
     from spanmill.rollout.local_backend import LocalBackend
 
-    key = settings.gateway_api_key.get_secret_value() if settings.gateway_api_key else None
+    key = settings.gateway_admin_key.get_secret_value() if settings.gateway_admin_key else None
     if settings.gateway_admin_url:
         return LocalBackend(settings.state_file, gateway_url=settings.gateway_admin_url,
                             api_key=key)  # fmt: skip
