@@ -21,6 +21,7 @@ def build_dataset(
     credit: str = "episode",
     feedback_horizon_hours: float = 72.0,
     reward: str = "",
+    trusted_producers: str = "",
 ) -> str:
     """Build the dataset; returns its content hash."""
     from pathlib import Path
@@ -31,7 +32,7 @@ def build_dataset(
         Path(dataset.path), store_url=store_url, agent=agent, since=since, until=until,
         mode=mode, min_reward=min_reward, drop_examples=drop_examples, max_tokens=max_tokens,
         eval_fraction=eval_fraction, credit=credit, feedback_horizon_hours=feedback_horizon_hours,
-        reward=reward,
+        reward=reward, trusted_producers=trusted_producers,
     )  # fmt: skip
     dataset.metadata.update(
         {"content_hash": card["content_hash"], "mode": card["mode"], **card["counts"]}

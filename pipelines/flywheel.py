@@ -63,6 +63,7 @@ def flywheel(
     credit: str = "episode",
     feedback_horizon_hours: float = 72.0,
     reward: str = "",
+    trusted_producers: str = "",
     base_model: str = "",
     lora_r: int = 16,
     lora_alpha: int = 32,
@@ -99,7 +100,7 @@ def flywheel(
         agent=agent, store_url=store_url, since=since, until=until, mode=dataset_mode,
         min_reward=min_reward, drop_examples=drop_examples, max_tokens=max_tokens,
         eval_fraction=eval_fraction, credit=credit, feedback_horizon_hours=feedback_horizon_hours,
-        reward=reward,
+        reward=reward, trusted_producers=trusted_producers,
     )  # fmt: skip
     data.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
     _cluster(data)

@@ -42,6 +42,12 @@ class Stack:
     gateway: str
     collector: str
     store: str
+    # The agent's key: a client key at the gateway, a producer key at the collector.
+    key: str
+
+    @property
+    def otlp_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
 
 
 @contextmanager
@@ -50,8 +56,14 @@ def gateway_and_collector(
 ) -> Iterator[Stack]:
     """``spanmill gateway`` routing ``model`` to one Triton version, and ``spanmill collector``
     (with its OTLP/HTTP receiver) writing a store under ``work``, on a fresh span topic."""
+    from spanmill.keys import key_line, new_key
     from spanmill.stack.ports import free_port
     from spanmill.stack.services import CollectorProcess, GatewayProcess
+
+    # Keys asked on both sides, as on a shared cluster: what the agent sends is trusted.
+    key = new_key()
+    keys_file = work / "agent-keys"
+    keys_file.write_text(key_line("support-agent", key) + "\n")
 
     suffix = uuid.uuid4().hex[:8]
     topics = {
@@ -66,7 +78,7 @@ def gateway_and_collector(
         "127.0.0.1", free_port(), work, routing_file=routes,
         kafka_bootstrap=kafka.bootstrap_servers, triton_url=triton_url,
     )  # fmt: skip
-    gateway.settings_env.update(topics)
+    gateway.settings_env.update(topics, SPANMILL_GATEWAY_CLIENT_KEYS_FILE=str(keys_file))
     store = str(work / "spans")
     collector = CollectorProcess(
         "127.0.0.1", free_port(), work, store_url=store, kafka_bootstrap=kafka.bootstrap_servers
@@ -77,12 +89,13 @@ def gateway_and_collector(
         SPANMILL_COLLECTOR_GROUP_ID=f"support-{suffix}",
         SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS="6000",
         SPANMILL_COLLECTOR_BATCH_MAX_SECONDS="0.5",
+        SPANMILL_COLLECTOR_RECEIVER_KEYS_FILE=str(keys_file),
     )
     running = []
     try:
         running.append(gateway.start())
         running.append(collector.start())
-        yield Stack(gateway.url, collector.url, store)
+        yield Stack(gateway.url, collector.url, store, key)
     finally:
         for service in reversed(running):
             service.stop()

@@ -314,13 +314,15 @@ def setup_telemetry(
     service_name: str = SERVICE_NAME,
     set_global: bool = True,
     exporter: SpanExporter | None = None,
+    headers: dict[str, str] | None = None,
 ) -> TracerProvider:
     """Trace the openai client with OpenLLMetry, exporting OTLP/HTTP. Call it once.
 
     ``endpoint``: the OTLP/HTTP base URL (``/v1/traces`` is appended); by default
     the exporter reads ``OTEL_EXPORTER_OTLP_ENDPOINT``. ``exporter`` replaces the
-    OTLP exporter (tests). Call ``shutdown()`` on the provider before exiting so
-    the last spans are sent.
+    OTLP exporter (tests). ``headers`` go with every export (the collector's producer
+    key as ``Authorization: Bearer ...``); by default ``OTEL_EXPORTER_OTLP_HEADERS``.
+    Call ``shutdown()`` on the provider before exiting so the last spans are sent.
 
     Once per process: OpenLLMetry 0.62's ``uninstrument()`` leaves
     ``chat.completions.create`` wrapped (its dotted unwrap paths do not resolve
@@ -332,9 +334,9 @@ def setup_telemetry(
         raise RuntimeError("the openai client is already instrumented in this process")
     if exporter is None:
         exporter = (
-            OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces")
+            OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces", headers=headers)
             if endpoint
-            else OTLPSpanExporter()
+            else OTLPSpanExporter(headers=headers)
         )
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(exporter))

@@ -30,9 +30,6 @@ import yaml
 CUSTOM_KINDS: frozenset[tuple[str, str]] = frozenset(
     {
         ("monitoring.coreos.com/v1", "ServiceMonitor"),
-        ("kafka.strimzi.io/v1beta2", "Kafka"),
-        ("kafka.strimzi.io/v1beta2", "KafkaNodePool"),
-        ("kafka.strimzi.io/v1beta2", "KafkaTopic"),
     }
 )
 
@@ -44,6 +41,10 @@ CRD_SCHEMAS: dict[tuple[str, str], str] = {
     ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): (
         "trainer.kubeflow.org_trainingruntimes.v1alpha1.json"
     ),
+    ("kafka.strimzi.io/v1beta2", "Kafka"): "kafka.strimzi.io_kafkas.v1beta2.json",
+    ("kafka.strimzi.io/v1beta2", "KafkaNodePool"): "kafka.strimzi.io_kafkanodepools.v1beta2.json",
+    ("kafka.strimzi.io/v1beta2", "KafkaTopic"): "kafka.strimzi.io_kafkatopics.v1beta2.json",
+    ("kafka.strimzi.io/v1beta2", "KafkaUser"): "kafka.strimzi.io_kafkausers.v1beta2.json",
 }
 # The API server's checks of every object's metadata that a CRD schema leaves out.
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"

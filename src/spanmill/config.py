@@ -59,6 +59,12 @@ class KafkaSettings(BaseSettings):
     dlq_topic: str = semconv.DLQ_TOPIC
     max_message_bytes: int = Field(1024 * 1024, gt=0, description="Larger messages go to the DLQ.")
 
+    @field_validator("sasl_mechanism", "sasl_username", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        """An empty value is none: a ConfigMap key that must exist but has nothing to say."""
+        return None if value == "" else value
+
     @field_validator("bootstrap_servers")
     @classmethod
     def _host_ports(cls, value: str) -> str:

@@ -274,7 +274,8 @@ def feedback_span(
         start_time_unix_nano=received_ns,
         end_time_unix_nano=received_ns,
         attributes=attributes,
-        resource_attributes={sc.SERVICE_NAME: service_name},
+        # Whoever sent it is its producer: a key id, or anonymous (spanmill.producers).
+        resource_attributes={sc.SERVICE_NAME: service_name, sc.SPANMILL_PRODUCER: caller.principal},
         scope_name=sc.FEEDBACK_SCOPE,
     )
 

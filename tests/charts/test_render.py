@@ -42,7 +42,7 @@ def test_every_manifest_passes_strict_kubernetes_validation(rendered: Rendered) 
     assert report.errors == []
     assert sum(report.validated.values()) + sum(report.skipped.values()) == len(rendered.documents)
     # Only the custom resources named in the validator go unvalidated.
-    assert set(report.skipped) <= {"ServiceMonitor", "Kafka", "KafkaNodePool", "KafkaTopic"}
+    assert set(report.skipped) <= {"ServiceMonitor"}
 
 
 def test_the_validator_rejects_unknown_fields_and_kinds() -> None:
@@ -428,6 +428,66 @@ def test_strimzi_resources_when_enabled(render_set: Any) -> None:
     bootstrap = f"{FULLNAME}-kafka-bootstrap.{NAMESPACE}.svc:9093"
     assert env["SPANMILL_KAFKA_BOOTSTRAP_SERVERS"]["value"] == bootstrap
     assert render_set("defaults").kinds("Kafka") == []
+
+
+def _acls(user: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(resource type, name, operation) for each operation a KafkaUser's ACLs allow."""
+    return {
+        (acl["resource"]["type"], acl["resource"].get("name", "*"), op)
+        for acl in user["spec"]["authorization"]["acls"]
+        for op in acl["operations"]
+    }
+
+
+def test_strimzi_asks_every_client_for_scram_and_acls_limit_who_writes_spans(
+    render_set: Any,
+) -> None:
+    from spanmill.pipeline import cluster
+
+    everything = render_set("all-features")
+    kafka = everything.get("Kafka", FULLNAME)["spec"]
+    assert [listener["authentication"] for listener in kafka["kafka"]["listeners"]] == [
+        {"type": "scram-sha-512"}
+    ] * 2
+    assert kafka["kafka"]["authorization"] == {"type": "simple"}
+    assert "userOperator" in kafka["entityOperator"]
+    users = {u["metadata"]["name"]: u for u in everything.kinds("KafkaUser")}
+    assert set(users) == {f"{FULLNAME}-gateway", f"{FULLNAME}-collector",
+                          f"{FULLNAME}-agent-calculator", cluster.KAFKA_SECRET}  # fmt: skip
+    for user in users.values():
+        assert user["spec"]["authentication"] == {"type": "scram-sha-512"}
+        assert user["metadata"]["labels"]["strimzi.io/cluster"] == FULLNAME
+    spans, dlq, rollouts = "spanmill.spans.v1", "spanmill.spans.v1.dlq", "spanmill.rollouts.v1"
+    writers = {name for name, u in users.items() if ("topic", spans, "Write") in _acls(u)}
+    assert writers == {f"{FULLNAME}-gateway", f"{FULLNAME}-collector",
+                       f"{FULLNAME}-agent-calculator"}  # fmt: skip
+    # Each may do what its work needs and no more.
+    assert {a for a in _acls(users[f"{FULLNAME}-agent-calculator"]) if a[0] == "topic"} == {
+        ("topic", spans, "Describe"),
+        ("topic", spans, "Write"),
+    }
+    collector = _acls(users[f"{FULLNAME}-collector"])
+    assert {("topic", spans, "Read"), ("topic", dlq, "Write"),
+            ("group", "spanmill-collector", "Read")} <= collector  # fmt: skip
+    assert not [a for a in _acls(users[cluster.KAFKA_SECRET]) if a[1] in (spans, dlq)]
+    assert ("topic", rollouts, "Write") in _acls(users[cluster.KAFKA_SECRET])
+    # Each component signs in as its own user, with the password Strimzi keeps for it.
+    for component in ("gateway", "collector"):
+        env = env_of(everything.container(f"{FULLNAME}-{component}"))
+        assert env["SPANMILL_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
+        assert env["SPANMILL_KAFKA_SASL_MECHANISM"]["value"] == "SCRAM-SHA-512"
+        assert env["SPANMILL_KAFKA_SASL_USERNAME"]["value"] == f"{FULLNAME}-{component}"
+        assert env["SPANMILL_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": f"{FULLNAME}-{component}",
+            "key": "password",
+        }
+    settings = everything.get("ConfigMap", cluster.CONFIGMAP)["data"]
+    assert settings["SPANMILL_KAFKA_SASL_USERNAME"] == cluster.KAFKA_SECRET
+    assert settings["SPANMILL_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert cluster.SECRETS[cluster.KAFKA_SECRET] == {"password": "SPANMILL_KAFKA_SASL_PASSWORD"}
+    # Without Strimzi, nothing of it: the external brokers' own settings stand.
+    plain = render_set("defaults").get("ConfigMap", cluster.CONFIGMAP)["data"]
+    assert plain["SPANMILL_KAFKA_SASL_MECHANISM"] == plain["SPANMILL_KAFKA_SASL_USERNAME"] == ""
 
 
 def test_pipeline_upload_job_runs_the_documented_contract(render_set: Any) -> None:

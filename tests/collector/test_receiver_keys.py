@@ -50,6 +50,7 @@ def test_the_receiver_takes_known_producers_and_stores_who_sent_each_span(
     (_, span), (_, reward) = producer.sent
     assert span.resource_attributes[sc.SPANMILL_PRODUCER] == "support-agent"
     assert reward.attributes[sc.SPANMILL_FEEDBACK_PRINCIPAL] == "support-agent"
+    assert reward.resource_attributes[sc.SPANMILL_PRODUCER] == "support-agent"
 
 
 def test_without_keys_the_receiver_takes_any_caller_as_anonymous() -> None:

@@ -44,6 +44,7 @@ from mlflow import MlflowClient
 
 from spanmill import semconv as sc
 from spanmill.gateway.llm_span import build_llm_span, new_span_id
+from spanmill.keys import key_line, new_key
 from spanmill.pipeline import cluster
 from spanmill.pipeline.build import DEFAULT_PACKAGE, run_local
 from spanmill.registry import CHALLENGER, CHAMPION, Lineage, ModelRegistry
@@ -66,6 +67,9 @@ SECRETS = {
     "spanmill-mlflow": {"username": "pipeline", "password": "rehearsal"},
     "spanmill-mlflow-controller": {"username": "controller", "password": "rehearsal"},
 }
+# The agents' producer key: the receiver keeps its digest in a Secret, the agents the key.
+PRODUCER_KEY = new_key()
+SECRETS["spanmill-producer-keys"] = {"keys": key_line("calculator-agent", PRODUCER_KEY)}
 
 
 # -- the world ---------------------------------------------------------------------------
@@ -117,6 +121,7 @@ def values(s3: str, kafka: Any, mlflow: Any, triton: Any, ports: dict[str, int])
             "groupId": f"rehearsal-{suffix}",
             "batchMaxSeconds": 1,
             "port": ports["collector"],
+            "receiverKeys": {"existingSecret": "spanmill-producer-keys"},
         },
         "gateway": {"autoscaling": {"enabled": False}, "replicas": 1, "port": ports["gateway"]},
         "rollout": {
@@ -144,13 +149,23 @@ def render(tmp_path: Path, chosen: dict[str, Any]) -> Rendered:
     return parse("rehearsal", result.stdout)
 
 
-def pod_env(container: dict[str, Any], pod: str, scratch: Path) -> dict[str, str]:
+def pod_env(
+    container: dict[str, Any], volumes: list[dict[str, Any]], pod: str, scratch: Path
+) -> dict[str, str]:
     """The environment the kubelet gives ``container``: values, Secret keys, the downward API.
 
     The pod's /tmp is an emptyDir of its own: here, ``scratch``; paths on the container's
     other volumes (the model repository's) stay as they are.
     """
     mounts = sorted(container.get("volumeMounts", []), key=lambda m: -len(m["mountPath"]))
+    # A Secret volume is a folder of its keys' files: here, under the pod's scratch.
+    secret_of = {v["name"]: v["secret"]["secretName"] for v in volumes if "secret" in v}
+    for mount in mounts:
+        if mount["name"] in secret_of:
+            folder = scratch / "secrets" / mount["name"]
+            folder.mkdir(parents=True, exist_ok=True)
+            for key, value in SECRETS[secret_of[mount["name"]]].items():
+                (folder / key).write_text(value)
 
     def volume_of(path: str) -> str | None:
         for mount in mounts:
@@ -170,8 +185,12 @@ def pod_env(container: dict[str, Any], pod: str, scratch: Path) -> dict[str, str
         else:
             field = entry["valueFrom"]["fieldRef"]["fieldPath"]
             value = {"metadata.name": pod, "metadata.namespace": NAMESPACE}[field]
-        if volume_of(value) == "tmp":
+        volume = volume_of(value)
+        if volume == "tmp":
             value = str(scratch) + value[len("/tmp") :]
+        elif volume in secret_of:
+            mount = next(m["mountPath"] for m in mounts if m["name"] == volume)
+            value = str(scratch / "secrets" / volume) + value[len(mount) :]
         env[entry["name"]] = value
     return env
 
@@ -183,9 +202,10 @@ class Pod:
                  index: int = 0) -> None:  # fmt: skip
         self.name = f"{deployment}-{index}"
         container = rendered.container(deployment)
+        volumes = rendered.get("Deployment", deployment)["spec"]["template"]["spec"]["volumes"]
         scratch = tmp_path / self.name
         scratch.mkdir()
-        env = pod_env(container, self.name, scratch)
+        env = pod_env(container, volumes, self.name, scratch)
         # The service account's token stands in as a kubeconfig for kmock.
         env |= {
             "KUBECONFIG": str(kubeconfig),
@@ -393,7 +413,10 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
                 response = http.post(
                     "/v1/traces",
                     content=encode_otlp_protobuf(spans),
-                    headers={"Content-Type": "application/x-protobuf"},
+                    headers={
+                        "Content-Type": "application/x-protobuf",
+                        "Authorization": f"Bearer {PRODUCER_KEY}",
+                    },
                 )
                 assert response.status_code == 200, response.text
         store_url = f"s3://{BUCKET}/spans"
@@ -490,8 +513,10 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
 
 def test_pod_env_follows_the_kubelet(tmp_path: Path) -> None:
     container = {"volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
-                                  {"name": "models", "mountPath": "/tmp/models"}], "env": [
+                                  {"name": "models", "mountPath": "/tmp/models"},
+                                  {"name": "keys", "mountPath": "/etc/keys"}], "env": [
         {"name": "A", "value": "1"},
+        {"name": "KEYS", "value": "/etc/keys/keys"},
         {"name": "REPO", "value": "/tmp/models/x"},
         {"name": "HOME", "value": "/tmp"},
         {"name": "SPANMILL_HOME", "value": "/tmp/spanmill"},
@@ -499,7 +524,10 @@ def test_pod_env_follows_the_kubelet(tmp_path: Path) -> None:
                                                      "key": "AWS_ACCESS_KEY_ID"}}},
         {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]}  # fmt: skip
-    env = pod_env(container, "p-0", tmp_path)
-    assert env == {"A": "1", "REPO": "/tmp/models/x", "HOME": str(tmp_path),
+    volumes = [{"name": "keys", "secret": {"secretName": "spanmill-producer-keys"}}]
+    env = pod_env(container, volumes, "p-0", tmp_path)
+    keys = tmp_path / "secrets" / "keys" / "keys"
+    assert keys.read_text() == SECRETS["spanmill-producer-keys"]["keys"]
+    assert env == {"A": "1", "KEYS": str(keys), "REPO": "/tmp/models/x", "HOME": str(tmp_path),
                    "SPANMILL_HOME": f"{tmp_path}/spanmill", "K": "rehearsal",
                    "POD": "p-0"}  # fmt: skip

@@ -68,6 +68,7 @@ class World:
     triton: Any
     tracking_uri: str
     outcomes: list[simulate.Outcome]
+    key: str  # the agent's key, at the gateway and at the collector
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +87,12 @@ def world(  # type: ignore[no-untyped-def]
     with ExitStack() as cleanup:
         cleanup.callback(triton_control.unload, name)
         stack = cleanup.enter_context(gateway_and_collector(kafka, triton.http_url, work, name, v1))
-        provider = agent.setup_telemetry(stack.collector, set_global=False)
+        provider = agent.setup_telemetry(
+            stack.collector, set_global=False, headers=stack.otlp_headers
+        )
         cleanup.callback(uninstrument_openai)
         cleanup.callback(provider.shutdown)
-        outcomes = production(name, stack.gateway, provider)
+        outcomes = production(name, stack.gateway, stack.key, provider)
         assert all(o.episode.error is None for o in outcomes), [o.episode.error for o in outcomes]
         resolved = sum(o.resolved for o in outcomes)
         print(f"\n{name}: {simulate.rates(outcomes)}")
@@ -97,16 +100,17 @@ def world(  # type: ignore[no-untyped-def]
         # Feedback arrives after every episode is over, as customers' ratings do.
         for start in range(0, len(outcomes), 50):
             agent.send_feedback(simulate.feedback_items(outcomes[start : start + 50]),
-                                url=stack.gateway, api_key="unused")  # fmt: skip
+                                url=stack.gateway, api_key=stack.key)  # fmt: skip
         wait_for_store(stack.store, outcomes)
-        yield World(name, stack.gateway, stack.store, triton, mlflow_server.tracking_uri, outcomes)
+        yield World(name, stack.gateway, stack.store, triton, mlflow_server.tracking_uri, outcomes,
+                    stack.key)  # fmt: skip
 
 
-def production(name: str, gateway: str, provider: Any) -> list[simulate.Outcome]:
+def production(name: str, gateway: str, key: str, provider: Any) -> list[simulate.Outcome]:
     """The simulated customers' questions, several at a time, sampled as in production."""
     questions = simulate.load_questions()
     asked = [questions[i % len(questions)] for i in range(EPISODES)]
-    client = agent.make_client(f"{gateway}/v1", "unused")
+    client = agent.make_client(f"{gateway}/v1", key)
     faq = agent.FAQ.load()
     tracer = provider.get_tracer("support-agent")
 
@@ -156,7 +160,11 @@ def only(root: Path, pattern: str) -> Path:
     return found[0]
 
 
-def test_own_agent_turns_the_flywheel(world: World, smollm2_dir: Path, tmp_path: Path) -> None:
+def test_own_agent_turns_the_flywheel(
+    world: World, smollm2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The judge calls the gateway, which asks for a key: on a cluster, from a Secret.
+    monkeypatch.setenv("SPANMILL_EVAL_JUDGE_API_KEY", world.key)
     root = tmp_path / "pipeline-root"
     run_local(root, **pipeline_params(world, base_model=str(smollm2_dir)))
 
@@ -167,6 +175,8 @@ def test_own_agent_turns_the_flywheel(world: World, smollm2_dir: Path, tmp_path:
     # Every episode's late feedback reached its calls; only resolved episodes train.
     assert counts["feedback"] == len(world.outcomes) == counts["feedback_joined"]
     assert counts["feedback_unmatched"] == 0
+    # Every span came with the agent's key or from the gateway itself: none is left out.
+    assert counts["untrusted_spans"] == 0 and card["producers"]["left_out"] == {}
     assert card["span_window"]["rewards"]["feedback_horizon_hours"] == 72
     rows = pq.read_table(only(root, "train.parquet")).to_pylist()
     assert rows and all(row["reward"] == 1.0 for row in rows)

@@ -56,7 +56,7 @@ def stack(
 @pytest.fixture
 def telemetry(stack: Stack) -> Iterator[agent.TracerProvider]:
     """OpenLLMetry exporting to the collector's receiver, as OTEL_EXPORTER_OTLP_ENDPOINT would."""
-    provider = agent.setup_telemetry(stack.collector, set_global=False)
+    provider = agent.setup_telemetry(stack.collector, set_global=False, headers=stack.otlp_headers)
     try:
         yield provider
     finally:
@@ -69,7 +69,7 @@ def run_episodes(
 ) -> list[simulate.Outcome]:
     questions = simulate.load_questions()
     outcomes = simulate.simulate(
-        agent.make_client(f"{stack.gateway}/v1", "unused"),
+        agent.make_client(f"{stack.gateway}/v1", stack.key),
         MODEL,
         [questions[(offset + i) % len(questions)] for i in range(n)],
         faq=agent.FAQ.load(),
@@ -142,7 +142,7 @@ def test_late_feedback_joins_the_episodes(stack: Stack, telemetry) -> None:  # t
     items = simulate.feedback_items(outcomes[:2]) + simulate.feedback_items(
         outcomes[2:], by="trace_id"
     )
-    reply = agent.send_feedback(items, url=stack.gateway, api_key="unused")
+    reply = agent.send_feedback(items, url=stack.gateway, api_key=stack.key)
     assert reply.status_code < 300, reply.text
 
     def feedback_of(spans: list[Span]) -> list[Span]:

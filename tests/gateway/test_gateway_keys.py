@@ -20,6 +20,7 @@ from spanmill.errors import ConfigError
 from spanmill.gateway.app import create_app
 from spanmill.gateway.routing import RoutingTable
 from spanmill.keys import KeyRing, key_line, new_key
+from spanmill.producers import GATEWAY
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -65,6 +66,9 @@ def test_each_client_is_known_by_its_key_id_and_the_key_is_never_recorded(
     callers = [span.attributes[sc.SPANMILL_CLIENT_KEY_ID] for span in emitter.emitted]
     assert callers == ["support", "billing"]
     assert emitter.delivered[0].attributes[sc.SPANMILL_FEEDBACK_PRINCIPAL] == "billing"
+    # The gateway produced the calls' spans; the feedback's producer is the key that sent it.
+    assert {s.resource_attributes[sc.SPANMILL_PRODUCER] for s in emitter.emitted} == {GATEWAY}
+    assert emitter.delivered[0].resource_attributes[sc.SPANMILL_PRODUCER] == "billing"
     for span in emitter.emitted + emitter.delivered:
         assert support not in repr(span.attributes) and billing not in repr(span.attributes)
 

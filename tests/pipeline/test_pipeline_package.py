@@ -93,7 +93,7 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     for name in steps:
         secrets = {s["secretName"] for s in k8s[name]["secretAsEnv"]}
         judged_secret = {"spanmill-judge"} if name.startswith("exec-evaluate") else set()
-        assert secrets == {"spanmill-mlflow", "spanmill-s3", *judged_secret}, name
+        assert secrets == {*cluster.SECRETS, *judged_secret}, name
         envs = {m["envVar"] for s in k8s[name]["secretAsEnv"] for m in s["keyToEnv"]}
         assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= envs
         # Every connection setting from the chart's ConfigMap, required: a run whose

@@ -100,7 +100,9 @@ def _call(
     )
 
 
-def _reward(i: int, trace: int, value: float, *, start: int, linked: bool) -> Span:
+def _reward(
+    i: int, trace: int, value: float, *, start: int, linked: bool, producer: str | None = None
+) -> Span:
     attributes: dict[str, object] = {
         sc.GEN_AI_EVALUATION_NAME: "correct",
         sc.GEN_AI_EVALUATION_SCORE_VALUE: value,
@@ -115,7 +117,8 @@ def _reward(i: int, trace: int, value: float, *, start: int, linked: bool) -> Sp
         start_time_unix_nano=start,
         end_time_unix_nano=start,
         attributes=attributes,
-        resource_attributes={sc.SERVICE_NAME: "calc-agent"},
+        resource_attributes={sc.SERVICE_NAME: "calc-agent"}
+        | ({sc.SPANMILL_PRODUCER: producer} if producer else {}),
     )
 
 
@@ -131,6 +134,10 @@ def test_span_store_health_joins_rewards_to_the_version_that_answered(tmp_path: 
     spans += [_reward(i, i, 0.5, start=now + 100, linked=True) for i in range(13, 17)]
     spans += [_reward(17, 17, 1.0, start=now + 100, linked=False)]
     spans += [_reward(i, i, 0.0, start=now + 100, linked=True) for i in range(1, 5)]
+    # Rewards a keyed producer sent count; those through an endpoint that asked no key do not.
+    spans += [_reward(18, 18, 1.0, start=now + 100, linked=True, producer="support-agent")]
+    spans += [_reward(i, i, 0.0, start=now + 200, linked=True, producer="anonymous")
+              for i in range(11, 21)]  # fmt: skip
     # RL rollouts of a policy numbered 2 too, errors and all: not the served version's health.
     spans += [_call(i, "2", start=now + i, error=True, training=True) for i in range(30, 35)]
     hourly = HourlyColumns()
@@ -143,7 +150,7 @@ def test_span_store_health_joins_rewards_to_the_version_that_answered(tmp_path: 
     since = (now - 10**9) / 1e9
     health = signals.health("calc", 2, since=since, baseline=None)
     assert (health.requests, health.errors) == (10, 2)
-    assert health.rewards == 5 and health.mean_reward == pytest.approx((4 * 0.5 + 1.0) / 5)
+    assert health.rewards == 6 and health.mean_reward == pytest.approx((4 * 0.5 + 2 * 1.0) / 6)
     assert health.p95_latency_s is not None and 0.9 < health.p95_latency_s <= 1.0
     champion = signals.health("calc", 1, since=since, baseline=None)
     assert (champion.requests, champion.errors, champion.rewards) == (10, 0, 4)

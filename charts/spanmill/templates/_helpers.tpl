@@ -106,22 +106,49 @@ securityContext:
 {{- end -}}
 
 {{/* ---- Kafka: KafkaSettings, env prefix SPANMILL_KAFKA_ ---- */}}
+{{- /* "true" when the chart's Strimzi cluster asks SCRAM credentials of every client. */ -}}
+{{- define "spanmill.kafkaScram" -}}
+{{- if and .Values.kafka.strimzi.enabled (eq .Values.kafka.strimzi.authentication.type "scram") -}}true{{- end -}}
+{{- end -}}
+
+{{- /* The clients' security protocol: kafka.securityProtocol, with SASL on top of it when
+the chart's Strimzi cluster asks SCRAM credentials. */ -}}
+{{- define "spanmill.kafkaProtocol" -}}
+{{- if include "spanmill.kafkaScram" . -}}
+{{- ternary "SASL_SSL" "SASL_PLAINTEXT" (eq .Values.kafka.securityProtocol "SSL") -}}
+{{- else -}}
+{{- .Values.kafka.securityProtocol -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The KafkaUser (and Secret) name of one writer: dict "root" . "user" "gateway". The
+pipeline's is fixed, like its ConfigMap, because the compiled pipeline names its Secret. */ -}}
+{{- define "spanmill.kafkaUser" -}}
+{{- if eq .user "pipeline" -}}
+spanmill-pipeline-kafka
+{{- else -}}
+{{- printf "%s-%s" (include "spanmill.fullname" .root) .user | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "spanmill.kafkaBootstrap" -}}
 {{- if .Values.kafka.strimzi.enabled -}}
 {{- /* Strimzi's plain listener is 9092, its TLS listener 9093. */ -}}
-{{- $port := ternary 9092 9093 (has .Values.kafka.securityProtocol (list "PLAINTEXT" "SASL_PLAINTEXT")) -}}
+{{- $port := ternary 9092 9093 (has (include "spanmill.kafkaProtocol" .) (list "PLAINTEXT" "SASL_PLAINTEXT")) -}}
 {{- printf "%s-kafka-bootstrap.%s.svc:%d" (include "spanmill.fullname" .) .Release.Namespace $port -}}
 {{- else -}}
 {{- .Values.kafka.bootstrapServers -}}
 {{- end -}}
 {{- end -}}
 
+{{- /* dict "root" . "user" "gateway": the user names the writer's KafkaUser. */ -}}
 {{- define "spanmill.kafkaEnv" -}}
-{{- $k := .Values.kafka -}}
+{{- $root := .root -}}
+{{- $k := $root.Values.kafka -}}
 - name: SPANMILL_KAFKA_BOOTSTRAP_SERVERS
-  value: {{ include "spanmill.kafkaBootstrap" . | quote }}
+  value: {{ include "spanmill.kafkaBootstrap" $root | quote }}
 - name: SPANMILL_KAFKA_SECURITY_PROTOCOL
-  value: {{ $k.securityProtocol | quote }}
+  value: {{ include "spanmill.kafkaProtocol" $root | quote }}
 - name: SPANMILL_KAFKA_SPANS_TOPIC
   value: {{ $k.topics.spans | quote }}
 - name: SPANMILL_KAFKA_DLQ_TOPIC
@@ -130,7 +157,19 @@ securityContext:
   value: {{ $k.topics.rollouts | quote }}
 - name: SPANMILL_KAFKA_MAX_MESSAGE_BYTES
   value: {{ $k.maxMessageBytes | int64 | quote }}
-{{- if $k.sasl.mechanism }}
+{{- if include "spanmill.kafkaScram" $root }}
+{{- $user := include "spanmill.kafkaUser" . }}
+- name: SPANMILL_KAFKA_SASL_MECHANISM
+  value: SCRAM-SHA-512
+- name: SPANMILL_KAFKA_SASL_USERNAME
+  value: {{ $user | quote }}
+- name: SPANMILL_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      # Made and kept by Strimzi's User Operator for the KafkaUser of the same name.
+      name: {{ $user }}
+      key: password
+{{- else if $k.sasl.mechanism }}
 - name: SPANMILL_KAFKA_SASL_MECHANISM
   value: {{ $k.sasl.mechanism | quote }}
 - name: SPANMILL_KAFKA_SASL_USERNAME
@@ -379,7 +418,10 @@ folder: no pod sees another pod's files.
 {{- fail "rollout.signals gateway reads the counters of one gateway replica; with gateway.autoscaling.enabled or gateway.replicas above 1 use rollout.signals spans" -}}
 {{- end -}}
 {{- if and .Values.kafka.strimzi.enabled (hasPrefix "SASL" .Values.kafka.securityProtocol) -}}
-{{- fail "kafka.securityProtocol SASL_* needs external brokers: the chart's Strimzi cluster (kafka.strimzi.enabled) listens with PLAINTEXT (9092) and SSL (9093)" -}}
+{{- fail "kafka.securityProtocol SASL_* needs external brokers: with the chart's Strimzi cluster (kafka.strimzi.enabled) choose PLAINTEXT (9092) or SSL (9093), and kafka.strimzi.authentication.type scram adds SASL to it" -}}
+{{- end -}}
+{{- if and (include "spanmill.kafkaScram" .) .Values.kafka.sasl.mechanism -}}
+{{- fail "kafka.sasl is for external brokers: with kafka.strimzi.authentication.type scram each component has its own KafkaUser, made by the chart" -}}
 {{- end -}}
 {{- $election := .Values.rollout.leaderElection -}}
 {{- if and .Values.rollout.enabled (ge (float64 $election.renewDeadlineSeconds) (float64 $election.leaseDurationSeconds)) -}}

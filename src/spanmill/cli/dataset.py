@@ -42,6 +42,11 @@ def build(
     max_tokens: int = typer.Option(None, help="Longest sample, prompt plus completion."),
     drop_examples: bool = typer.Option(False, help="Drop few-shot example turns (distillation)."),
     eval_fraction: float = typer.Option(0.1, help="Share of tasks held out."),
+    trusted_producers: str = typer.Option(
+        "",
+        help="Producers whose spans count, comma-separated; empty: all but anonymous "
+        "(spans from endpoints that asked no key); '*': every span.",
+    ),
     jsonl: bool = typer.Option(False, help="Also write train.jsonl and eval.jsonl."),
 ) -> None:
     """Build a dataset from the spans of a time window."""
@@ -51,6 +56,7 @@ def build(
     from spanmill.dataset.output import build_dataset
     from spanmill.dataset.spec import DatasetSpec
     from spanmill.errors import ConfigError
+    from spanmill.producers import Trust
 
     try:
         spec = DatasetSpec(
@@ -59,6 +65,7 @@ def build(
             model_version=model_version, reward=reward, credit=credit, discount=discount,
             min_reward=min_reward, max_reward=max_reward, sft_weighting=weighting,
             max_tokens=max_tokens, drop_examples=drop_examples, eval_fraction=eval_fraction,
+            trusted_producers=Trust.parse(trusted_producers).producers,
         )  # fmt: skip
     except ValidationError as exc:
         problems = "; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +37,7 @@ from spanmill.dataset.episodes import (
 )
 from spanmill.dataset.samples import Sample, make_sample
 from spanmill.dataset.spec import DatasetSpec
+from spanmill.producers import Trust, producer_of
 from spanmill.store.reader import to_unix_nanos
 
 Window = tuple[int | None, int | None]
@@ -152,8 +153,17 @@ def build(
     """
     report = progress or (lambda _: None)
     counts: OrderedDict[str, int] = OrderedDict()
+    trust = Trust(spec.trusted_producers)
     in_window = _within(spans, call_window(spec))
     counts["spans"] = in_window.num_rows
+    # Untrusted producers' spans are stored, counted here, and read no further.
+    untrusted = _untrusted(in_window, trust)
+    in_window = in_window.filter(trust.mask(in_window["resource_attributes"]))
+    spans = spans.filter(trust.mask(spans["resource_attributes"]))
+    if late is not None and late.num_rows:
+        untrusted.update(_untrusted(late, trust))
+        late = late.filter(trust.mask(late["resource_attributes"]))
+    counts["untrusted_spans"] = sum(untrusted.values())
     report("finding LLM calls")
     calls = read_llm_calls(in_window)
     counts["llm_calls"] = len(calls)
@@ -230,8 +240,25 @@ def build(
         details={
             "model_versions": _tally(s.call.model_version for s in samples),
             "prompt_names": _tally(s.call.prompt_name for s in samples),
+            "trusted_producers": str(trust),
+            "untrusted_producers": dict(sorted(untrusted.items())),
         },
     )
+
+
+def _untrusted(table: pa.Table, trust: Trust) -> Counter[str]:
+    """The spans of ``table`` that ``trust`` leaves out, by producer."""
+    left_out = table.filter(pc.invert(trust.mask(table["resource_attributes"])))
+    if left_out.num_rows == 0:
+        return Counter()
+    column = left_out["resource_attributes"]
+    if pa.types.is_dictionary(column.type):
+        column = pc.cast(column, pa.string())
+    found = pc.value_counts(column).to_pylist()
+    tally: Counter[str] = Counter()
+    for entry in found:
+        tally[producer_of(entry["values"])] += entry["counts"]
+    return tally
 
 
 def _tally(values: Iterable[str | None]) -> dict[str, int]:
@@ -322,7 +349,12 @@ def histogram(values: list[float], bins: int = 10) -> list[dict[str, float]]:
 def check_not_empty(built: Built) -> None:
     if not built.train:
         steps = ", ".join(f"{k}={v}" for k, v in built.counts.items())
-        raise DatasetError(
-            f"the {built.spec.mode} dataset has no training rows ({steps}); widen the window "
-            "or loosen the filters"
-        )
+        hint = "widen the window or loosen the filters"
+        if built.counts.get("untrusted_spans"):
+            producers = ", ".join(built.details["untrusted_producers"])
+            hint += (
+                f"; {built.counts['untrusted_spans']} spans from untrusted producers "
+                f"({producers}) were left out: give their writers keys, or name the producers "
+                "to trust (trusted_producers, '*' for every span)"
+            )
+        raise DatasetError(f"the {built.spec.mode} dataset has no training rows ({steps}); {hint}")

@@ -50,6 +50,7 @@ COLUMNS = (
     "attributes",
     "rewards",
     "scope_name",
+    "resource_attributes",
 )
 # Read besides COLUMNS by an RL trainer, which needs every token the model saw.
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_logprobs")
@@ -63,6 +64,7 @@ REWARD_COLUMNS = (
     "response_id",
     "rewards",
     "scope_name",
+    "resource_attributes",
 )
 
 

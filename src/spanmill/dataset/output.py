@@ -73,6 +73,11 @@ def card_of(built: Built, store_url: str) -> dict[str, Any]:
         "reward_histogram": histogram(built.rewards),
         "model_versions": built.details.get("model_versions", {}),
         "prompt_names": built.details.get("prompt_names", {}),
+        # Whose spans were read, and how many of each untrusted producer's were left out.
+        "producers": {
+            "trusted": built.details.get("trusted_producers", ""),
+            "left_out": built.details.get("untrusted_producers", {}),
+        },
         "content_hash": built.content_hash(),
         "files": {"train": layout.TRAIN_FILE, "eval": layout.EVAL_FILE},
     }

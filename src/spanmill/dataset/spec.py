@@ -32,6 +32,12 @@ class DatasetSpec(BaseModel):
     agent: str | None = None
     model: str | None = None
     model_version: str | None = None
+    # Whose spans count (spanmill.producers): by default every producer but "anonymous".
+    trusted_producers: tuple[str, ...] = Field(
+        (),
+        description="Producers whose spans and rewards are read; empty: all but 'anonymous' "
+        "(what came through an endpoint that asked for no key); '*': every span.",
+    )
     # Rewards: the one training optimises, and how it reaches each call.
     reward: str | None = Field(
         None, description="Reward name to optimise; default: the one marked primary."

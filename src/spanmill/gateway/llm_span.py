@@ -9,6 +9,7 @@ from typing import Any
 
 from spanmill import messages as chat
 from spanmill import semconv as sc
+from spanmill.producers import GATEWAY
 from spanmill.spans import Span, SpanKind, StatusCode
 
 SCOPE = "spanmill.gateway"
@@ -118,6 +119,7 @@ def build_llm_span(
         status_code=StatusCode.ERROR if error else StatusCode.UNSET,
         status_message=error or "",
         attributes=attributes,
-        resource_attributes={sc.SERVICE_NAME: service_name},
+        # The gateway saw this call itself: it is the producer (spanmill.producers).
+        resource_attributes={sc.SERVICE_NAME: service_name, sc.SPANMILL_PRODUCER: GATEWAY},
         scope_name=SCOPE,
     )

@@ -46,6 +46,10 @@ SETTINGS: tuple[str, ...] = (
     "SPANMILL_KAFKA_BOOTSTRAP_SERVERS",
     "SPANMILL_KAFKA_SECURITY_PROTOCOL",
     "SPANMILL_KAFKA_ROLLOUTS_TOPIC",
+    # The pipeline's own Kafka principal where the chart's brokers ask SCRAM credentials
+    # (empty otherwise); its password comes from KAFKA_SECRET.
+    "SPANMILL_KAFKA_SASL_MECHANISM",
+    "SPANMILL_KAFKA_SASL_USERNAME",
     # The object store, for every other reader and writer of s3:// (base models).
     "AWS_ENDPOINT_URL",
     "AWS_DEFAULT_REGION",
@@ -56,8 +60,11 @@ SETTINGS: tuple[str, ...] = (
 MLFLOW_SECRET = "spanmill-mlflow"
 S3_SECRET = "spanmill-s3"
 JUDGE_SECRET = "spanmill-judge"
+# Strimzi's User Operator keeps the pipeline KafkaUser's password in a Secret of its name.
+KAFKA_SECRET = "spanmill-pipeline-kafka"
 SECRETS: dict[str, dict[str, str]] = {
     MLFLOW_SECRET: {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD"},
+    KAFKA_SECRET: {"password": "SPANMILL_KAFKA_SASL_PASSWORD"},
     S3_SECRET: {
         "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
         "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",

@@ -39,14 +39,19 @@ def build_dataset_step(
     credit: str = "episode",
     feedback_horizon_hours: float = 72.0,
     reward: str = "",
+    trusted_producers: str = "",
 ) -> dict[str, Any]:
     """Build the dataset into ``out_dir``; returns its card.
+
+    ``trusted_producers``: whose spans count, comma-separated; empty: every producer but
+    ``anonymous``, ``*``: every span (:mod:`spanmill.producers`).
 
     Rewards (feedback included) are read from the calls' window extended by
     ``feedback_horizon_hours``: feedback that arrives after the window still counts.
     """
     from spanmill.dataset.output import build_dataset
     from spanmill.dataset.spec import DatasetSpec
+    from spanmill.producers import Trust
 
     spec = DatasetSpec(
         mode=mode,
@@ -61,6 +66,7 @@ def build_dataset_step(
         credit=credit,
         feedback_horizon_hours=feedback_horizon_hours,
         reward=reward or None,
+        trusted_producers=Trust.parse(trusted_producers).producers,
     )
     store = load_settings(CollectorSettings, **_given(store_url=store_url))
     return build_dataset(store.store_url, out_dir, spec, storage_options=store.storage_options)

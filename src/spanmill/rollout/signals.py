@@ -155,6 +155,7 @@ class SpanStoreSignals:
         self, route: str, version: int, since: float, baseline: Mapping[str, Any] | None
     ) -> Health:
         from spanmill import semconv as sc
+        from spanmill.producers import Trust
         from spanmill.store.reader import StoreError
 
         # Names were checked (agent names are Triton model names); versions are ints.
@@ -180,7 +181,9 @@ class SpanStoreSignals:
                 HAVING min(model_version) = '{version}' AND max(model_version) = '{version}'
             ),
             rewards AS (
-                SELECT episode_id, unnest(rewards) AS r FROM spans WHERE rewards IS NOT NULL
+                SELECT episode_id, unnest(rewards) AS r FROM spans
+                -- Only trusted producers' rewards judge a version (spanmill.producers).
+                WHERE rewards IS NOT NULL AND {Trust().sql("resource_attributes")}
             ),
             mine_rewards AS (
                 SELECT r.value AS value FROM rewards
