@@ -26,12 +26,12 @@ BASE_MODEL := smollm2-135m
 MODEL_STAMP := $(SPANMILL_HOME)/models/$(BASE_MODEL)/spanmill-model.json
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-fast bench lint format charts up down status clean lock
+.PHONY: help install demo test test-fast bench fuzz lint format charts up down status clean lock
 
 help:
 	@echo "make demo    install what is missing, then run the demo on the embedded stack"
 	@echo "make test    install what is missing, then run every test"
-	@echo "make lint    ruff and mypy;  make bench  benchmarks;  make charts  helm checks"
+	@echo "make lint    ruff and mypy;  make bench  benchmarks;  make charts  helm checks;  make fuzz  the native decoder under sanitizers"
 	@echo "make up | status | down   the local stack (tansu, MLflow, tritonserver)"
 
 install: $(VENV_STAMP) $(NATIVE_STAMP) $(HELM) $(MODEL_STAMP)
@@ -73,19 +73,25 @@ test-fast: install
 bench: install
 	$(BIN)/python -m bench
 
+# The collector's native decoder and row builder under libFuzzer, AddressSanitizer and
+# UndefinedBehaviorSanitizer (fuzz/run.py); the corpus in fuzz/corpus grows in place.
+FUZZ_SECONDS ?= 1200
+fuzz: install
+	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS)
+
 lint: $(VENV_STAMP)
-	$(BIN)/ruff check src tests bench infra components pipelines services examples
-	$(BIN)/ruff format --check src tests bench infra components pipelines services examples
+	$(BIN)/ruff check src tests bench infra components pipelines services examples fuzz
+	$(BIN)/ruff format --check src tests bench infra components pipelines services examples fuzz
 	$(BIN)/mypy src
 
 format: $(VENV_STAMP)
-	$(BIN)/ruff check --fix src tests bench infra components pipelines services examples
-	$(BIN)/ruff format src tests bench infra components pipelines services examples
+	$(BIN)/ruff check --fix src tests bench infra components pipelines services examples fuzz
+	$(BIN)/ruff format src tests bench infra components pipelines services examples fuzz
 
 # Each chart: helm lint --strict and helm template (Kubernetes 1.30) for every value
 # set in its ci/ folder, then kubernetes-validate --strict of everything rendered.
-# Custom resources (ServiceMonitor, Strimzi Kafka/KafkaNodePool/KafkaTopic) have no
-# schema there and are skipped by name: see infra/charts/validate_manifests.py.
+# Custom resources are checked against their vendored CRD schemas (Strimzi's, the
+# Trainer's); ServiceMonitor alone is skipped by name: see infra/charts/validate_manifests.py.
 CHARTS_OUT := $(CACHE)/charts
 KUBE_VERSION := 1.30.0
 charts: $(HELM) $(VENV_STAMP)

@@ -1277,6 +1277,8 @@ static int reserve(Bytes *b, Py_ssize_t more)
 
 static int push(Bytes *b, const void *data, Py_ssize_t size)
 {
+    if (size == 0)
+        return 0; /* nothing to copy; an empty buffer may not be allocated yet */
     if (reserve(b, size) < 0)
         return -1;
     memcpy(b->data + b->size, data, (size_t)size);
