@@ -328,7 +328,18 @@ class GatewaySettings(BaseSettings):
         description="Chat completions a client may have in flight at once, per "
         "gateway replica; past it 429. Unset: no limit.",
     )
-    span_queue_size: int = Field(10_000, gt=0)
+    span_queue_size: int = Field(
+        10_000,
+        gt=0,
+        description="LLM spans that wait for Kafka in the queue, and as many again unsent in "
+        "the producer; past both, a span is dropped and counted.",
+    )
+    span_outage_s: float = Field(
+        300.0,
+        ge=10,
+        description="How long an LLM span may wait for Kafka, unsent, before it is dropped: "
+        "a shorter outage loses nothing below the bound.",
+    )
     request_timeout_s: float = Field(
         300.0,
         gt=0,

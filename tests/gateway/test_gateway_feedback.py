@@ -243,7 +243,7 @@ def spans(count: int) -> list[Span]:
 
 def emitter_with(producer: FakeProducer | None, capacity: int = 10) -> SpanEmitter:
     emitter = SpanEmitter(KafkaSettings(), GatewayMetrics(), capacity)
-    emitter._producer = producer
+    emitter._producer = emitter._feedback_producer = producer
     return emitter
 
 

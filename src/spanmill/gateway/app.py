@@ -198,7 +198,8 @@ def create_app(
     state = GatewayState(
         settings=settings,
         upstream=upstream or TritonUpstream(settings.triton.http_url, on_retry=metrics.retries.inc),
-        emitter=emitter or SpanEmitter(settings.kafka, metrics, settings.span_queue_size),
+        emitter=emitter
+        or SpanEmitter(settings.kafka, metrics, settings.span_queue_size, settings.span_outage_s),
         metrics=metrics,
         routing_file=routing_source(settings.routing_file, settings.routing_configmap),
         table=table or RoutingTable(),

@@ -2,12 +2,15 @@
 feedback spans with an acknowledgement.
 
 Requests put spans on a bounded queue; one thread drains it into a Kafka producer.
-LLM spans are fire-and-forget (:meth:`SpanEmitter.emit`): when the queue is full
-(Kafka slow or down) a span is dropped and counted, as serving matters more than
-recording. Feedback is the caller's own data and must be neither lost nor sent
-twice, so :meth:`SpanEmitter.deliver` waits for Kafka's acknowledgement of every
-span, and refuses up front (:class:`EmitterBusy`) rather than drop: a refused
-delivery sent nothing, so the caller may retry it whole.
+LLM spans are fire-and-forget (:meth:`SpanEmitter.emit`). Through a Kafka outage
+they wait, never holding a request up: up to ``capacity`` in the producer, unsent,
+each for at most ``outage_s``, and as many again in the queue; past that a span is
+dropped and counted (``spanmill_gateway_spans_dropped_total``), as serving matters
+more than recording. When Kafka returns, what waited is sent. Feedback is the
+caller's own data and must be neither lost nor sent twice, so
+:meth:`SpanEmitter.deliver` waits for Kafka's acknowledgement of every span (at most
+30 s, on a producer of its own), and refuses up front (:class:`EmitterBusy`) rather
+than drop: a refused delivery sent nothing, so the caller may retry it whole.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ log = logging.getLogger(__name__)
 _STOP = object()
 # How long a delivery may wait in the queue before it is withdrawn, unsent.
 QUEUE_WAIT_S = 5.0
-# Kafka answers for every sent span within this (the producer's delivery timeout).
+# Kafka answers for every feedback span within this (its producer's delivery timeout).
 _DELIVERY_TIMEOUT_MS = 30_000
+# How long an LLM span may wait for Kafka, unsent, before it is dropped.
+OUTAGE_S = 300.0
 
 Outcome = list[BaseException | None]
 
@@ -80,12 +85,23 @@ class _Delivery:
 
 
 class SpanEmitter:
-    def __init__(self, kafka: KafkaSettings, metrics: GatewayMetrics, capacity: int = 10_000):
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        metrics: GatewayMetrics,
+        capacity: int = 10_000,
+        outage_s: float = OUTAGE_S,
+    ):
         self.kafka = kafka
         self.metrics = metrics
+        self.outage_s = outage_s
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=capacity)
+        # LLM spans handed to the producer and not yet answered: at most ``capacity``.
+        self._unanswered = threading.BoundedSemaphore(capacity)
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="span-emitter", daemon=True)
         self._producer: Any = None
+        self._feedback_producer: Any = None
         self.emitted = 0
         self.dropped = 0
         self._lock = threading.Lock()
@@ -141,11 +157,16 @@ class SpanEmitter:
             self.emitted += 1
         self.metrics.spans_emitted.inc()
 
+    def _answered(self, _: Any) -> None:
+        self._unanswered.release()
+        self._delivered(_)
+
     def _failed(self, exc: BaseException) -> None:
+        self._unanswered.release()
         log.warning("span not delivered to Kafka: %s", exc)
         self._drop("kafka_error")
 
-    def _connect(self) -> Any:
+    def _connect(self, delivery_timeout_ms: int) -> Any:
         from kafka import KafkaProducer
 
         return KafkaProducer(
@@ -155,10 +176,22 @@ class SpanEmitter:
             linger_ms=20,
             max_block_ms=5000,
             request_timeout_ms=10000,
-            delivery_timeout_ms=_DELIVERY_TIMEOUT_MS,
-            retries=3,
+            # Retried until then: an outage shorter than this loses nothing.
+            delivery_timeout_ms=delivery_timeout_ms,
             compression_type="gzip",
         )
+
+    def _connect_both(self) -> None:
+        """The LLM spans' producer, which waits out an outage, and the feedback's, whose
+        caller waits for the answer: its delivery timeout bounds that wait."""
+        outage_ms = max(int(self.outage_s * 1000), 10_000 + 20)
+        self._producer = self._connect(outage_ms)
+        try:
+            self._feedback_producer = self._connect(_DELIVERY_TIMEOUT_MS)
+        except BaseException:
+            self._producer.close(timeout=0)
+            self._producer = None
+            raise
 
     def _run(self) -> None:
         backoff = 0.5
@@ -169,7 +202,7 @@ class SpanEmitter:
                 break
             while self._producer is None:
                 try:
-                    self._producer = self._connect()
+                    self._connect_both()
                     backoff = 0.5
                 except Exception as exc:
                     log.warning("Kafka unreachable (%s); retrying in %.1fs", exc, backoff)
@@ -180,19 +213,27 @@ class SpanEmitter:
                 self._send_delivery(item)
                 continue
             span: Span = item
-            try:
-                future = self._send(span)
-                future.add_callback(self._delivered)
-                future.add_errback(self._failed)
-            except Exception as exc:
-                self._failed(exc)
-        if self._producer is not None:
-            self._producer.flush(timeout=5)
-            self._producer.close(timeout=5)
+            # Kafka away: spans wait in the producer up to the bound, then in the queue.
+            while not self._unanswered.acquire(timeout=0.5):
+                if self._stopping.is_set():
+                    break
+            else:
+                try:
+                    future = self._send(self._producer, span)
+                    future.add_callback(self._answered)
+                    future.add_errback(self._failed)
+                except Exception as exc:
+                    self._failed(exc)
+                continue
+            self._drop("shutdown")
+        for producer in (self._producer, self._feedback_producer):
+            if producer is not None:
+                producer.flush(timeout=5)
+                producer.close(timeout=5)
 
-    def _send(self, span: Span) -> Any:
-        """Hand one span to the producer, keyed by its trace: one trace, one partition."""
-        return self._producer.send(
+    def _send(self, producer: Any, span: Span) -> Any:
+        """Hand one span to ``producer``, keyed by its trace: one trace, one partition."""
+        return producer.send(
             self.kafka.spans_topic, key=span.trace_id.encode(), value=encode_otlp_protobuf([span])
         )
 
@@ -201,7 +242,7 @@ class SpanEmitter:
             return
         for index, span in enumerate(delivery.spans):
             try:
-                future = self._send(span)
+                future = self._send(self._feedback_producer, span)
             except Exception as exc:  # refused before buffering: it will never be sent
                 delivery.settle(index, exc)
                 continue
@@ -218,6 +259,7 @@ class SpanEmitter:
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush what is queued (bounded by ``timeout``) and stop the thread."""
+        self._stopping.set()
         with contextlib.suppress(queue.Full):
             self._queue.put(_STOP, timeout=timeout)
         self._thread.join(timeout=timeout)
