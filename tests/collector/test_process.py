@@ -15,7 +15,7 @@ import pytest
 
 from spanmill import semconv as sc
 from spanmill.collector.process import BatchJob, BatchProcessor, ProcessingConfig
-from spanmill.spans import Span, encode_otlp_json, encode_otlp_protobuf
+from spanmill.spans import Span, SpanEvent, encode_otlp_json, encode_otlp_protobuf
 from spanmill.spans.sdk_json import encode_span
 from spanmill.store.layout import BatchId
 from spanmill.store.reader import SpanStore
@@ -92,3 +92,49 @@ def test_bytes_values_are_redacted_as_the_text_they_become(tmp_path: Path, value
     text = base64.b64encode(raw).decode()
     expected = "[REDACTED:api_key]" if text.startswith("AKIA") else text
     assert stored[f"{1:032x}"].attributes["raw"] == expected
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_record_that_breaks_the_processor_is_dead_lettered_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fused: bool
+) -> None:
+    """Half of its rows appended when it broke: the batch is made again without it, and
+    every other record is stored whole."""
+    from spanmill.store.rows import HourlyColumns
+
+    real = HourlyColumns.append
+
+    def append(self: HourlyColumns, parts: Any, *args: Any) -> None:
+        real(self, parts, *args)  # the row is in, then the collector breaks
+        if parts.name == "poison":
+            raise ValueError("a bug in the row builder")
+
+    monkeypatch.setattr(HourlyColumns, "append", append)
+    processor = BatchProcessor(ProcessingConfig(store_url=str(tmp_path)), fused=fused)
+    if processor._fused is not None:
+        real_fused = processor._fused[0]
+
+        def fused_append(hours: Any, make: Any, value: bytes, *args: Any) -> Any:
+            appended = real_fused(hours, make, value, *args)
+            if b"poison" in value:
+                raise MemoryError("the native builder ran out")
+            return appended
+
+        processor._fused = (fused_append, *processor._fused[1:])
+    poison = _span(7).model_copy(update={"name": "poison"})
+    # Spans the fused path takes (plain) and that take the steps (an event).
+    event = SpanEvent(name="log", time_unix_nano=1_750_000_000_000_000_000)
+    records = [
+        [_span(0), _span(1)],
+        [_span(2), poison, _span(3)],  # its first span is in when it breaks
+        [_span(4).model_copy(update={"events": [event]})],
+        [_span(5), _span(6)],
+    ]
+    values = [encode_otlp_protobuf(spans) for spans in records]
+    outcome = processor.process(
+        BatchJob(BatchId("spans", 0, 0, 3, "f"), [0, 1, 2, 3], [0] * 4, values, [None] * 4)
+    )
+    assert [(offset, reason) for offset, reason, _ in outcome.dead] == [(1, "internal_error")]
+    assert outcome.records == 4 and outcome.spans == 5
+    stored = sorted(span.span_id for span in SpanStore(str(tmp_path)).spans())
+    assert stored == [f"{i + 1:016x}" for i in (0, 1, 4, 5, 6)]

@@ -186,6 +186,8 @@ class BatchProcessor:
                         hourly.rows += appended
                         continue
                 spans = self.spans_of(value, content_type, redactions, translations)
+                for index, parts in enumerate(spans):
+                    hourly.append(parts, batch.topic, batch.partition, offset, index, timestamp)
             except SpanDecodeError as exc:
                 dead.append((offset, exc.reason, exc.detail))
                 continue
@@ -193,10 +195,8 @@ class BatchProcessor:
                 log.exception(
                     "record %s/%s/%s broke the collector", batch.topic, batch.partition, offset
                 )
-                dead.append((offset, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
-                continue
-            for index, parts in enumerate(spans):
-                hourly.append(parts, batch.topic, batch.partition, offset, index, timestamp)
+                # Some of its rows may be in: the batch is made again without it.
+                return self._without(job, offset, f"{type(exc).__name__}: {exc}", started)
         files = self.writer.write_batch(batch, hourly.tables()) if hourly.rows else []
         return BatchOutcome(
             batch=batch,
@@ -208,6 +208,23 @@ class BatchProcessor:
             translations=translations,
             seconds=time.perf_counter() - started,
         )
+
+    def _without(self, job: BatchJob, offset: int, detail: str, started: float) -> BatchOutcome:
+        """The batch processed again without the record at ``offset``, which goes to the
+        dead-letter topic alone: the others' rows are stored, none of its own."""
+        kept = [i for i, o in enumerate(job.offsets) if o != offset]
+        rest = BatchJob(
+            job.batch,
+            [job.offsets[i] for i in kept],
+            [job.timestamps[i] for i in kept],
+            [job.values[i] for i in kept],
+            [job.content_types[i] for i in kept],
+        )
+        outcome = self._process(rest)
+        outcome.dead = sorted([*outcome.dead, (offset, INTERNAL_ERROR, detail)])
+        outcome.records = len(job.offsets)
+        outcome.seconds = time.perf_counter() - started
+        return outcome
 
 
 @contextlib.contextmanager
