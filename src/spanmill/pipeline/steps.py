@@ -81,7 +81,7 @@ def train_step(
     lora_r: int = 16,
     lora_alpha: int = 32,
     learning_rate: float = 3e-4,
-    max_steps: int = 90,
+    max_steps: int = 0,
     batch_size: int = 8,
     max_length: int = 1024,
     seed: int = 0,
@@ -117,12 +117,12 @@ def train_step(
         )
     settings = load_settings(
         TrainSettings,
-        **_given(base_model=base_model),
+        # max_steps 0: the settings' own (the environment's, else one epoch).
+        **_given(base_model=base_model, max_steps=max_steps or None),
         method=method,
         lora_r=lora_r,
         lora_alpha=lora_alpha,
         learning_rate=learning_rate,
-        max_steps=max_steps,
         batch_size=batch_size,
         max_length=max_length,
         seed=seed,
