@@ -35,12 +35,15 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from spanmill import contracts
+
 Mode = Literal["sft", "preference", "rl"]
 MODES: Final = ("sft", "preference", "rl")
 
-TRAIN_FILE: Final = "train.parquet"
-EVAL_FILE: Final = "eval.parquet"
-CARD_FILE: Final = "card.json"
+# The dataset folder's files, named in spanmill.contracts.
+TRAIN_FILE: Final = contracts.TRAIN_FILE
+EVAL_FILE: Final = contracts.EVAL_FILE
+CARD_FILE: Final = contracts.CARD_FILE
 
 LINEAGE_COLUMNS: Final = (
     "sample_id",

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from spanmill.contracts import METRICS_FILE, OUTCOMES_FILE
+from spanmill.contracts import TRAIN_MANIFEST_FILE as MANIFEST_FILE
 from spanmill.errors import ModelError
 from spanmill.evaluate.episodes import play_episodes
 from spanmill.evaluate.evaluators import Evaluator, EvaluatorContext, ReplayItem, load_evaluator
@@ -42,15 +44,12 @@ from spanmill.models import resolve_model
 from spanmill.tasks import Task, TaskInstance, find_task, get_task
 from spanmill.train.data import TrainingData, load_training_data
 from spanmill.train.tracking import RunTracker
-from spanmill.train.trainer import MANIFEST_FILE
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.json"
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 REPORT_PNG = "report.png"
-OUTCOMES_FILE = "outcomes.jsonl"
 ARTIFACT_DIR = "evaluation"
 ROLES = ("champion", "challenger")
 

@@ -21,6 +21,7 @@ from spanmill.config import (
     TritonSettings,
     load_settings,
 )
+from spanmill.contracts import METRICS_FILE
 
 
 def build_dataset_step(
@@ -283,7 +284,7 @@ def register_step(
     registration = registry.register_trained(
         agent,
         model_dir,
-        evaluation_dir / "metrics.json",
+        evaluation_dir / METRICS_FILE,
         pipeline_run_id=pipeline_run_id or None,
         base_model=base_model,
     )

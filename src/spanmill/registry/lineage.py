@@ -19,12 +19,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spanmill.dataset.layout import CARD_FILE
+from spanmill.contracts import CARD_FILE, TRAIN_MANIFEST_FILE
 from spanmill.registry import names
 from spanmill.registry.names import Kind, RegistryError
 
 # Written by spanmill.train beside the adapter it saves.
-TRAIN_MANIFEST = "spanmill-train.json"
+TRAIN_MANIFEST = TRAIN_MANIFEST_FILE
 # Evaluation metrics that say most about a version, kept when there are too many to tag.
 _TAG_LIMIT = 5000
 

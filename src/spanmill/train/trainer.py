@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spanmill.contracts import TRAIN_MANIFEST_FILE
 from spanmill.errors import ModelError
 from spanmill.models import resolve_model
 from spanmill.train.data import TrainingData, load_training_data
@@ -40,7 +41,7 @@ from spanmill.train.errors import CheckpointMismatchError, DatasetError, TrainEr
 from spanmill.train.settings import TrainSettings
 from spanmill.train.tracking import MetricsCallback, RunTracker, loss_curve_png
 
-MANIFEST_FILE = "spanmill-train.json"
+MANIFEST_FILE = TRAIN_MANIFEST_FILE
 CHECKPOINTS_DIRNAME = "checkpoints"
 MERGED_DIRNAME = "merged"
 # Written next to the checkpoints: what they were trained from, and the MLflow run.
