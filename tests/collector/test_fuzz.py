@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = 3000
+RUNS = 1500
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
 __all__ = ["echo_model"]  # the fixture, shared with the gateway's service tests
 
 BOUND = 40  # span_queue_size: as many wait in the queue, as many again in the producer
-OUTAGE_S = float(os.environ.get("SPANMILL_FAULT_OUTAGE_S", "15"))
+OUTAGE_S = float(os.environ.get("SPANMILL_FAULT_OUTAGE_S", "10"))
 DURING = 3 * BOUND  # requests answered while Kafka is away: more than can wait
 
 

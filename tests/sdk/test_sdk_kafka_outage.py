@@ -27,7 +27,7 @@ from spanmill.stack.services import KafkaBroker
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
 
 EPISODES = 40
-OUTAGE_S = float(os.environ.get("SPANMILL_FAULT_OUTAGE_S", "15"))
+OUTAGE_S = float(os.environ.get("SPANMILL_FAULT_OUTAGE_S", "10"))
 
 
 def _episodes(n: int, tag: str) -> list[float]:
