@@ -221,7 +221,9 @@ class FakeProducer:
         self.refuse: set[int] = set()  # sends (by number) refused outright
         self.nack: set[int] = set()  # sends (by number) that Kafka does not acknowledge
 
-    def send(self, topic: str, key: bytes, value: bytes) -> FakeFuture:
+    def send(
+        self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> FakeFuture:
         number = len(self.sent)
         self.sent.append(key)
         if number in self.refuse:

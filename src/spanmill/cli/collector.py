@@ -24,7 +24,8 @@ def collector(
     ),
 ) -> None:
     """Consume spans from Kafka into Parquet: redacted, exactly once, offsets committed after."""
-    from spanmill.collector.run import configure_logging, run_collector
+    from spanmill.collector.run import run_collector
+    from spanmill.logs import configure_logging
 
     overrides = {
         key: value

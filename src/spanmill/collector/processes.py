@@ -208,9 +208,9 @@ class Supervised:
 
 
 def _child(settings: CollectorSettings, send: Connection, parent: int) -> None:
-    from spanmill.collector.run import configure_logging
     from spanmill.collector.service import Collector
     from spanmill.collector.tuning import tune_process
+    from spanmill.logs import configure_logging
 
     configure_logging()
     tune_process()

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from spanmill import feedback
 from spanmill import semconv as sc
+from spanmill import topic as span_topic
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.keys import ANONYMOUS
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
@@ -91,15 +92,6 @@ def split_by_trace(spans: Sequence[Span]) -> dict[str, list[Span]]:
     for span in spans:
         traces.setdefault(span.trace_id, []).append(span)
     return traces
-
-
-def encode_trace(spans: list[Span], max_bytes: int) -> list[bytes]:
-    """A trace's spans as OTLP protobuf messages under the size limit (one, unless huge)."""
-    payload = encode_otlp_protobuf(spans)
-    if len(payload) <= max_bytes or len(spans) == 1:
-        return [payload]
-    half = len(spans) // 2
-    return encode_trace(spans[:half], max_bytes) + encode_trace(spans[half:], max_bytes)
 
 
 class OtlpReceiver:
@@ -164,14 +156,26 @@ class OtlpReceiver:
                 status_message(_INVALID_ARGUMENT, f"{exc.reason}: {exc.detail}", as_json),
                 as_json,
             )
+        records = []
+        for trace_id, trace in split_by_trace(spans).items():
+            payloads, over = span_topic.fit(trace, encode_otlp_protobuf, self.max_bytes)
+            if over:
+                self.metrics.receiver_spans.labels("rejected").inc(len(spans))
+                return self._reply(
+                    413,
+                    status_message(
+                        _INVALID_ARGUMENT,
+                        f"span {over[0].span_id} of trace {trace_id} is over {self.max_bytes} "
+                        "bytes once encoded; keep large payloads out of span attributes",
+                        as_json,
+                    ),
+                    as_json,
+                )
+            records += [(trace_id, payload) for payload, _ in payloads]
         from kafka.errors import KafkaError
 
         try:
-            futures = [
-                self._send(trace_id, payload)
-                for trace_id, trace in split_by_trace(spans).items()
-                for payload in encode_trace(trace, self.max_bytes)
-            ]
+            futures = [self._send(trace_id, payload) for trace_id, payload in records]
             for future in futures:
                 future.get(timeout=_SEND_TIMEOUT_S)
         except KafkaError as exc:
@@ -208,12 +212,7 @@ class OtlpReceiver:
 
     def _send(self, trace_id: str, payload: bytes) -> Any:
         """One OTLP protobuf record on the span topic, keyed by its trace."""
-        return self.producer.send(
-            self.topic,
-            key=trace_id.encode(),
-            value=payload,
-            headers=[(sc.CONTENT_TYPE_HEADER, sc.CONTENT_TYPE_OTLP_PROTOBUF.encode())],
-        )
+        return span_topic.send(self.producer, self.topic, trace_id, payload)
 
     def _send_and_wait(self, spans: Sequence[Span]) -> list[BaseException | None]:
         """Kafka's answer for each span: None where acknowledged.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -11,6 +10,7 @@ import time
 from types import FrameType
 from typing import Any
 
+from spanmill import topic as span_topic
 from spanmill.collector.app import Health, create_app
 from spanmill.collector.processes import ConsumerProcesses, MergedMetrics, Supervised
 from spanmill.collector.receiver import OtlpReceiver
@@ -18,45 +18,48 @@ from spanmill.collector.service import Collector, CollectorError
 from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings, load_settings
 from spanmill.errors import SpanmillError
+from spanmill.logs import configure_logging
 
 log = logging.getLogger(__name__)
+# How long the receiver's spans may wait for Kafka before its reply says 503.
+_RECEIVER_DELIVERY_S = 30.0
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line, for log collectors to parse."""
+def _receiver_producer(collector: Collector, settings: CollectorSettings) -> Any:
+    """The OTLP receiver's own span producer (spanmill.topic), or None when it is off."""
+    if not settings.receiver_enabled:
+        return None
+    from kafka.errors import KafkaError
 
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    try:
+        return span_topic.span_producer(
+            settings.kafka,
+            f"spanmill-receiver-{collector.collector_id}",
+            delivery_timeout_s=_RECEIVER_DELIVERY_S,
+        )
+    except KafkaError as exc:
+        raise CollectorError(
+            f"the OTLP receiver cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc}"
+        ) from None
 
 
 def _start_http(
-    collector: Collector, settings: CollectorSettings, health: Health, metrics: Any
+    collector: Collector,
+    settings: CollectorSettings,
+    health: Health,
+    metrics: Any,
+    producer: Any,
 ) -> Any:
     import uvicorn
 
     receiver = (
         OtlpReceiver(
-            collector.producer,
+            producer,
             settings.kafka.spans_topic,
             collector.metrics,
             settings.kafka.max_message_bytes,
         )
-        if settings.receiver_enabled
+        if producer is not None
         else None
     )
     from spanmill.keys import KeyRing
@@ -143,8 +146,10 @@ def _serve(
                 return
             time.sleep(0.5)
 
+    producer = None
     try:
-        server, thread = _start_http(collector, settings, health, metrics)
+        producer = _receiver_producer(collector, settings)
+        server, thread = _start_http(collector, settings, health, metrics, producer)
         if children is not None:
             threading.Thread(target=watch, args=(children,), daemon=True).start()
         try:
@@ -153,6 +158,8 @@ def _serve(
             server.should_exit = True
             thread.join(timeout=5)
     finally:
+        if producer is not None:
+            producer.close(timeout=5)
         if children is not None:
             children.join(timeout=settings.shutdown_timeout_s + 10)
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from spanmill import topic as span_topic
 from spanmill.config import KafkaSettings
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.spans import Span, encode_otlp_protobuf
@@ -33,11 +34,15 @@ _STOP = object()
 # How long a delivery may wait in the queue before it is withdrawn, unsent.
 QUEUE_WAIT_S = 5.0
 # Kafka answers for every feedback span within this (its producer's delivery timeout).
-_DELIVERY_TIMEOUT_MS = 30_000
+_FEEDBACK_S = 30.0
 # How long an LLM span may wait for Kafka, unsent, before it is dropped.
 OUTAGE_S = 300.0
 
 Outcome = list[BaseException | None]
+
+
+class SpanTooLarge(ValueError):
+    """A span over the topic's record limit: never sent, counted as ``too_large``."""
 
 
 class EmitterBusy(Exception):
@@ -164,30 +169,23 @@ class SpanEmitter:
     def _failed(self, exc: BaseException) -> None:
         self._unanswered.release()
         log.warning("span not delivered to Kafka: %s", exc)
-        self._drop("kafka_error")
+        self._drop("too_large" if isinstance(exc, SpanTooLarge) else "kafka_error")
 
-    def _connect(self, delivery_timeout_ms: int) -> Any:
-        from kafka import KafkaProducer
-
-        return KafkaProducer(
-            **self.kafka.client_options(),
-            acks="all",
-            enable_idempotence=True,  # producer retries never write a span twice
+    def _connect(self, client_id: str, delivery_timeout_s: float) -> Any:
+        return span_topic.span_producer(
+            self.kafka,
+            client_id,
+            delivery_timeout_s=delivery_timeout_s,
             linger_ms=20,
-            max_block_ms=5000,
-            request_timeout_ms=10000,
-            # Retried until then: an outage shorter than this loses nothing.
-            delivery_timeout_ms=delivery_timeout_ms,
-            compression_type="gzip",
+            max_block_s=5.0,
         )
 
     def _connect_both(self) -> None:
         """The LLM spans' producer, which waits out an outage, and the feedback's, whose
         caller waits for the answer: its delivery timeout bounds that wait."""
-        outage_ms = max(int(self.outage_s * 1000), 10_000 + 20)
-        self._producer = self._connect(outage_ms)
+        self._producer = self._connect("spanmill-gateway", self.outage_s)
         try:
-            self._feedback_producer = self._connect(_DELIVERY_TIMEOUT_MS)
+            self._feedback_producer = self._connect("spanmill-gateway-feedback", _FEEDBACK_S)
         except BaseException:
             self._producer.close(timeout=0)
             self._producer = None
@@ -232,10 +230,15 @@ class SpanEmitter:
                 producer.close(timeout=5)
 
     def _send(self, producer: Any, span: Span) -> Any:
-        """Hand one span to ``producer``, keyed by its trace: one trace, one partition."""
-        return producer.send(
-            self.kafka.spans_topic, key=span.trace_id.encode(), value=encode_otlp_protobuf([span])
-        )
+        """Hand one span to ``producer`` as a record of its trace; raises
+        :class:`SpanTooLarge` for a span over ``max_message_bytes``."""
+        payload = encode_otlp_protobuf([span])
+        if len(payload) > self.kafka.max_message_bytes:
+            raise SpanTooLarge(
+                f"span {span.span_id} is {len(payload)} bytes as OTLP, over "
+                f"SPANMILL_KAFKA_MAX_MESSAGE_BYTES ({self.kafka.max_message_bytes})"
+            )
+        return span_topic.send(producer, self.kafka.spans_topic, span.trace_id, payload)
 
     def _send_delivery(self, delivery: _Delivery) -> None:
         if not delivery.begin():

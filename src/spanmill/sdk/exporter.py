@@ -17,33 +17,21 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from spanmill import semconv as sc
+from spanmill import topic as span_topic
 from spanmill.config import KafkaSettings, load_settings
+from spanmill.topic import trace_key
 
 logger = logging.getLogger(__name__)
 
-# Room for the record's key, headers and framing on top of the payload itself.
-_RECORD_OVERHEAD_BYTES: Final = 4096
-_CONTENT_TYPE: Final = sc.CONTENT_TYPE_OTLP_PROTOBUF.encode()
 
-
-def _compression() -> str:
-    from kafka import codec
-
-    if codec.has_lz4():
-        return "lz4"
-    return "gzip"
-
-
-def trace_key(trace_id: int) -> bytes:
-    """The Kafka message key of a trace: its id as 32 lowercase hex characters."""
-    return format(trace_id, "032x").encode()
+def _encode(spans: Sequence[ReadableSpan]) -> bytes:
+    return encode_spans(spans).SerializeToString()
 
 
 def _by_trace(spans: Sequence[ReadableSpan]) -> dict[int, list[ReadableSpan]]:
@@ -146,45 +134,31 @@ class KafkaSpanExporter(SpanExporter):
             if self._closed:
                 raise RuntimeError("the exporter is shut down")
             if self._producer is None:
-                from kafka import KafkaProducer
-
-                timeout_ms = int(self.timeout_s * 1000)
-                request_ms = min(30000, max(500, timeout_ms // 2))
-                self._producer = KafkaProducer(
-                    **self.settings.client_options(),
-                    client_id=self._client_id,
-                    acks="all",
-                    compression_type=_compression(),
+                self._producer = span_topic.span_producer(
+                    self.settings,
+                    self._client_id,
+                    delivery_timeout_s=self.timeout_s,
                     linger_ms=self._linger_ms,
-                    max_request_size=self.settings.max_message_bytes + _RECORD_OVERHEAD_BYTES,
-                    max_block_ms=timeout_ms,
-                    bootstrap_timeout_ms=timeout_ms,
-                    # kafka-python insists that delivery outlasts one linger plus one request.
-                    delivery_timeout_ms=max(timeout_ms, self._linger_ms + request_ms + 1),
-                    request_timeout_ms=request_ms,
+                    max_block_s=self.timeout_s,
                 )
             return self._producer
 
     def _messages(self, spans: list[ReadableSpan]) -> list[tuple[bytes, int]]:
-        """Payloads of at most ``max_message_bytes``, halving the spans until they fit."""
-        payload = encode_spans(spans).SerializeToString()
-        if len(payload) <= self.settings.max_message_bytes:
-            return [(payload, len(spans))]
-        if len(spans) == 1:
-            span = spans[0]
+        """Payloads of at most ``max_message_bytes``; a span alone over it is not sent."""
+        limit = self.settings.max_message_bytes
+        messages, over = span_topic.fit(spans, _encode, limit)
+        for span in over:
             logger.error(
                 "span %r (trace %s) is %d bytes as OTLP, over the limit of %d "
                 "(SPANMILL_KAFKA_MAX_MESSAGE_BYTES); it is not sent: keep large payloads "
                 "out of span attributes",
                 span.name,
                 trace_key(span.context.trace_id).decode() if span.context else "?",
-                len(payload),
-                self.settings.max_message_bytes,
+                len(_encode([span])),
+                limit,
             )
             self._count(failed=1)
-            return []
-        middle = len(spans) // 2
-        return self._messages(spans[:middle]) + self._messages(spans[middle:])
+        return messages
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
@@ -199,12 +173,7 @@ class KafkaSpanExporter(SpanExporter):
                 result = SpanExportResult.FAILURE
             for payload, count in messages:
                 try:
-                    future = producer.send(
-                        self.topic,
-                        key=key,
-                        value=payload,
-                        headers=[(sc.CONTENT_TYPE_HEADER, _CONTENT_TYPE)],
-                    )
+                    future = span_topic.send(producer, self.topic, trace_id, payload)
                 except Exception as exc:
                     self._failed_send(count, key, exc)
                     result = SpanExportResult.FAILURE
