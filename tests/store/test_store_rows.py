@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pyarrow as pa
@@ -9,7 +10,7 @@ import pytest
 from store_samples import odd_span, span
 
 from spanmill import semconv as sc
-from spanmill.spans import SpanDecodeError
+from spanmill.spans import Span, SpanDecodeError
 from spanmill.store import (
     SPAN_SCHEMA,
     SpanParts,
@@ -68,3 +69,48 @@ def test_times_beyond_the_store_range_are_refused() -> None:
 def test_schema_is_versioned() -> None:
     assert SPAN_SCHEMA.metadata[b"spanmill.store.schema_version"] == b"1"
     assert SPAN_SCHEMA.field("start_time").type == pa.timestamp("ns", tz="UTC")
+
+
+def test_span_rewards_and_stored_rewards_are_one_reading() -> None:
+    """A span's ``rewards`` and the store's ``rewards`` column come from one function
+    (spanmill.spans.record.rewards_of): every shape a producer sends reads the same."""
+    from spanmill.spans import SpanEvent
+
+    event = sc.GEN_AI_EVALUATION_RESULT_EVENT
+    shapes = [
+        ({sc.GEN_AI_EVALUATION_NAME: "ok", sc.GEN_AI_EVALUATION_SCORE_VALUE: 1}, ()),
+        ({sc.GEN_AI_EVALUATION_NAME: "ok", sc.GEN_AI_EVALUATION_SCORE_VALUE: True}, ()),
+        ({sc.GEN_AI_EVALUATION_NAME: "ok", sc.GEN_AI_EVALUATION_SCORE_VALUE: "1"}, ()),
+        (
+            {sc.GEN_AI_RESPONSE_ID: 42},  # not a string: links nothing, in either reading
+            ((event, {sc.GEN_AI_EVALUATION_NAME: "a", sc.GEN_AI_EVALUATION_SCORE_VALUE: 0.5}),),
+        ),
+        (
+            {sc.GEN_AI_RESPONSE_ID: "r-9"},
+            (
+                ("other", {sc.GEN_AI_EVALUATION_NAME: "x", sc.GEN_AI_EVALUATION_SCORE_VALUE: 1}),
+                (event, {sc.GEN_AI_EVALUATION_NAME: "a", sc.GEN_AI_EVALUATION_SCORE_VALUE: 2,
+                         sc.SPANMILL_REWARD_PRIMARY: True, sc.GEN_AI_EVALUATION_SCORE_LABEL: "p"}),
+                (event, {sc.GEN_AI_EVALUATION_NAME: "b", sc.GEN_AI_EVALUATION_SCORE_VALUE: -1.5,
+                         sc.GEN_AI_RESPONSE_ID: "r-1"}),
+            ),
+        ),
+    ]  # fmt: skip
+    spans = [
+        Span(
+            trace_id="ab" * 16,
+            span_id=f"{i + 1:016x}",
+            name="s",
+            start_time_unix_nano=1,
+            end_time_unix_nano=2,
+            attributes=attributes,
+            events=tuple(SpanEvent(name=n, time_unix_nano=1, attributes=a) for n, a in events),
+        )
+        for i, (attributes, events) in enumerate(shapes)
+    ]
+    stored = table_from_spans(spans).column("rewards").to_pylist()
+    read = [[dataclasses.asdict(r) for r in span.rewards] or None for span in spans]
+    assert stored == read
+    assert [len(r or ()) for r in read] == [1, 0, 0, 1, 2]
+    assert read[3][0]["response_id"] is None
+    assert [r["response_id"] for r in read[4]] == ["r-9", "r-1"]

@@ -8,7 +8,7 @@ messages that name the attribute at fault.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Final
@@ -386,16 +386,8 @@ class Span(BaseModel):
         An event without its own ``gen_ai.response.id`` takes the id of the span it
         sits on: an evaluation attached to an LLM call evaluates that call.
         """
-        found = []
-        own = _reward(self.attributes, None)
-        if own is not None:
-            found.append(own)
-        for event in self.events:
-            if event.name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
-                reward = _reward(event.attributes, self.response_id)
-                if reward is not None:
-                    found.append(reward)
-        return found
+        events = ((event.name, event.attributes) for event in self.events)
+        return [Reward(**fields) for fields in rewards_of(self.attributes, events)]
 
 
 def _messages(attributes: Attributes, key: str) -> list[dict[str, Any]]:
@@ -425,17 +417,44 @@ def _ints(value: AttributeValue | None) -> list[int] | None:
     return None
 
 
-def _reward(attributes: Attributes, default_response_id: str | None) -> Reward | None:
+def reward_fields(
+    attributes: Mapping[str, Any], default_response_id: str | None
+) -> dict[str, Any] | None:
+    """The reward ``attributes`` carry (a GenAI evaluation's name and numeric score), as
+    the store's ``rewards`` items hold it; None where they carry none. This is the one
+    reading of a reward: the span record's and the collector's rows both use it."""
     name = attributes.get(sc.GEN_AI_EVALUATION_NAME)
     score = attributes.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
-    if not isinstance(name, str) or not isinstance(score, int | float) or isinstance(score, bool):
+    if type(name) is not str or type(score) not in (int, float):  # bool is no score
         return None
     response_id = attributes.get(sc.GEN_AI_RESPONSE_ID, default_response_id)
     label = attributes.get(sc.GEN_AI_EVALUATION_SCORE_LABEL)
-    return Reward(
-        name=name,
-        value=float(score),
-        response_id=response_id if isinstance(response_id, str) else None,
-        primary=attributes.get(sc.SPANMILL_REWARD_PRIMARY) is True,
-        label=label if isinstance(label, str) else None,
-    )
+    return {
+        "name": name,
+        "value": float(score),  # type: ignore[arg-type]
+        "response_id": response_id if type(response_id) is str else None,
+        "primary": attributes.get(sc.SPANMILL_REWARD_PRIMARY) is True,
+        "label": label if type(label) is str else None,
+    }
+
+
+def rewards_of(
+    attributes: Mapping[str, Any], events: Iterable[tuple[str, Mapping[str, Any]]] = ()
+) -> list[dict[str, Any]]:
+    """A span's rewards: its own (a reward span), then its evaluation events'. An event
+    without a ``gen_ai.response.id`` of its own evaluates the call it sits on."""
+    found = []
+    own = reward_fields(attributes, None)
+    if own is not None:
+        found.append(own)
+    default: str | None = None
+    for name, event_attributes in events:
+        if name != sc.GEN_AI_EVALUATION_RESULT_EVENT:
+            continue
+        if default is None:
+            response_id = attributes.get(sc.GEN_AI_RESPONSE_ID)
+            default = response_id if type(response_id) is str else None
+        reward = reward_fields(event_attributes, default)
+        if reward is not None:
+            found.append(reward)
+    return found

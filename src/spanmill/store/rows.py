@@ -18,6 +18,7 @@ from spanmill import native
 from spanmill import semconv as sc
 from spanmill.spans import Span
 from spanmill.spans.errors import SCHEMA, SpanDecodeError
+from spanmill.spans.record import rewards_of
 from spanmill.store.layout import hour_key
 from spanmill.store.schema import PROMOTED, PROMOTED_RESOURCE, SPAN_SCHEMA, Promoted
 
@@ -151,36 +152,11 @@ def _matches(promoted: Promoted, value: Any) -> bool:
     return type(value) is _KIND_TYPES[kind]
 
 
-def _own_reward(attributes: Mapping[str, Any], default_response_id: str | None) -> Any:
-    name = attributes.get(sc.GEN_AI_EVALUATION_NAME)
-    score = attributes.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
-    if type(name) is not str or type(score) not in (int, float):
-        return None
-    response_id = attributes.get(sc.GEN_AI_RESPONSE_ID, default_response_id)
-    label = attributes.get(sc.GEN_AI_EVALUATION_SCORE_LABEL)
-    return {
-        "name": name,
-        "value": float(score),  # type: ignore[arg-type]
-        "response_id": response_id if type(response_id) is str else None,
-        "primary": attributes.get(sc.SPANMILL_REWARD_PRIMARY) is True,
-        "label": label if type(label) is str else None,
-    }
-
-
 def _rewards(parts: SpanParts) -> list[Any] | None:
-    found = []
-    own = _own_reward(parts.attributes, None)
-    if own is not None:
-        found.append(own)
-    if parts.events:
-        response_id = parts.attributes.get(sc.GEN_AI_RESPONSE_ID)
-        default = response_id if type(response_id) is str else None
-        for name, _, attributes in parts.events:
-            if name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
-                reward = _own_reward(attributes, default)
-                if reward is not None:
-                    found.append(reward)
-    return found or None
+    events = parts.events
+    if not events:
+        return rewards_of(parts.attributes) or None
+    return rewards_of(parts.attributes, ((name, attrs) for name, _, attrs in events)) or None
 
 
 def _json_or_none(value: Any) -> str | None:
