@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from spanmill.evaluate.scoring import Outcome
 
 if TYPE_CHECKING:
-    from spanmill.evaluate.run import EvalReport
+    from spanmill.evaluate.comparison import EvalReport
 
 _RATES = (("success_rate", "success"), ("format_validity", "format valid"))
 _COLOURS = {"champion": "#7f7f7f", "challenger": "#2ca02c"}

@@ -24,13 +24,14 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from spanmill.contracts import METRICS_FILE, OUTCOMES_FILE
 from spanmill.contracts import TRAIN_MANIFEST_FILE as MANIFEST_FILE
 from spanmill.errors import ModelError
+from spanmill.evaluate.comparison import ROLES, EvalReport, ModelRef, SuiteResult
 from spanmill.evaluate.episodes import play_episodes
 from spanmill.evaluate.evaluators import Evaluator, EvaluatorContext, ReplayItem, load_evaluator
 from spanmill.evaluate.gate import GateDecision, decide
@@ -39,7 +40,7 @@ from spanmill.evaluate.report import html_page, markdown_page, rates_png
 from spanmill.evaluate.scoring import Outcome, Summary, as_jsonable, per_item
 from spanmill.evaluate.served import ServedModel, staged_candidate
 from spanmill.evaluate.settings import EvalSettings, GatePolicy
-from spanmill.evaluate.stats import Interval, bootstrap_difference
+from spanmill.evaluate.stats import bootstrap_difference
 from spanmill.models import resolve_model
 from spanmill.tasks import Task, TaskInstance, find_task, get_task
 from spanmill.train.data import TrainingData, load_training_data
@@ -51,7 +52,6 @@ REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 REPORT_PNG = "report.png"
 ARTIFACT_DIR = "evaluation"
-ROLES = ("champion", "challenger")
 
 # (phase, done, total): phase is "<role> <suite>".
 Progress = Callable[[str, int, int], None]
@@ -59,78 +59,6 @@ Progress = Callable[[str, int, int], None]
 
 class EvaluationError(ModelError):
     """A model to evaluate cannot be found, or the evaluation has nothing to run on."""
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A model: a base model and, optionally, an adapter on it; where Triton serves it."""
-
-    label: str
-    base: str
-    adapter: str | None = None
-    run_id: str | None = None
-    served: str = ""
-
-    def describe(self) -> str:
-        model = f"{self.adapter} on {self.base}" if self.adapter else self.base
-        return f"{model} ({self.served})" if self.served else model
-
-
-@dataclass(frozen=True)
-class SuiteResult:
-    name: str
-    champion: Summary
-    challenger: Summary
-    difference: Interval
-    metric: str = "success_rate"  # the one the difference is of
-
-
-@dataclass(frozen=True)
-class EvalReport:
-    """The comparison, suite by suite, and the gate's decision."""
-
-    task: str
-    models: dict[str, ModelRef]
-    suites: dict[str, SuiteResult]
-    policy: GatePolicy
-    decision: GateDecision
-    run_id: str | None = None
-    evaluators: dict[str, dict[str, str]] = field(default_factory=dict)
-
-    def metrics(self) -> dict[str, float]:
-        """Flat metrics, named ``<suite>.<role>.<rate>`` and ``<suite>.difference[_low|_high]``."""
-        flat: dict[str, float] = {}
-        for suite in self.suites.values():
-            for role in ROLES:
-                summary: Summary = getattr(suite, role)
-                for key, value in asdict(summary).items():
-                    if key != "scores":
-                        flat[f"{suite.name}.{role}.{key}"] = float(value)
-                for key, value in summary.scores.items():
-                    flat[f"{suite.name}.{role}.{key}"] = float(value)
-            flat[f"{suite.name}.difference"] = suite.difference.estimate
-            flat[f"{suite.name}.difference_low"] = suite.difference.low
-            flat[f"{suite.name}.difference_high"] = suite.difference.high
-        flat["gate.promote"] = float(self.decision.promote)
-        return flat
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "models": {role: asdict(ref) for role, ref in self.models.items()},
-            "suites": {name: asdict(suite) for name, suite in self.suites.items()},
-            "policy": self.policy.model_dump(),
-            "decision": {
-                "promote": self.decision.promote,
-                "verdict": self.decision.verdict,
-                "reasons": list(self.decision.reasons),
-                "metric": self.decision.metric,
-                "difference": self.decision.difference,
-            },
-            "evaluators": self.evaluators,
-            "metrics": self.metrics(),
-            "run_id": self.run_id,
-        }
 
 
 @dataclass(frozen=True)
