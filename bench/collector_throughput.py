@@ -34,7 +34,7 @@ import psutil
 
 from spanmill import semconv as sc
 from spanmill.collector.decode import FAST_PATH
-from spanmill.collector.service import fetch_options
+from spanmill.collector.loop import fetch_options
 from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings
 from spanmill.spans import Span, encode_otlp_protobuf
@@ -137,7 +137,7 @@ def payloads(count: int) -> list[tuple[bytes, bytes]]:
 
 
 def consumer_options() -> dict[str, object]:
-    """The collector's consumer settings (see spanmill.collector.service), for a fair baseline."""
+    """The collector's consumer settings (see spanmill.collector.loop), for a fair baseline."""
     return {
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",

@@ -38,7 +38,7 @@ if os.environ.get("SPANMILL_FUZZ_NATIVE"):
 # fuzzer as much as the bytes it reads.
 with atheris.instrument_imports(include=["spanmill"]):
     from spanmill import native
-    from spanmill.collector.process import BatchJob, BatchOutcome, BatchProcessor, ProcessingConfig
+    from spanmill.collector.batch import BatchJob, BatchOutcome, BatchProcessor, ProcessingConfig
     from spanmill.store.layout import BatchId
 
 BATCH = BatchId("spans", 0, 10, 10, "f")

@@ -62,7 +62,7 @@ def test_one_place_makes_a_span_producer() -> None:
         for path in SRC.rglob("*.py")
         if re.search(r"\bKafkaProducer\(", path.read_text())
     )
-    assert makers == ["collector/service.py", "topic.py"]
+    assert makers == ["collector/loop.py", "topic.py"]
     for writer in ("sdk/exporter.py", "gateway/emitter.py", "collector/run.py"):
         assert "span_producer(" in (SRC / writer).read_text(), writer
 

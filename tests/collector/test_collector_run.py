@@ -17,7 +17,7 @@ pytestmark = pytest.mark.services
 # when a pod is deleted as it comes up).
 _STOPPED_WHILE_STARTING = """
 import os, signal
-from spanmill.collector.service import Collector
+from spanmill.collector.loop import Collector
 
 start = Collector.start
 

@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from spanmill import native
 from spanmill import semconv as sc
-from spanmill.collector.process import BatchJob, BatchProcessor, ProcessingConfig
+from spanmill.collector.batch import BatchJob, BatchProcessor, ProcessingConfig
 from spanmill.collector.translate import Translation
 from spanmill.spans import Span, encode_otlp_protobuf
 from spanmill.store.layout import BatchId

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from store_samples import span
 
-from spanmill.collector.process import BatchJob, BatchProcessor, ProcessingConfig
+from spanmill.collector.batch import BatchJob, BatchProcessor, ProcessingConfig
 from spanmill.spans import encode_otlp_protobuf
 from spanmill.stack.ports import free_port
 from spanmill.store import BatchId, SpanStore, StoreWriter

@@ -1,7 +1,9 @@
 """The collector: the span topic into the span store, nothing lost, nothing twice.
 
-- :class:`Collector` (:mod:`~spanmill.collector.service`): the consume loop.
-- :mod:`~spanmill.collector.process`: decode, translate, redact and write a batch.
+- :class:`Collector` (:mod:`~spanmill.collector.loop`): the consume loop.
+- :mod:`~spanmill.collector.batch`: decode, translate, redact and write a batch, in
+  worker processes.
+- :mod:`~spanmill.collector.consumers`: more consumer processes in one collector.
 - :mod:`~spanmill.collector.translate`: OpenLLMetry and OpenInference into GenAI names.
 - :mod:`~spanmill.collector.redact`: patterns and attribute lists, before anything is written.
 - :mod:`~spanmill.collector.receiver`: OTLP/HTTP ``POST /v1/traces`` and
@@ -11,9 +13,9 @@
 How it is exactly-once for readers is told in :mod:`spanmill.store.writer`.
 """
 
-from spanmill.collector.process import BatchJob, BatchOutcome, BatchProcessor, ProcessingConfig
+from spanmill.collector.batch import BatchJob, BatchOutcome, BatchProcessor, ProcessingConfig
+from spanmill.collector.loop import Collector, CollectorError
 from spanmill.collector.redact import BUILTIN_RULES, Redactor
-from spanmill.collector.service import Collector, CollectorError
 from spanmill.collector.translate import Translation
 
 __all__ = [

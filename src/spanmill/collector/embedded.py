@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from spanmill.collector.service import Collector, CollectorError
+from spanmill.collector.loop import Collector, CollectorError
 from spanmill.config import CollectorSettings
 
 

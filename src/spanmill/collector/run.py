@@ -12,9 +12,9 @@ from typing import Any
 
 from spanmill import topic as span_topic
 from spanmill.collector.app import Health, create_app
-from spanmill.collector.processes import ConsumerProcesses, MergedMetrics, Supervised
+from spanmill.collector.consumers import ConsumerProcesses, MergedMetrics, Supervised
+from spanmill.collector.loop import Collector, CollectorError
 from spanmill.collector.receiver import OtlpReceiver
-from spanmill.collector.service import Collector, CollectorError
 from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings, load_settings
 from spanmill.errors import SpanmillError
@@ -93,7 +93,7 @@ def run_collector(settings: CollectorSettings) -> None:
     """Run until SIGTERM or SIGINT, then write what is held, commit and exit.
 
     With ``processes`` above 1, the other consumer processes start first and stop
-    with this one; see :mod:`spanmill.collector.processes`.
+    with this one; see :mod:`spanmill.collector.consumers`.
     """
     children = (
         ConsumerProcesses(settings, settings.processes - 1) if settings.processes > 1 else None

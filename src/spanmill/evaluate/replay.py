@@ -16,7 +16,6 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
-from spanmill.evaluate.episodes import BatchGenerator
 from spanmill.evaluate.evaluators import (
     Evaluator,
     ItemScore,
@@ -24,6 +23,7 @@ from spanmill.evaluate.evaluators import (
     normalise,
     parse_call,
 )
+from spanmill.evaluate.play import BatchGenerator
 from spanmill.evaluate.scoring import Outcome
 from spanmill.serving.protocol import GenerationParams
 from spanmill.train.data import TrainingData

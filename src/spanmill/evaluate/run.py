@@ -32,9 +32,9 @@ from spanmill.contracts import METRICS_FILE, OUTCOMES_FILE
 from spanmill.contracts import TRAIN_MANIFEST_FILE as MANIFEST_FILE
 from spanmill.errors import ModelError
 from spanmill.evaluate.comparison import ROLES, EvalReport, ModelRef, SuiteResult
-from spanmill.evaluate.episodes import play_episodes
 from spanmill.evaluate.evaluators import Evaluator, EvaluatorContext, ReplayItem, load_evaluator
 from spanmill.evaluate.gate import GateDecision, decide
+from spanmill.evaluate.play import play_episodes
 from spanmill.evaluate.replay import answer, replay_items, score
 from spanmill.evaluate.report import html_page, markdown_page, rates_png
 from spanmill.evaluate.scoring import Outcome, Summary, as_jsonable, per_item

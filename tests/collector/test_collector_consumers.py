@@ -15,7 +15,7 @@ from collector_helpers import Topics, collector_process, llm_span, producer, wai
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from spanmill.collector.processes import merge, snapshot
+from spanmill.collector.consumers import merge, snapshot
 from spanmill.spans import encode_otlp_protobuf
 from spanmill.stack.ports import free_port
 from spanmill.store import SpanStore

@@ -7,8 +7,8 @@ from typing import Any
 
 from spanmill_examples.calculator import tool_call_content
 
-from spanmill.evaluate.episodes import play_episodes
 from spanmill.evaluate.evaluators import ReplayItem, ToolCallsEvaluator
+from spanmill.evaluate.play import play_episodes
 from spanmill.evaluate.replay import answer, score
 from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult
 from spanmill.tasks import TaskInstance, get_task

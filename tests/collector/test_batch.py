@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from spanmill import semconv as sc
-from spanmill.collector.process import BatchJob, BatchProcessor, ProcessingConfig
+from spanmill.collector.batch import BatchJob, BatchProcessor, ProcessingConfig
 from spanmill.spans import Span, SpanEvent, encode_otlp_json, encode_otlp_protobuf
 from spanmill.spans.sdk_json import encode_span
 from spanmill.store.layout import BatchId

@@ -6,7 +6,7 @@ One thread owns the Kafka consumer and runs :meth:`Collector.run`:
 2. when a buffer is due (``batch_max_spans`` records, ``batch_max_bytes`` bytes, or
    its oldest record ``batch_max_seconds`` old), fix the batch's extent in the
    store's ledger (:mod:`spanmill.store.writer`) and hand it to the processing
-   workers (:mod:`spanmill.collector.process`);
+   workers (:mod:`spanmill.collector.batch`);
 3. as batches finish, in order: send their dead letters, then commit the offset
    past the batch. Nothing is committed before its files are durable and its dead
    letters delivered.
@@ -37,16 +37,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spanmill import semconv as sc
-from spanmill.collector.decode import FAST_PATH
-from spanmill.collector.dlq import DeadLetter
-from spanmill.collector.metrics import CollectorMetrics
-from spanmill.collector.process import (
+from spanmill.collector.batch import (
     BatchJob,
     BatchOutcome,
     Processing,
     ProcessingConfig,
     make_processing,
 )
+from spanmill.collector.decode import FAST_PATH
+from spanmill.collector.dlq import DeadLetter
+from spanmill.collector.metrics import CollectorMetrics
 from spanmill.config import CollectorSettings
 from spanmill.errors import SpanmillError
 from spanmill.store.layout import BatchId, fingerprint

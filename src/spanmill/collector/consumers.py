@@ -3,7 +3,7 @@
 kafka-python parses every record in Python, so one consumer takes one core for
 that alone. With ``processes`` above 1 the collector starts that many consumer
 processes in all: itself and ``processes - 1`` children, each a whole
-:class:`~spanmill.collector.service.Collector` with its own consumer in the group,
+:class:`~spanmill.collector.loop.Collector` with its own consumer in the group,
 so the partitions are shared among them the way the group shares them among pods.
 The first process serves HTTP for all of them: the receiver, health and readiness
 (every consumer's), and metrics summed over every consumer.
@@ -208,7 +208,7 @@ class Supervised:
 
 
 def _child(settings: CollectorSettings, send: Connection, parent: int) -> None:
-    from spanmill.collector.service import Collector
+    from spanmill.collector.loop import Collector
     from spanmill.collector.tuning import tune_process
     from spanmill.logs import configure_logging
 
