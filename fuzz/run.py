@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         command = [sys.executable, str(TARGET), limit, "-max_len=65536", "-timeout=30",
                    f"-artifact_prefix={Path(scratch)}/", str(corpus)]  # fmt: skip
-        result = subprocess.run(command, env=env, capture_output=True, text=True)
+        # In the scratch folder: libFuzzer writes a Python exception's input to the working
+        # directory whatever -artifact_prefix says.
+        result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=scratch)
     output = result.stdout + result.stderr
     done = re.search(r"Done (\d+) runs in (\d+) second", output)
     findings = len(re.findall(r"ERROR: AddressSanitizer|runtime error:|Uncaught Python exception",

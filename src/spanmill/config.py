@@ -410,6 +410,14 @@ class RolloutSettings(BaseSettings):
     smoke_timeout_s: float = Field(120.0, gt=0)
     load_timeout_s: float = Field(600.0, gt=0)
     retry_after_s: float = Field(60.0, gt=0, description="Wait before retrying a failed deploy.")
+    # MLflow's client waits 120 s for an answer and retries 7 times by default: a pass
+    # would hang four minutes on an MLflow that is down. The controller asks less of it.
+    mlflow_timeout_s: int = Field(
+        10, gt=0, description="Seconds the controller waits for one MLflow answer."
+    )
+    mlflow_retries: int = Field(
+        1, ge=0, description="Retries of an MLflow call that failed, within one pass."
+    )
 
     # The local backend.
     state_file: Path = Field(default_factory=lambda: paths.state_dir() / "rollout-state.json")

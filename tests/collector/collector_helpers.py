@@ -17,7 +17,7 @@ from spanmill import semconv as sc
 from spanmill.collector import Collector
 from spanmill.collector.embedded import collector_thread
 from spanmill.config import CollectorSettings, KafkaSettings
-from spanmill.spans import Span
+from spanmill.spans import Span, encode_otlp_protobuf
 
 BASE_NS = 1_750_000_000_000_000_000
 
@@ -170,3 +170,21 @@ def llm_span(i: int = 0, trace_id: str | None = None, **attributes: Any) -> Span
 
 def by_id(spans: list[Span]) -> dict[str, Span]:
     return {span.span_id: span for span in spans}
+
+
+def trace_records(
+    count: int, spans_per_record: int
+) -> tuple[list[tuple[bytes, bytes]], set[tuple[str, str]]]:
+    """``count`` records of one trace each (key, OTLP protobuf), ``spans_per_record`` LLM
+    spans in each, and every (trace id, span id) they hold."""
+    records, expected = [], set()
+    template = [llm_span(i) for i in range(spans_per_record)]
+    for n in range(count):
+        trace_id = f"{n + 1:032x}"
+        spans = [
+            span.model_copy(update={"trace_id": trace_id, "span_id": f"{n + 1:08x}{i + 1:08x}"})
+            for i, span in enumerate(template)
+        ]
+        expected.update((span.trace_id, span.span_id) for span in spans)
+        records.append((trace_id.encode(), encode_otlp_protobuf(spans)))
+    return records, expected

@@ -11,9 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from collector_helpers import Topics, collector_process, llm_span, producer, ready, wait_for
+from collector_helpers import (
+    Topics,
+    collector_process,
+    producer,
+    ready,
+    trace_records,
+    wait_for,
+)
 
-from spanmill.spans import encode_otlp_protobuf
 from spanmill.stack.ports import free_port
 from spanmill.store import SpanStore
 
@@ -32,17 +38,7 @@ def test_sigkill_while_producing_loses_nothing_and_duplicates_nothing(
     topics: Topics, tmp_path: Path
 ) -> None:
     rng = random.Random(4)
-    records = []
-    expected: set[tuple[str, str]] = set()
-    template = [llm_span(i) for i in range(SPANS_PER_RECORD)]
-    for n in range(TOTAL_SPANS // SPANS_PER_RECORD):
-        trace_id = f"{n + 1:032x}"
-        spans = [
-            span.model_copy(update={"trace_id": trace_id, "span_id": f"{n + 1:08x}{i + 1:08x}"})
-            for i, span in enumerate(template)
-        ]
-        expected.update((span.trace_id, span.span_id) for span in spans)
-        records.append((trace_id.encode(), encode_otlp_protobuf(spans)))
+    records, expected = trace_records(TOTAL_SPANS // SPANS_PER_RECORD, SPANS_PER_RECORD)
 
     send = producer(topics.bootstrap)
     produced = threading.Event()

@@ -55,4 +55,6 @@ def test_a_finding_fails_the_run(tmp_path: Path) -> None:
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
     run.TARGET = target
+    before = set(ROOT.glob("crash-*"))
     assert run.main(["--runs", "200", "--scratch", "--cache", str(tmp_path / "build")]) == 1
+    assert set(ROOT.glob("crash-*")) == before  # the finding's input stays in the scratch

@@ -39,10 +39,12 @@ def rollout(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from spanmill.rollout.service import build_reconciler, run
+    from spanmill.rollout.service import bounded_mlflow, build_reconciler, run
 
     if once:
-        for decision in build_reconciler(settings).tick():
+        with bounded_mlflow(settings):
+            decisions = build_reconciler(settings).tick()
+        for decision in decisions:
             console.print(decision.message(), highlight=False)
         return
     triton = (

@@ -7,11 +7,13 @@ controller that can no longer reach MLflow, Triton or its backend.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -70,6 +72,34 @@ def signals_of(settings: RolloutSettings) -> Signals:
             reward_name=settings.reward_name,
         )
     return GatewayMetricsSignals(settings.gateway_urls)
+
+
+def mlflow_request_env(settings: RolloutSettings) -> dict[str, str]:
+    """The MLflow client's own variables that bound a call as ``settings`` ask: one
+    answer waited for ``mlflow_timeout_s``, ``mlflow_retries`` retries a second apart."""
+    return {
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(settings.mlflow_timeout_s),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(settings.mlflow_retries),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+    }
+
+
+@contextlib.contextmanager
+def bounded_mlflow(settings: RolloutSettings) -> Iterator[None]:
+    """MLflow calls bounded as the controller's settings ask, while it runs; what the
+    process had before is restored after (the client reads them at each call)."""
+    bounds = mlflow_request_env(settings)
+    before = {name: os.environ.get(name) for name in bounds}
+    os.environ.update(bounds)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def build_reconciler(
@@ -174,12 +204,13 @@ def run(settings: RolloutSettings, stop: threading.Event | None = None) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
     try:
-        reconciler.run(
-            stop,
-            settings.interval_s,
-            active=elector.is_leader if elector is not None else None,
-            standby_poll_s=settings.retry_period_s,
-        )
+        with bounded_mlflow(settings):
+            reconciler.run(
+                stop,
+                settings.interval_s,
+                active=elector.is_leader if elector is not None else None,
+                standby_poll_s=settings.retry_period_s,
+            )
     finally:
         lease_stop.set()
         if lease_thread is not None:
