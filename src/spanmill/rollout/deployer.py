@@ -75,14 +75,20 @@ class Deployer:
         return self.options.flavour == "vllm"
 
     def ready(self, agent: str, version: int) -> bool:
-        """Whether every Triton server has ``version`` loaded and ready."""
+        """Whether every Triton server has ``version`` loaded and ready. A server that
+        cannot be asked (killed, restarting) serves nothing: False, and the pass goes on
+        to what that calls for (the champion loaded again, a canary rolled back)."""
         model = names.triton_model(agent)
         if self.vllm:
             engine = read_engine(self.repository, model)
             if engine is None or version not in engine.versions:
                 return False
             version = ENGINE_VERSION
-        return all(s.versions(model).get(version) == "READY" for s in self.triton.members())
+        try:
+            return all(s.versions(model).get(version) == "READY" for s in self.triton.members())
+        except TritonError as exc:
+            log.warning("%s version %d: %s", agent, version, exc)
+            return False
 
     def present(self, agent: str) -> list[int]:
         """The registered versions the model repository holds for ``agent``."""
