@@ -267,6 +267,12 @@ class CollectorSettings(BaseSettings):
         3600.0, ge=0, description="Age after which ledger entries of committed batches go."
     )
     shutdown_timeout_s: float = Field(30.0, gt=0, description="Time allowed to flush on SIGTERM.")
+    write_retry_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long a batch the store refuses is retried before the collector stops "
+        "with an error (nothing committed past it: a restart writes it again).",
+    )
 
     @field_validator("redact_patterns")
     @classmethod

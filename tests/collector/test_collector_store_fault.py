@@ -4,11 +4,12 @@ unwritten span, and once writes succeed again every span is stored, none twice.
 The fault is the kernel's: the collector's processes get a file-size limit of 1 KiB
 (RLIMIT_FSIZE, set from outside with prlimit), so every Parquet file fails mid-write
 with EFBIG, as a full disk fails it with ENOSPC. The collector retries a batch with a
-growing wait, five times (about 30 s), then stops with an error and commits nothing
-more; what restarts it (Kubernetes) finds the spans still on the topic.
+growing wait for ``write_retry_s`` (30 s by default), then stops with an error and
+commits nothing more; what restarts it (Kubernetes) finds the spans still on the topic.
 
 ``SPANMILL_FAULT_OUTAGE_S`` (10 s in ``make test``) inside the retries; a second case
-outlasts them (the collector stops, and is started again once the store takes writes).
+outlasts them (4 s of retries against a 12 s fault: the collector stops, and is started
+again once the store takes writes).
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ def _stored_offsets(store: SpanStore) -> dict[int, set[int]]:
 def test_a_store_that_refuses_writes_loses_nothing_and_commits_nothing_unwritten(
     case: str, topics: Topics, tmp_path: Path
 ) -> None:
-    outage = OUTAGE_S if case == "within the retries" else max(OUTAGE_S, 45.0)
+    within = case == "within the retries"
+    outage = OUTAGE_S if within else max(OUTAGE_S, 12.0)
+    retry_s = "30" if within else "4"
     records, expected = trace_records(RECORDS, SPANS_PER_RECORD)
     send = producer(topics.bootstrap)
     produced = threading.Event()
@@ -102,7 +105,8 @@ def test_a_store_that_refuses_writes_loses_nothing_and_commits_nothing_unwritten
     port = free_port()
 
     def start() -> subprocess.Popen[bytes]:
-        return collector_process(topics, store_dir, log, port, batch_max_spans="200", workers="1")
+        return collector_process(topics, store_dir, log, port, batch_max_spans="200", workers="1",
+                                 write_retry_s=retry_s)  # fmt: skip
 
     process = start()
     threading.Thread(target=produce, name="producer", daemon=True).start()
@@ -149,4 +153,4 @@ def test_a_store_that_refuses_writes_loses_nothing_and_commits_nothing_unwritten
     assert code == 0, log.read_text()[-3000:]
     assert set(stored_ids) == expected
     assert duplicated == 0 and store.duplicates() == 0
-    assert restarts == (0 if case == "within the retries" else 1)
+    assert restarts == (0 if within else 1)

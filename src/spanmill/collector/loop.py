@@ -55,7 +55,6 @@ from spanmill.store.writer import LedgerEntry, StoreWriter
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200
-_WRITE_ATTEMPTS = 5
 _DLQ_TIMEOUT_S = 10.0
 _COMMIT_TIMEOUT_MS = 10_000
 _LAG_EVERY_S = 1.0
@@ -132,6 +131,7 @@ class InFlight:
     # The partition's assignment epoch when the batch was taken; see Collector._epochs.
     epoch: int = 0
     attempts: int = 1
+    failing_since: float = 0.0  # monotonic time of the first failed write
     outcome: BatchOutcome | None = None
     delivered: set[int] = field(default_factory=set)
     retry_at: float = 0.0
@@ -499,11 +499,15 @@ class Collector:
 
     def _retry_write(self, item: InFlight, exc: BaseException) -> None:
         assert self.processing is not None
-        if item.attempts >= _WRITE_ATTEMPTS:
+        now = time.monotonic()
+        item.failing_since = item.failing_since or now
+        left = self.settings.write_retry_s - (now - item.failing_since)
+        if left <= 0:
             raise CollectorError(
                 f"writing batch {item.batch.file_name()} to {self.settings.store_url} failed "
-                f"{item.attempts} times, last with {type(exc).__name__}: {exc}; check that the "
-                "store is reachable and writable (SPANMILL_COLLECTOR_STORE_URL)"
+                f"{item.attempts} times in {now - item.failing_since:.0f}s, last with "
+                f"{type(exc).__name__}: {exc}; check that the store is reachable and writable "
+                "(SPANMILL_COLLECTOR_STORE_URL); nothing past it was committed"
             ) from exc
         log.warning(
             "writing batch %s failed (%s: %s); trying again",
@@ -511,7 +515,7 @@ class Collector:
             type(exc).__name__,
             exc,
         )
-        time.sleep(min(2.0**item.attempts, 30.0))
+        time.sleep(min(2.0 ** (item.attempts - 1), 30.0, left))
         item.attempts += 1
         item.future = self.processing.submit(item.job)
 
