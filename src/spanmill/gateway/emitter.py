@@ -232,13 +232,13 @@ class SpanEmitter:
     def _send(self, producer: Any, span: Span) -> Any:
         """Hand one span to ``producer`` as a record of its trace; raises
         :class:`SpanTooLarge` for a span over ``max_message_bytes``."""
-        payload = encode_otlp_protobuf([span])
-        if len(payload) > self.kafka.max_message_bytes:
+        fitted, over = span_topic.fit([span], encode_otlp_protobuf, self.kafka.max_message_bytes)
+        if over:
             raise SpanTooLarge(
-                f"span {span.span_id} is {len(payload)} bytes as OTLP, over "
-                f"SPANMILL_KAFKA_MAX_MESSAGE_BYTES ({self.kafka.max_message_bytes})"
+                f"span {span.span_id} is over SPANMILL_KAFKA_MAX_MESSAGE_BYTES "
+                f"({self.kafka.max_message_bytes}) as OTLP"
             )
-        return span_topic.send(producer, self.kafka.spans_topic, span.trace_id, payload)
+        return span_topic.send(producer, self.kafka.spans_topic, span.trace_id, fitted[0][0])
 
     def _send_delivery(self, delivery: _Delivery) -> None:
         if not delivery.begin():
