@@ -3,8 +3,8 @@
  * SpanParts, scanning on the way the texts redaction reads for what its rules need.
  *
  * decode() reads an ExportTraceServiceRequest from its wire bytes without building
- * protobuf message objects, and gives exactly what spanmill.collector.decode's
- * Python fast path gives: a list of SpanParts, or None for "ask the authority".
+ * protobuf message objects, and gives exactly the SpanParts the authority
+ * (spanmill.spans.detect_and_decode) gives, or None for "ask the authority".
  * It is strict: an unknown field, a field repeated where one is expected, a value
  * of a kind the store does not keep as it is, a bad id or name, invalid UTF-8 or
  * anything malformed answers None, and spanmill.spans.detect_and_decode then says

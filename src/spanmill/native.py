@@ -3,7 +3,8 @@
 It holds the collector's hot paths: decoding OTLP protobuf into span parts and
 turning span parts into store columns. ``pip install`` compiles it when a C
 compiler is at hand; without one the package installs all the same, and the
-collector uses its Python paths, which give the same results more slowly.
+collector decodes every record with the span decoder and appends rows in
+Python, which gives the same results more slowly.
 ``spanmill collector`` logs which it runs. The modules that use it configure it
 (:mod:`spanmill.collector.decode`, :mod:`spanmill.store.rows`).
 """

@@ -188,3 +188,37 @@ def trace_records(
         expected.update((span.trace_id, span.span_id) for span in spans)
         records.append((trace_id.encode(), encode_otlp_protobuf(spans)))
     return records, expected
+
+
+def processed(processor: Any, values: list[bytes]) -> tuple[Any, dict[str, Any]]:
+    """A ``BatchProcessor``'s outcome for one batch of record values, and the Parquet
+    tables it wrote, by path relative to its store."""
+    import pyarrow.parquet as pq
+
+    from spanmill.collector.batch import BatchJob
+    from spanmill.store.layout import BatchId
+
+    count = len(values)
+    batch = BatchId("spans", 2, 10, 10 + count - 1, "f")
+    outcome = processor.process(
+        BatchJob(batch, list(range(10, 10 + count)), [1_750_000_000_000] * count, values,
+                 [None] * count)
+    )  # fmt: skip
+    root = Path(processor.config.store_url)
+    tables = {str(path.relative_to(root)): pq.read_table(path) for path in root.rglob("*.parquet")}
+    return outcome, tables
+
+
+def assert_same_writes(
+    got: tuple[Any, dict[str, Any]], expected: tuple[Any, dict[str, Any]]
+) -> None:
+    """Two :func:`processed` results hold the same counts, dead letters and tables."""
+    (outcome, tables), (expected_outcome, expected_tables) = got, expected
+    assert outcome.spans == expected_outcome.spans
+    assert outcome.dead == expected_outcome.dead
+    assert outcome.redactions == expected_outcome.redactions
+    assert outcome.translations == expected_outcome.translations
+    assert outcome.files == expected_outcome.files
+    assert tables.keys() == expected_tables.keys()
+    for name, table in expected_tables.items():
+        assert tables[name].equals(table), name

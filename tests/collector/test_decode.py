@@ -1,13 +1,11 @@
-"""The fast OTLP protobuf paths give what the span decoder gives, or defer to it.
+"""The native OTLP protobuf path gives what the span decoder gives, or defers to it.
 
-Every test runs both fast paths: the native one (the C extension, which the dev
-install builds) and the Python one over the parsed message.
+The dev install builds the C extension; without it every record goes to the span
+decoder (the authority), which these tests hold the native path to.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -93,33 +91,15 @@ def authority(payload: bytes, content_type: str | None = None) -> list[SpanParts
     return [SpanParts.from_span(s) for s in detect_and_decode(payload, content_type)]
 
 
-PATHS = ("native", "python")
 PREFILTER = Redactor().prefilter
 
 
-def fast_path(name: str) -> decode.FastPath:
-    if name == "python":
-        return decode.python_fast_path
+def native_path(payload: bytes) -> list[SpanParts] | None:
     assert decode.NATIVE_FAST_PATH is not None, (
         "the C extension spanmill._native is not built: reinstall with a C compiler"
     )
-    return decode.NATIVE_FAST_PATH
-
-
-@contextlib.contextmanager
-def using(name: str) -> Iterator[None]:
-    saved = decode._fast_path
-    decode._fast_path = fast_path(name)
-    try:
-        yield
-    finally:
-        decode._fast_path = saved
-
-
-@pytest.fixture(params=PATHS)
-def path(request: pytest.FixtureRequest) -> Iterator[str]:
-    with using(request.param):
-        yield request.param
+    spans: list[SpanParts] | None = decode.NATIVE_FAST_PATH(payload)
+    return spans
 
 
 def test_the_dev_install_has_the_native_path() -> None:
@@ -131,18 +111,16 @@ def test_the_dev_install_has_the_native_path() -> None:
 def test_fast_path_matches_the_authority(batch: list[Span]) -> None:
     payload = encode_otlp_protobuf(batch)
     expected = exact(authority(payload))
-    for name in PATHS:
-        with using(name):
-            got = decode_spans(payload, None, MAX)
-            # The Python path leaves a payload that starts like JSON ("\n{", "\n[", or
-            # the same after more whitespace bytes) to the authority.
-            assert got.verbatim or (name == "python" and decode._looks_like_json(payload)), name
-            assert exact(got.spans) == expected, name
-            scanned = decode_spans(payload, None, MAX, PREFILTER)
-            assert exact(scanned.spans) == expected, name
-            labelled = decode_record(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF, MAX)
-            assert exact(labelled) == expected, name
-            assert [p.to_span() for p in labelled] == batch, name
+    got = native_path(payload)
+    assert got is not None, "the native path deferred a plain export"
+    assert exact(got) == expected
+    assert exact(decode_spans(payload, None, MAX).spans) == expected
+    assert exact(decode_spans(payload, None, MAX, PREFILTER).spans) == expected
+    labelled = decode_record(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF, MAX)
+    assert exact(labelled) == expected
+    assert [p.to_span() for p in labelled] == batch
+    oracle = decode_spans(payload, None, MAX, PREFILTER, native_path=False)
+    assert exact(oracle.spans) == expected and oracle.may_match
 
 
 def _mutations(payload: bytes) -> st.SearchStrategy[bytes]:
@@ -164,7 +142,7 @@ def test_damaged_payloads_never_pass_for_other_spans(data: st.DataObject) -> Non
     """On bytes broken anywhere the native path gives the authority's spans, or defers."""
     payload = encode_otlp_protobuf(data.draw(st.lists(spans(), min_size=1, max_size=2)))
     damaged = data.draw(_mutations(payload))
-    got = fast_path("native")(damaged)
+    got = native_path(damaged)
     if got is None:
         return
     try:
@@ -197,7 +175,7 @@ def _span(attributes: dict[str, Any]) -> Span:
     ids=["ints", "doubles", "bools", "strings"],
 )
 def test_long_arrays_match_the_authority(
-    values: list[Any], path: str, monkeypatch: pytest.MonkeyPatch
+    values: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     payload = encode_otlp_protobuf([_span({"array": values, "one": values[:1]})])
     expected = authority(payload)
@@ -271,11 +249,10 @@ def _empty(pb: Any) -> None:
     [_kvlist, _mixed, _ints_then_bool, _bools_then_int, _doubles_then_string, _empty_item,
      _nested_array, _bytes, _empty],
 )  # fmt: skip
-def test_unusual_values_defer_to_the_authority(mutate: Any, path: str) -> None:
+def test_unusual_values_defer_to_the_authority(mutate: Any) -> None:
     payload = _request(mutate)
-    assert fast_path(path)(payload) is None
+    assert native_path(payload) is None
     got = decode_spans(payload, None, MAX)
-    assert not got.verbatim
     assert exact(got.spans) == exact(authority(payload))
 
 
@@ -306,7 +283,7 @@ def _long_key(pb: Any) -> None:
 @pytest.mark.parametrize(
     "mutate", [_zero_trace, _short_span_id, _bad_kind, _ends_early, _no_name, _long_key]
 )
-def test_invalid_spans_get_the_authoritys_error(mutate: Any, path: str) -> None:
+def test_invalid_spans_get_the_authoritys_error(mutate: Any) -> None:
     payload = _request(mutate)
     with pytest.raises(SpanDecodeError) as expected:
         detect_and_decode(payload)
@@ -353,7 +330,7 @@ def test_wire_forms_the_parser_accepts() -> None:
     resource = resource_spans.resource.SerializeToString()
     reordered = scopes + b"\x0a" + varint(len(resource)) + resource
     variants.append(b"\x0a" + varint(len(reordered)) + reordered)
-    # The span's name on the wire twice: the parser keeps the last, the fast paths defer.
+    # The span's name on the wire twice: the parser keeps the last, the native path defers.
     doubled = span.SerializeToString() + b"\x2a" + varint(5) + b"other"
     scope = resource_spans.scope_spans[0]
     scope_bytes = scope.scope.SerializeToString()
@@ -363,15 +340,14 @@ def test_wire_forms_the_parser_accepts() -> None:
     variants.append(b"\x0a" + varint(len(outer)) + outer)
     for payload in variants:
         expected = exact(authority(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF))
-        for name in PATHS:
-            got = fast_path(name)(payload)
-            assert got is None or exact(got) == expected, name
+        got = native_path(payload)
+        assert got is None or exact(got) == expected
         assert exact(decode_record(payload, None, MAX)) == expected
 
 
 @pytest.mark.parametrize("field", ["trace_state", "schema_url"])
-def test_a_text_field_not_kept_must_still_be_utf8(field: str, path: str) -> None:
-    """The fast paths check texts they drop as the parser does: invalid UTF-8 is refused."""
+def test_a_text_field_not_kept_must_still_be_utf8(field: str) -> None:
+    """The native path checks texts it drops as the parser does: invalid UTF-8 is refused."""
     request = ExportTraceServiceRequest.FromString(encode_otlp_protobuf([_span({"a": 1})]))
     holder = (
         request.resource_spans[0].scope_spans[0].spans[0]
@@ -384,7 +360,7 @@ def test_a_text_field_not_kept_must_still_be_utf8(field: str, path: str) -> None
     payload = good.replace(b"\x02ab", b"\x02\xff\xfe")
     with pytest.raises(SpanDecodeError) as expected:
         detect_and_decode(payload)
-    assert fast_path(path)(payload) is None
+    assert native_path(payload) is None
     with pytest.raises(SpanDecodeError) as got:
         decode_record(payload, None, MAX)
     assert got.value.reason == expected.value.reason
@@ -401,7 +377,7 @@ def test_json_that_starts_like_protobuf_is_read_as_json(lead: bytes) -> None:
         assert decode.NATIVE_FAST_PATH is not None
         assert decode.NATIVE_FAST_PATH(payload) is None
         got = decode_spans(payload, None, MAX, PREFILTER)
-        assert not got.verbatim and got.may_match
+        assert got.may_match
         assert [p.to_span() for p in got.spans] == [span]
 
 
@@ -410,7 +386,7 @@ def test_an_overlong_tag_is_left_to_the_parser() -> None:
     payload = encode_otlp_protobuf([_span({"a": 1})])
     assert payload[0] == 0x0A
     overlong = b"\x8a\x80\x80\x80\x80\x00" + payload[1:]  # field 1, length-delimited, 6 bytes
-    assert fast_path("native")(overlong) is None
+    assert native_path(overlong) is None
     with pytest.raises(SpanDecodeError):
         detect_and_decode(overlong, sc.CONTENT_TYPE_OTLP_PROTOBUF)
     with pytest.raises(SpanDecodeError):
@@ -427,8 +403,7 @@ def test_concurrent_decodes_keep_their_own_scan() -> None:
     plain = [_span({"note": f"nothing to see {i}"}) for i in range(4)]
     secret = encode_otlp_protobuf([*plain, _span({"note": "mail ann@example.org now"})])
     clean = encode_otlp_protobuf([*plain, _span({"note": "nothing to see"})])
-    decode_native = fast_path("native")
-    assert decode_native is not None
+    decode_native = native_path
     wrong: list[str] = []
 
     def work(first: bytes, second: bytes, expected: tuple[bool, bool]) -> None:

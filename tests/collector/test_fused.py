@@ -9,22 +9,19 @@ record. Their Parquet files, dead letters and counts must be the same.
 from __future__ import annotations
 
 import tempfile
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from collector_helpers import assert_same_writes, processed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanmill import native
 from spanmill import semconv as sc
-from spanmill.collector.batch import BatchJob, BatchProcessor, ProcessingConfig
+from spanmill.collector.batch import BatchProcessor, ProcessingConfig
 from spanmill.collector.translate import Translation
 from spanmill.spans import Span, encode_otlp_protobuf
-from spanmill.store.layout import BatchId
 from spanmill.store.rows import HourlyColumns
 from spanmill.store.schema import PROMOTED
 
@@ -94,18 +91,6 @@ def spans(draw: Any) -> Span:
     )
 
 
-def _written(processor: BatchProcessor, values: list[bytes]) -> tuple[Any, dict[str, pa.Table]]:
-    count = len(values)
-    batch = BatchId("spans", 2, 10, 10 + count - 1, "f")
-    outcome = processor.process(
-        BatchJob(batch, list(range(10, 10 + count)), [1_750_000_000_000] * count, values,
-                 [None] * count)
-    )  # fmt: skip
-    root = Path(processor.config.store_url)
-    tables = {str(path.relative_to(root)): pq.read_table(path) for path in root.rglob("*.parquet")}
-    return outcome, tables
-
-
 # Redaction set-ups: the default rules; attribute lists that drop a span key, a resource
 # key, or all but some; no rules at all (nothing to scan for).
 CONFIGS: list[dict[str, Any]] = [
@@ -121,16 +106,7 @@ def _same_rows(values: list[bytes], config: dict[str, Any] | None = None) -> Non
         fused = BatchProcessor(ProcessingConfig(store_url=first, **(config or {})))
         steps = BatchProcessor(ProcessingConfig(store_url=second, **(config or {})), fused=False)
         assert fused._fused is not None, "the C extension spanmill._native is not built"
-        got, got_tables = _written(fused, values)
-        expected, expected_tables = _written(steps, values)
-    assert got.spans == expected.spans
-    assert got.dead == expected.dead
-    assert got.redactions == expected.redactions
-    assert got.translations == expected.translations
-    assert got.files == expected.files
-    assert got_tables.keys() == expected_tables.keys()
-    for name, table in expected_tables.items():
-        assert got_tables[name].equals(table), name
+        assert_same_writes(processed(fused, values), processed(steps, values))
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spanmill.collector.decode import decode_spans
+from spanmill.collector.decode import NATIVE_FAST_PATH, decode_spans
 from spanmill.collector.redact import Redactor, luhn_valid
 from spanmill.spans import Span, encode_otlp_protobuf
 from spanmill.store.rows import SpanParts
@@ -137,9 +137,10 @@ def test_luhn() -> None:
 
 
 def may_match(redactor: Redactor, payload: bytes) -> bool:
-    decoded = decode_spans(payload, None, 1 << 20, redactor.prefilter)
-    assert decoded.verbatim
-    return decoded.may_match
+    assert NATIVE_FAST_PATH is not None and NATIVE_FAST_PATH(payload) is not None, (
+        "the native path must read this payload for its scan to count"
+    )
+    return decode_spans(payload, None, 1 << 20, redactor.prefilter).may_match
 
 
 def _payload(text: str, where: str) -> bytes:
@@ -177,8 +178,7 @@ def test_the_prefilter_lets_every_example_through(
     redactor = Redactor()
     payload = _payload(text, where)
     assert may_match(redactor, payload)
-    spans, verbatim, _ = decode_spans(payload, None, 1 << 20)
-    assert verbatim
+    spans = decode_spans(payload, None, 1 << 20).spans
     counts: dict[str, int] = {}
     redactor.apply(spans[0], counts)
     assert counts.get(rule, 0) >= 1
@@ -214,8 +214,7 @@ PIECES = [
 def test_a_record_the_prefilter_passes_holds_nothing_to_redact(text: str, where: str) -> None:
     redactor = Redactor()
     payload = _payload(text, where)
-    spans, verbatim, _ = decode_spans(payload, None, 1 << 20)
-    assert verbatim
+    spans = decode_spans(payload, None, 1 << 20).spans
     counts: dict[str, int] = {}
     redactor.apply(spans[0], counts)
     if counts:

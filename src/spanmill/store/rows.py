@@ -376,7 +376,8 @@ NATIVE_ROWS: Final = _native_append is not None
 class HourlyColumns:
     """Rows split by the hour of their span's start time: one table per hour folder."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, native: bool = True) -> None:
+        self.native = native
         self.hours: dict[int, ColumnBuilder] = {}
         # Each hour's native columns, for the collector's fused decoder (which adds rows
         # itself, and counts them into ``rows``).
@@ -387,7 +388,7 @@ class HourlyColumns:
         """The hour's builder, made if new."""
         builder = self.hours.get(hour)
         if builder is None:
-            builder = self.hours[hour] = ColumnBuilder()
+            builder = self.hours[hour] = ColumnBuilder(native=self.native)
             if builder.native_columns is not None:
                 self.native_hours[hour] = builder.native_columns
         return builder
