@@ -117,6 +117,27 @@ def triton(services_dir: Path) -> Iterator[TritonService]:
 
 
 @pytest.fixture(scope="session")
+def s3() -> Iterator[dict[str, Any]]:
+    """The local S3 endpoint (moto's server on 127.0.0.1) standing in for a real object
+    store; its fsspec storage options. ``object_store.s3_bucket`` makes a fresh bucket in it."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    options = {
+        "endpoint_url": f"http://127.0.0.1:{port}",
+        "key": "test",
+        "secret": "test",
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
+    try:
+        yield options
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The real SmolLM2-135M-Instruct as a Hugging Face folder.
 

@@ -285,6 +285,36 @@ class CollectorSettings(BaseSettings):
         return value
 
 
+class StoreSettings(BaseSettings):
+    """Upkeep of the span store: ``spanmill store compact`` (the chart's CronJob) and
+    ``spanmill store erase``. Env prefix ``SPANMILL_STORE_``."""
+
+    model_config = _config("SPANMILL_STORE_")
+
+    url: str = Field(
+        default_factory=lambda: str(paths.home() / "spans"),
+        description="Span store root, as the collector's SPANMILL_COLLECTOR_STORE_URL.",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options for url, JSON."
+    )
+    retention_days: float | None = Field(
+        None, gt=0, description="Hours older than this many days are deleted; unset keeps all."
+    )
+    user_id_attribute: str = Field(
+        "enduser.id", min_length=1, description="The span attribute that carries a user's id."
+    )
+    settle_seconds: float = Field(
+        600.0, ge=0, description="An hour is compacted once it ended this long ago."
+    )
+    target_rows: int = Field(1_000_000, gt=0, description="Rows per compacted file.")
+    stale_seconds: float = Field(
+        3600.0,
+        ge=0,
+        description="Age after which a killed run's temp files and incomplete work are deleted.",
+    )
+
+
 class GatewaySettings(BaseSettings):
     """The OpenAI-compatible gateway. Env prefix ``SPANMILL_GATEWAY_``."""
 

@@ -21,6 +21,7 @@ from spanmill.cli import (
     rollout,
     spans,
     stack,
+    store,
     train,
     triton,
 )
@@ -44,6 +45,7 @@ app.add_typer(agent.app, name="agent")
 app.add_typer(dataset.app, name="dataset")
 app.command()(collector.collector)
 app.add_typer(spans.app, name="spans")
+app.add_typer(store.app, name="store")
 app.add_typer(rollout.app, name="rollout")
 app.add_typer(pipeline.app, name="pipeline")
 app.add_typer(triton.app, name="triton")

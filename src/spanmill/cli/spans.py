@@ -150,10 +150,9 @@ def stats(
     start = _since(since)
     span_store = SpanStore(settings.store_url, settings.storage_options)
     began = time.perf_counter()
-    window = {"start": start} if start else {}
 
     def query(sql: str) -> Any:
-        return span_store.query(sql, **window)
+        return span_store.query(sql, start=start)
 
     totals = query(
         "SELECT count(*) AS spans, count(DISTINCT trace_id) AS traces, "

@@ -16,12 +16,23 @@ Next to the data, ``_ledger/<topic>/p<partition>/<first offset>-<fingerprint>.js
 records where each batch ends (see :mod:`spanmill.store.writer` for why).
 Readers skip names starting with ``_`` or ``.``, which also hides files that are
 still being written.
+
+Compaction (:mod:`spanmill.store.compact`) rewrites an hour's files as one
+*generation* of a few large ones, ``compacted-<generation>-<part>-of-<parts>.parquet``,
+each holding in its Parquet metadata the names of every file the generation
+replaces. A generation counts once all its parts are in the folder; from then on
+the files it names are never read, whether they are still there, gone, or written
+again by a collector that replays a batch (which gives the same rows).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import re
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -34,6 +45,13 @@ _NAME = re.compile(
     r"^(?P<topic>.+)-p(?P<partition>\d+)-(?P<first>\d{20})-(?P<last>\d{20})"
     r"-(?P<fingerprint>[0-9a-f]{16})\.parquet$"
 )
+_COMPACTED = re.compile(
+    r"^compacted-(?P<generation>[0-9a-f]{16})-(?P<part>\d{4})-of-(?P<parts>\d{4})\.parquet$"
+)
+COMPACTED_PREFIX: Final = "compacted-"
+# Parquet key-value metadata of a compacted part: the names it replaces, and when.
+REPLACES_KEY: Final = b"spanmill.replaces"
+COMPACTED_AT_KEY: Final = b"spanmill.compacted_at"
 _HOUR_DIR = re.compile(r"^dt=(?P<dt>\d{4}-\d{2}-\d{2})$|^hour=(?P<hour>\d{2})$")
 _NS_PER_HOUR: Final = 3600 * 10**9
 
@@ -75,6 +93,38 @@ def parse_file_name(name: str) -> BatchId | None:
         last=int(match["last"]),
         fingerprint=match["fingerprint"],
     )
+
+
+@dataclass(frozen=True, order=True)
+class PartName:
+    """One part of a compacted generation, as its file name says."""
+
+    generation: str
+    part: int
+    parts: int
+
+    def file_name(self) -> str:
+        return f"{COMPACTED_PREFIX}{self.generation}-{self.part:04d}-of-{self.parts:04d}{SUFFIX}"
+
+
+def parse_part_name(name: str) -> PartName | None:
+    """The compacted generation a data file is part of; None for any other name."""
+    match = _COMPACTED.match(name.rsplit("/", 1)[-1])
+    if match is None:
+        return None
+    part, parts = int(match["part"]), int(match["parts"])
+    if not 0 <= part < parts:
+        return None
+    return PartName(match["generation"], part, parts)
+
+
+def encode_replaced(names: Iterable[str]) -> bytes:
+    """File names for a part's metadata: sorted, JSON, deflated (they share long prefixes)."""
+    return base64.b64encode(zlib.compress(json.dumps(sorted(set(names))).encode(), 6))
+
+
+def decode_replaced(value: bytes) -> frozenset[str]:
+    return frozenset(json.loads(zlib.decompress(base64.b64decode(value))))
 
 
 def fingerprint(timestamp_ms: int, key: bytes | None, value: bytes | None) -> str:

@@ -7,38 +7,58 @@ answer of a DuckDB query over a view named ``spans``. Windows are half-open,
 ``start <= span start time < end``.
 
 Readers need no deduplication: the collector's ledger makes every span land in
-exactly one file (see :mod:`spanmill.store.writer`). :meth:`SpanStore.duplicates`
-checks that promise.
+exactly one file (see :mod:`spanmill.store.writer`), and compaction's generations
+say which files they replace (see :mod:`spanmill.store.layout`), so each hour's
+*live* files hold every span once. A read lists them, then reads them; if a
+compaction removed one in between, the read starts again from a new listing.
+:meth:`SpanStore.duplicates` checks that promise.
+
+Every read leaves out the traces of erasure requests (:mod:`spanmill.store.erasure`)
+and refuses a window that reaches past the store's retention period
+(:mod:`spanmill.store.policy`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from spanmill import semconv as sc
 from spanmill.errors import SpanmillError
 from spanmill.spans import Span
+from spanmill.store.erasure import read_erasures
 from spanmill.store.layout import (
+    REPLACES_KEY,
     SUFFIX,
     BatchId,
+    PartName,
+    decode_replaced,
     hour_key,
     hour_of_dir,
     is_date_dir,
     is_hour_dir,
     parse_file_name,
+    parse_part_name,
 )
+from spanmill.store.policy import StorePolicy, read_policy
 from spanmill.store.rows import spans_from_table
 from spanmill.store.schema import SPAN_SCHEMA
 from spanmill.store.writer import open_store
 
+log = logging.getLogger(__name__)
 TimeLike = datetime | int | str
+T = TypeVar("T")
+# A read that keeps losing files to compaction gives up after this many listings.
+_READ_ATTEMPTS = 20
 
 
 class StoreError(SpanmillError):
@@ -67,6 +87,7 @@ class StoredFile:
     path: str
     hour: int
     batch: BatchId | None
+    part: PartName | None = None
 
 
 class SpanStore:
@@ -75,9 +96,10 @@ class SpanStore:
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = url
         self.fs, self.root = open_store(url, storage_options)
+        self._replaced_cache: dict[str, frozenset[str]] = {}
         from fsspec.implementations.local import LocalFileSystem
 
-        self._arrow_fs: pafs.FileSystem = (
+        self.arrow_fs: pafs.FileSystem = (
             pafs.LocalFileSystem()
             if isinstance(self.fs, LocalFileSystem)
             else pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
@@ -112,11 +134,83 @@ class SpanStore:
                 hour = hour_of_dir(dt, hh)
                 if (low is not None and hour < low) or (high is not None and hour > high):
                     continue
-                for path in sorted(self._ls(hour_path)):
-                    name = path.rsplit("/", 1)[-1]
-                    if name.endswith(SUFFIX) and not name.startswith((".", "_")):
-                        found.append(StoredFile(path, hour, parse_file_name(name)))
+                found.extend(self.live_files(hour_path, hour))
         return found
+
+    def live_files(self, hour_path: str, hour: int) -> list[StoredFile]:
+        """An hour folder's files that hold its spans once: every complete compacted
+        generation's parts and every file none of them replaces."""
+        files = []
+        for path in sorted(self._ls(hour_path)):
+            name = path.rsplit("/", 1)[-1]
+            if name.endswith(SUFFIX) and not name.startswith((".", "_")):
+                files.append(StoredFile(path, hour, parse_file_name(name), parse_part_name(name)))
+        parts: dict[str, list[StoredFile]] = {}
+        for stored in files:
+            if stored.part is not None:
+                parts.setdefault(stored.part.generation, []).append(stored)
+        complete = {
+            generation
+            for generation, members in parts.items()
+            if len(members) == members[0].part.parts  # type: ignore[union-attr]
+        }
+        replaced: set[str] = set()
+        for generation in complete:
+            first = min(parts[generation], key=lambda f: f.part.part)  # type: ignore[union-attr]
+            replaced |= self.replaced_by(first.path)
+        return [
+            stored
+            for stored in files
+            if stored.path.rsplit("/", 1)[-1] not in replaced
+            and (stored.part is None or stored.part.generation in complete)
+        ]
+
+    def replaced_by(self, part_path: str) -> frozenset[str]:
+        """The names a compacted part's generation replaces (parts never change)."""
+        cached = self._replaced_cache.get(part_path)
+        if cached is None:
+            metadata = pq.read_metadata(part_path, filesystem=self.arrow_fs).metadata or {}
+            cached = (
+                decode_replaced(metadata[REPLACES_KEY]) if REPLACES_KEY in metadata else frozenset()
+            )
+            self._replaced_cache[part_path] = cached
+        return cached
+
+    def policy(self) -> StorePolicy:
+        return read_policy(self.fs, self.root)
+
+    def erased_trace_ids(self) -> list[str]:
+        """Traces of every erasure request, pending or applied: no read returns them."""
+        return sorted({t for e in read_erasures(self.fs, self.root) for t in e.trace_ids})
+
+    def _check_window(self, start: TimeLike | None) -> None:
+        horizon = self.policy().horizon()
+        if horizon is None or start is None:
+            return
+        if to_unix_nanos(start) < to_unix_nanos(horizon):
+            raise StoreError(
+                f"the window starts at {_iso(start)}, before the store's retention horizon "
+                f"{horizon:%Y-%m-%dT%H:%M:%SZ} (spans are kept "
+                f"{self.policy().retention_days:g} days): start the window later"
+            )
+
+    def _attempts(self, read: Callable[[], T]) -> T:
+        """``read()`` again from a new listing while compaction removes files under it."""
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                return read()
+            except FileNotFoundError as exc:
+                missing = exc
+            except OSError as exc:
+                if "No such file" not in str(exc) and "NoSuchKey" not in str(exc):
+                    raise StoreError(f"cannot read the span store at {self.url}: {exc}") from None
+                missing = exc  # type: ignore[assignment]
+            log.debug("a file went while reading (%s): listing again", missing)
+            time.sleep(min(0.05 * (attempt + 1), 1.0))
+        raise StoreError(
+            f"cannot read the span store at {self.url}: files kept going while it was read "
+            f"({_READ_ATTEMPTS} listings); is a compaction stuck in a loop?"
+        )
 
     def batches(self) -> list[BatchId]:
         """The batches whose files are in the store, by topic, partition and offset."""
@@ -142,10 +236,8 @@ class SpanStore:
         if not paths:
             return None
         try:
-            return ds.dataset(
-                paths, schema=SPAN_SCHEMA, format="parquet", filesystem=self._arrow_fs
-            )
-        except (OSError, pa.ArrowInvalid) as exc:
+            return ds.dataset(paths, schema=SPAN_SCHEMA, format="parquet", filesystem=self.arrow_fs)
+        except pa.ArrowInvalid as exc:
             raise StoreError(f"cannot read the span store at {self.url}: {exc}") from None
 
     def table(
@@ -161,20 +253,27 @@ class SpanStore:
         columns: Sequence[str] | None = None,
     ) -> pa.Table:
         """Spans matching every filter given, as a table sorted by start time."""
-        expression = _filter(start, end, service, agent, trace_id, episode_id, llm_calls_only)
-        dataset = self._dataset(start, end)
+        self._check_window(start)
         wanted = list(columns) if columns is not None else list(SPAN_SCHEMA.names)
         unknown = [name for name in wanted if name not in SPAN_SCHEMA.names]
         if unknown:
             raise StoreError(f"unknown span store columns {unknown}; known: {SPAN_SCHEMA.names}")
-        if dataset is None:
-            return SPAN_SCHEMA.empty_table().select(wanted)
+        expression = _filter(
+            start, end, service, agent, trace_id, episode_id, llm_calls_only,
+            self.erased_trace_ids(),
+        )  # fmt: skip
         read = wanted if "start_time" in wanted else [*wanted, "start_time"]
-        try:
-            table = dataset.to_table(columns=read, filter=expression)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise StoreError(f"cannot read the span store at {self.url}: {exc}") from None
-        table = table.sort_by([("start_time", "ascending")])
+
+        def attempt() -> pa.Table:
+            dataset = self._dataset(start, end)
+            if dataset is None:
+                return SPAN_SCHEMA.empty_table().select(read)
+            try:
+                return dataset.to_table(columns=read, filter=expression)
+            except pa.ArrowInvalid as exc:
+                raise StoreError(f"cannot read the span store at {self.url}: {exc}") from None
+
+        table = self._attempts(attempt).sort_by([("start_time", "ascending")])
         return table.select(wanted)
 
     def spans(self, **filters: Any) -> list[Span]:
@@ -185,10 +284,31 @@ class SpanStore:
         return self.table(columns=["span_id"], **filters).num_rows
 
     def query(
-        self, sql: str, *, start: TimeLike | None = None, end: TimeLike | None = None
+        self,
+        sql: str,
+        *,
+        start: TimeLike | None = None,
+        end: TimeLike | None = None,
+        params: Sequence[Any] | None = None,
     ) -> pa.Table:
-        """Run DuckDB SQL over a view ``spans`` of the window's files."""
+        """Run DuckDB SQL (with ``?`` placeholders for ``params``) over a view ``spans``
+        of the window's live spans, erased traces left out, and the store's macros
+        (:mod:`spanmill.store.queries`)."""
+        self._check_window(start)
+        erased = self.erased_trace_ids()
+        return self._attempts(lambda: self._query(sql, start, end, params, erased))
+
+    def _query(
+        self,
+        sql: str,
+        start: TimeLike | None,
+        end: TimeLike | None,
+        params: Sequence[Any] | None,
+        erased: list[str],
+    ) -> pa.Table:
         import duckdb
+
+        from spanmill.store.queries import MACROS
 
         dataset = self._dataset(start, end)
         source: Any = dataset if dataset is not None else SPAN_SCHEMA.empty_table()
@@ -201,13 +321,30 @@ class SpanStore:
             if end is not None:
                 window.append(f"epoch_ns(start_time) < {to_unix_nanos(end)}")
             where = f" WHERE {' AND '.join(window)}" if window else ""
-            connection.execute(f"CREATE VIEW spans AS SELECT * FROM spans_source{where}")
-            relation = connection.sql(sql)
+            # spans_all: erased traces too, for resolving erasure requests alone.
+            connection.execute(f"CREATE VIEW spans_all AS SELECT * FROM spans_source{where}")
+            unerased = "SELECT * FROM spans_all"
+            if erased:
+                connection.register("erased_traces", pa.table({"trace_id": erased}))
+                unerased += " WHERE trace_id NOT IN (SELECT trace_id FROM erased_traces)"
+            connection.execute(f"CREATE VIEW spans AS {unerased}")
+            for macro in MACROS:
+                connection.execute(macro)
+            relation = connection.sql(sql, params=list(params) if params else None)
             return relation.to_arrow_table() if relation is not None else pa.table({})
+        except duckdb.IOException as exc:
+            if "No such file" in str(exc) or "not found" in str(exc).lower():
+                raise FileNotFoundError(str(exc)) from None
+            raise StoreError(f"query failed: {exc}") from None
         except duckdb.Error as exc:
             raise StoreError(f"query failed: {exc}") from None
         finally:
             connection.close()
+
+
+def _iso(value: TimeLike) -> str:
+    moment = datetime.fromtimestamp(to_unix_nanos(value) / 1e9, tz=UTC)
+    return f"{moment:%Y-%m-%dT%H:%M:%SZ}"
 
 
 def _filter(
@@ -218,6 +355,7 @@ def _filter(
     trace_id: str | None,
     episode_id: str | None,
     llm_calls_only: bool,
+    erased_trace_ids: Sequence[str] = (),
 ) -> ds.Expression | None:
     time_type = SPAN_SCHEMA.field("start_time").type
     parts: list[ds.Expression] = []
@@ -235,6 +373,8 @@ def _filter(
         parts.append(ds.field("episode_id") == episode_id)
     if llm_calls_only:
         parts.append(ds.field("operation_name").isin(sorted(sc.LLM_OPERATIONS)))
+    if erased_trace_ids:
+        parts.append(~ds.field("trace_id").isin(list(erased_trace_ids)))
     if not parts:
         return None
     expression = parts[0]

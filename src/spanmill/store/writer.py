@@ -143,12 +143,16 @@ class StoreWriter:
         written = []
         for hour, table in tables.items():
             relative = f"{hour_dir(hour)}/{batch.file_name()}"
-            if self.local:
-                self._write_local(self.path(relative), table)
-            else:
-                self.fs.pipe_file(self.path(relative), self._parquet_bytes(table))
+            self.write_file(relative, table)
             written.append(relative)
         return written
+
+    def write_file(self, relative: str, table: pa.Table) -> None:
+        """One data file, appearing whole under its name or not at all."""
+        if self.local:
+            self._write_local(self.path(relative), table)
+        else:
+            self.fs.pipe_file(self.path(relative), self._parquet_bytes(table))
 
     def _ensure_dir(self, path: str) -> None:
         """Create a folder and make its entry durable in its parent, once per process."""
@@ -290,6 +294,28 @@ class StoreWriter:
             else:
                 self.fs.pipe_file(path, content)
         return self.path(base)
+
+
+def put_file(fs: Any, path: str, content: bytes) -> None:
+    """Write a small file whole: on a local disk through a hidden temp file, fsynced and
+    renamed into place; on an object store as one put."""
+    if not isinstance(fs, LocalFileSystem):
+        fs.pipe_file(path, content)
+        return
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    temp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temp, "wb") as file:
+            file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _fsync_dir(folder)
 
 
 def _fsync_dir(path: str) -> None:

@@ -1,0 +1,373 @@
+"""Store upkeep: compaction, retention and erasure, in one job (``spanmill store compact``).
+
+The collector writes one file per hour folder each time a partition's batch closes,
+so a quiet hour may hold thousands of small files. Compaction rewrites a closed
+hour's live files as one *generation* of a few large files, sorted by trace id and
+start time (:mod:`spanmill.store.layout` says how a generation names what it
+replaces). The steps keep every reader exact whenever the job stops:
+
+1. The parts are written under hidden names and renamed into place (one put each on
+   an object store). Until the last part is in the folder the generation does not
+   count: readers read the files it would replace.
+2. Once it is complete, readers read it and never the files it names, which are then
+   deleted. A reader that listed the old files just before retries from a new
+   listing (:class:`~spanmill.store.SpanStore`).
+3. Killed anywhere, the job leaves hidden temp files, an incomplete generation, or
+   replaced files not yet deleted; none is read, and the next run deletes them
+   (incomplete work once it is ``stale_s`` old, so a run still going is never
+   disturbed) and compacts again what is not done.
+
+The collector keeps writing the current hour meanwhile, and it may write a batch's
+file again after a crash (the ledger fixes the batch, so the file holds the same
+rows): a generation that replaced that name keeps it out, and the next run deletes it.
+
+Retention deletes whole hour folders past the store's retention period. Erasure
+(:mod:`spanmill.store.erasure`) rewrites every hour holding a span of a pending
+request, closed or not, without those spans, then marks the request applied.
+
+One job at a time: the chart's CronJob forbids overlapping runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from spanmill.store.erasure import (
+    DEFAULT_USER_ID_ATTRIBUTE,
+    Erasure,
+    Subject,
+    read_erasures,
+    write_erasure,
+)
+from spanmill.store.layout import (
+    COMPACTED_AT_KEY,
+    COMPACTED_PREFIX,
+    REPLACES_KEY,
+    SUFFIX,
+    PartName,
+    encode_replaced,
+    hour_of_dir,
+    is_date_dir,
+    is_hour_dir,
+    parse_part_name,
+)
+from spanmill.store.policy import StorePolicy, write_policy
+from spanmill.store.reader import SpanStore, StoredFile
+from spanmill.store.schema import SPAN_SCHEMA
+from spanmill.store.writer import StoreWriter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGET_ROWS = 1_000_000
+DEFAULT_SETTLE_S = 600.0
+DEFAULT_STALE_S = 3600.0
+
+
+@dataclass
+class CompactionReport:
+    """What one run did."""
+
+    hours_seen: int = 0
+    hours_compacted: int = 0
+    files_before: int = 0  # live files of the hours compacted
+    files_after: int = 0
+    files_deleted: int = 0  # replaced, stale or expired
+    hours_expired: int = 0
+    spans_erased: dict[str, int] = field(default_factory=dict)
+    erasures_applied: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Hour:
+    path: str
+    hour: int
+
+
+class Compactor:
+    """Compacts, expires and erases one store; :meth:`run` does one pass."""
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        policy: StorePolicy | None = None,
+        settle_s: float = DEFAULT_SETTLE_S,
+        target_rows: int = DEFAULT_TARGET_ROWS,
+        stale_s: float = DEFAULT_STALE_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if target_rows < 1:
+            raise ValueError("target_rows must be at least 1")
+        self.store = SpanStore(url, storage_options)
+        self.writer = StoreWriter(url, storage_options, compression="zstd", compression_level=3)
+        self.fs, self.root = self.store.fs, self.store.root
+        self.policy = policy or StorePolicy()
+        self.settle_s = settle_s
+        self.target_rows = target_rows
+        self.stale_s = stale_s
+        self.clock = clock
+
+    # -- the pass --------------------------------------------------------------------
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> CompactionReport:
+        started = time.perf_counter()
+        report = CompactionReport()
+        write_policy(self.fs, self.root, self.policy)
+        erasures = read_erasures(self.fs, self.root)
+        pending = [self._resolve(e) for e in erasures if e.status == "pending"]
+        # Pending requests' traces send every hour holding one to be rewritten; applied
+        # ones' (a late span of an erased trace) go whenever their hour is rewritten.
+        erasing = {t: e.id for e in pending for t in e.trace_ids}
+        hidden = {t: e.id for e in erasures if e.status == "applied" for t in e.trace_ids}
+        hidden.update(erasing)
+        firsts: dict[str, int] = {}
+        lasts: dict[str, int] = {}
+        hours = self._hours()
+        report.hours_seen = len(hours)
+        now = self.clock()
+        horizon = self.policy.horizon(datetime.fromtimestamp(now, UTC))
+        for done, hour in enumerate(hours, 1):
+            if horizon is not None and (hour.hour + 1) * 3600 <= horizon.timestamp():
+                report.files_deleted += self._expire(hour)
+                report.hours_expired += 1
+            else:
+                self._tidy(hour, report)
+                closed = (hour.hour + 1) * 3600 + self.settle_s <= now
+                self._compact(hour, closed, erasing, hidden, report, firsts, lasts)
+            if progress is not None:
+                progress(done, len(hours))
+        for erasure in pending:
+            count = report.spans_erased.get(erasure.id, 0)
+            applied = erasure.applied(
+                count, (), _moment(firsts.get(erasure.id)), _moment(lasts.get(erasure.id))
+            )
+            write_erasure(self.fs, self.root, applied)
+            report.erasures_applied.append(erasure.id)
+        self._drop_empty_days()
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _resolve(self, erasure: Erasure) -> Erasure:
+        return resolve_erasure(self.store, erasure)
+
+    # -- hours -----------------------------------------------------------------------
+
+    def _hours(self) -> list[_Hour]:
+        self.fs.invalidate_cache()
+        found = []
+        for day in sorted(self._ls(self.root)):
+            dt = is_date_dir(day.rsplit("/", 1)[-1])
+            if dt is None:
+                continue
+            for path in sorted(self._ls(day)):
+                hh = is_hour_dir(path.rsplit("/", 1)[-1])
+                if hh is not None:
+                    found.append(_Hour(path, hour_of_dir(dt, hh)))
+        return found
+
+    def _ls(self, path: str, detail: bool = False) -> list[Any]:
+        try:
+            entries: list[Any] = self.fs.ls(path, detail=detail)
+        except FileNotFoundError:
+            return []
+        return entries
+
+    def _expire(self, hour: _Hour) -> int:
+        count = len(self._ls(hour.path))
+        self.fs.rm(hour.path, recursive=True)
+        log.info("expired %s (%d files)", hour.path, count)
+        return count
+
+    def _drop_empty_days(self) -> None:
+        if not self.writer.local:
+            return  # object stores have no empty folders
+        for day in self._ls(self.root):
+            if is_date_dir(day.rsplit("/", 1)[-1]) and not self._ls(day):
+                self.fs.rmdir(day)
+
+    def _tidy(self, hour: _Hour, report: CompactionReport) -> None:
+        """Delete what no reader reads: files a complete generation replaced, and, once
+        stale, incomplete generations and hidden temp files a killed run left."""
+        entries = self._ls(hour.path, detail=True)
+        names = {e["name"].rsplit("/", 1)[-1]: e for e in entries}
+        live = {f.path.rsplit("/", 1)[-1] for f in self.store.live_files(hour.path, hour.hour)}
+        now = self.clock()
+        for name, entry in names.items():
+            if name in live:
+                continue
+            stale = now - _mtime(entry, now) >= self.stale_s
+            part = parse_part_name(name)
+            temp = name.startswith("." + COMPACTED_PREFIX) and name.endswith(".tmp")
+            replaced = (
+                name.endswith(SUFFIX)
+                and not name.startswith((".", "_"))
+                and (part is None or self._generation_complete(names, part))
+            )
+            if replaced or ((part is not None or temp) and stale):
+                self._delete(entry["name"], report)
+
+    @staticmethod
+    def _generation_complete(names: Iterable[str], part: PartName) -> bool:
+        have = {
+            p.part for p in map(parse_part_name, names) if p and p.generation == part.generation
+        }
+        return len(have) == part.parts
+
+    def _delete(self, path: str, report: CompactionReport) -> None:
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            return
+        report.files_deleted += 1
+
+    def _compact(
+        self,
+        hour: _Hour,
+        closed: bool,
+        erasing: Mapping[str, str],
+        hidden: Mapping[str, str],
+        report: CompactionReport,
+        firsts: dict[str, int],
+        lasts: dict[str, int],
+    ) -> None:
+        live = self.store.live_files(hour.path, hour.hour)
+        if not live:
+            return
+        erase = bool(erasing) and _holds_any(self._read(live, ["trace_id"]), erasing)
+        if not erase and not (closed and self._worth_compacting(live)):
+            return
+        table = self._read(live)
+        if hidden:
+            table = self._erase(table, hidden, erasing, report, firsts, lasts)
+        replaced = set()
+        for stored in live:
+            replaced.add(stored.path.rsplit("/", 1)[-1])
+            if stored.part is not None:
+                replaced |= self.store.replaced_by(stored.path)
+        parts = self._write_generation(hour, table, replaced)
+        report.hours_compacted += 1
+        report.files_before += len(live)
+        report.files_after += parts
+        self._tidy(hour, report)
+
+    def _worth_compacting(self, live: list[StoredFile]) -> bool:
+        """More files than the rows need (a complete generation alone is done)."""
+        if len(live) == 1:
+            return False
+        generations = {f.part.generation for f in live if f.part is not None}
+        return not (len(generations) == 1 and all(f.part is not None for f in live))
+
+    def _read(self, live: list[StoredFile], columns: list[str] | None = None) -> pa.Table:
+        schema = (
+            SPAN_SCHEMA if columns is None else pa.schema([SPAN_SCHEMA.field(c) for c in columns])
+        )
+        tables = [
+            pq.read_table(
+                f.path, filesystem=self.store.arrow_fs, schema=SPAN_SCHEMA, columns=columns
+            )
+            for f in live
+        ]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def _erase(
+        self,
+        table: pa.Table,
+        hidden: Mapping[str, str],
+        erasing: Mapping[str, str],
+        report: CompactionReport,
+        firsts: dict[str, int],
+        lasts: dict[str, int],
+    ) -> pa.Table:
+        """The table without erased traces' spans; those of pending requests counted."""
+        gone = pc.is_in(table.column("trace_id"), pa.array(list(hidden)))
+        removed = table.filter(gone).select(["trace_id", "start_time"])
+        starts = removed.column("start_time").cast(pa.int64()).to_pylist()
+        for trace, start in zip(removed.column("trace_id").to_pylist(), starts, strict=True):
+            owner = erasing.get(trace)
+            if owner is None:
+                continue
+            report.spans_erased[owner] = report.spans_erased.get(owner, 0) + 1
+            firsts[owner] = min(firsts.get(owner, start), start)
+            lasts[owner] = max(lasts.get(owner, start), start)
+        return table.filter(pc.invert(gone))
+
+    def _write_generation(self, hour: _Hour, table: pa.Table, replaced: set[str]) -> int:
+        """Write an hour's rows as a new generation of parts; returns how many."""
+        table = table.sort_by([("trace_id", "ascending"), ("start_time", "ascending")])
+        generation = uuid.uuid4().hex[:16]
+        parts = max(1, math.ceil(table.num_rows / self.target_rows))
+        metadata = {
+            **(SPAN_SCHEMA.metadata or {}),
+            REPLACES_KEY: encode_replaced(replaced),
+            COMPACTED_AT_KEY: str(self.clock()).encode(),
+        }
+        folder = hour.path[len(self.root) + 1 :] if self.root else hour.path
+        for index in range(parts):
+            rows = table.slice(index * self.target_rows, self.target_rows)
+            name = PartName(generation, index, parts).file_name()
+            self.writer.write_file(f"{folder}/{name}", rows.replace_schema_metadata(metadata))
+        log.info("compacted %s: %d rows in %d parts", hour.path, table.num_rows, parts)
+        return parts
+
+
+def resolve_erasure(store: SpanStore, erasure: Erasure) -> Erasure:
+    """A pending request with every trace that holds its subject now, saved."""
+    condition, params = erasure.match_sql()
+    table = store.query(f"SELECT DISTINCT trace_id FROM spans_all WHERE {condition}", params=params)
+    found = set(table.column("trace_id").to_pylist()) if table.num_rows else set()
+    if erasure.subject == "trace_id" and erasure.value:
+        found.add(erasure.value)
+    resolved = erasure.model_copy(update={"trace_ids": sorted(found | set(erasure.trace_ids))})
+    if resolved != erasure:
+        write_erasure(store.fs, store.root, resolved)
+    return resolved
+
+
+def request_erasure(
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    subject: Subject,
+    value: str,
+    *,
+    requested_by: str,
+    reason: str = "",
+    attribute: str = DEFAULT_USER_ID_ATTRIBUTE,
+) -> Erasure:
+    """Record an erasure request and the traces that hold its subject: from then on no
+    read returns them, and the next compaction removes them."""
+    store = SpanStore(url, storage_options)
+    erasure = Erasure.request(
+        subject, value, requested_by=requested_by, reason=reason, attribute=attribute
+    )
+    write_erasure(store.fs, store.root, erasure)
+    return resolve_erasure(store, erasure)
+
+
+def _holds_any(table: pa.Table, traces: Mapping[str, str]) -> bool:
+    return bool(pc.any(pc.is_in(table.column("trace_id"), pa.array(list(traces)))).as_py())
+
+
+def _mtime(entry: Mapping[str, Any], default: float) -> float:
+    value = entry.get("mtime", entry.get("LastModified", entry.get("created")))
+    if value is None:
+        return default
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return float(value)
+
+
+def _moment(ns: int | None) -> datetime | None:
+    return None if ns is None else datetime.fromtimestamp(ns / 1e9, UTC)

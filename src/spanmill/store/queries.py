@@ -1,0 +1,44 @@
+"""DuckDB macros over the store's ``spans`` view, for the questions asked most.
+
+:meth:`~spanmill.store.SpanStore.query` defines them on every connection, so the
+CLI (``spanmill store query``, ``spanmill spans stats``), the rollout signals and a
+data team's own SQL share one definition of each:
+
+- ``llm_calls()``: spans that are LLM calls (``operation_name`` a GenAI chat or
+  completion operation).
+- ``span_rewards()``: one row per reward a span carries (its own and its
+  evaluation events'), with the span's episode and the call it names.
+- ``episodes_per_agent_per_day()``: episodes and spans per agent per UTC day.
+- ``reward_by_model_version(reward)``: for a reward name (NULL: the primary
+  reward), its count and mean per model and version of the calls it judges,
+  joined by response id.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from spanmill import semconv as sc
+
+_OPERATIONS = ", ".join(f"'{op}'" for op in sorted(sc.LLM_OPERATIONS))
+
+MACROS: Final = (
+    f"CREATE MACRO llm_calls() AS TABLE "
+    f"SELECT * FROM spans WHERE operation_name IN ({_OPERATIONS})",
+    "CREATE MACRO span_rewards() AS TABLE "
+    "SELECT episode_id, trace_id, span_id, r.name AS name, r.value AS value, "
+    'r.response_id AS response_id, r."primary" AS "primary", r.label AS label, '
+    "resource_attributes FROM (SELECT episode_id, trace_id, span_id, resource_attributes, "
+    "unnest(rewards) AS r FROM spans WHERE rewards IS NOT NULL)",
+    "CREATE MACRO episodes_per_agent_per_day() AS TABLE "
+    "SELECT CAST(date_trunc('day', start_time) AS DATE) AS day, "
+    "coalesce(agent_name, service_name, '-') AS agent, "
+    "count(DISTINCT episode_id) AS episodes, count(*) AS spans "
+    "FROM spans GROUP BY ALL ORDER BY day, agent",
+    "CREATE MACRO reward_by_model_version(reward) AS TABLE "
+    "SELECT c.model AS model, c.model_version AS model_version, count(*) AS rewards, "
+    "avg(r.value) AS mean_reward FROM span_rewards() r "
+    "JOIN llm_calls() c ON r.response_id = c.response_id "
+    'WHERE (reward IS NULL AND r."primary") OR r.name = reward '
+    "GROUP BY ALL ORDER BY model, model_version",
+)

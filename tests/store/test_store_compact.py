@@ -1,0 +1,133 @@
+"""Compaction and retention: few files per hour, every span once, before, during, after."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from object_store import s3_bucket
+from store_samples import BASE_NS
+from store_upkeep import HOUR_NS, Feeder, hour_span
+
+from spanmill.store import SpanStore, StoreError
+from spanmill.store.compact import Compactor
+from spanmill.store.layout import parse_part_name
+from spanmill.store.policy import StorePolicy
+
+HOUR0 = BASE_NS - BASE_NS % HOUR_NS
+
+
+def _small_files(url: str, hours: int = 3, batches: int = 8, per_batch: int = 25) -> Feeder:
+    feeder = Feeder(url)
+    n = 0
+    for hour in range(hours):
+        for b in range(batches):
+            spans = [hour_span(HOUR0 + hour * HOUR_NS, n + i) for i in range(per_batch)]
+            n += per_batch
+            feeder.write(spans, partition=b % 3)
+    return feeder
+
+
+def _data_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith((".", "_")))
+
+
+def test_compaction_leaves_one_file_per_hour_and_every_span_once(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    _small_files(url)
+    store = SpanStore(url)
+    before = store.table().sort_by([("trace_id", "ascending")])
+    assert len(_data_files(tmp_path / "store")) == 24 and before.num_rows == 600
+
+    report = Compactor(url, settle_s=0).run()
+    assert (report.hours_compacted, report.files_before, report.files_after) == (3, 24, 3)
+    assert report.files_deleted == 24
+    files = _data_files(tmp_path / "store")
+    assert len(files) == 3 and all(parse_part_name(f.name) for f in files)
+    after = store.table().sort_by([("trace_id", "ascending")])
+    assert after.equals(before)
+    assert store.duplicates() == 0
+    # Each file sorted by trace id, then time.
+    for path in files:
+        ids = pq.read_table(path, columns=["trace_id"]).column("trace_id").to_pylist()
+        assert ids == sorted(ids)
+    # Nothing left to do.
+    again = Compactor(url, settle_s=0).run()
+    assert (again.hours_compacted, again.files_deleted) == (0, 0)
+
+
+def test_open_hours_wait_and_late_files_join_the_next_generation(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    feeder = _small_files(url, hours=2, batches=3)
+    last_hour_end = (HOUR0 + 2 * HOUR_NS) / 1e9
+    # The clock in the second hour's settling time: only the first hour is compacted.
+    report = Compactor(url, settle_s=600, clock=lambda: last_hour_end + 60).run()
+    assert report.hours_compacted == 1
+    # A late batch into the compacted hour, and a replay of a batch it replaced.
+    feeder.write([hour_span(HOUR0, 10_000 + i) for i in range(5)], partition=1)
+    feeder.replay(feeder.jobs[0])
+    store = SpanStore(url)
+    assert store.count() == 2 * 75 + 5 and store.duplicates() == 0
+    report = Compactor(url, settle_s=0).run()
+    assert report.hours_compacted == 2
+    assert len(_data_files(tmp_path / "store")) == 2
+    assert store.count() == 155 and store.duplicates() == 0
+
+
+def test_an_incomplete_generation_is_never_read_and_is_cleared_once_stale(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    _small_files(url, hours=1, batches=4)
+    root = tmp_path / "store"
+    compactor = Compactor(url, settle_s=0, target_rows=40)
+    compactor.run()
+    parts = _data_files(root)
+    assert len(parts) == 3  # 100 rows, 40 a part
+    # A run killed after its first part: a complete generation of three less two.
+    _small_files_more = Feeder(url)
+    _small_files_more.next_offset = {0: 1000}
+    _small_files_more.write([hour_span(HOUR0, 50_000 + i) for i in range(7)])
+    live_before = SpanStore(url).count()
+    generation = parse_part_name(parts[0].name)
+    assert generation is not None
+    orphan = parts[0].with_name(parts[0].name.replace(generation.generation, "f" * 16))
+    orphan.write_bytes(parts[0].read_bytes())
+    assert SpanStore(url).count() == live_before == 107
+    # Fresh: left alone (a run may still be writing it); stale: deleted.
+    Compactor(url, settle_s=0, stale_s=3600).run()
+    assert orphan.exists() and SpanStore(url).count() == 107
+    Compactor(url, settle_s=0, stale_s=0).run()
+    assert not orphan.exists() and SpanStore(url).count() == 107
+
+
+@pytest.fixture(params=["folder", "s3"])
+def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    if request.param == "folder":
+        return str(tmp_path / "store"), {}
+    options: dict[str, Any] = request.getfixturevalue("s3")
+    return s3_bucket(options), options
+
+
+def test_retention_deletes_expired_hours_and_refuses_windows_past_it(
+    store_at: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = store_at
+    feeder = Feeder(url, options)
+    for hour in range(3):
+        feeder.write([hour_span(HOUR0 + hour * HOUR_NS, hour * 100 + i) for i in range(50)])
+    now = (HOUR0 + 3 * HOUR_NS) / 1e9  # just after the third hour
+    # Keeps the last hour and a half: the first hour ended before that, the second not.
+    policy = StorePolicy(retention_days=1.5 / 24)
+    report = Compactor(url, options, policy=policy, settle_s=0, clock=lambda: now).run()
+    assert report.hours_expired == 1
+    store = SpanStore(url, options)
+    hours = sorted({f.hour for f in store.files()})
+    assert hours == [HOUR0 // HOUR_NS + 1, HOUR0 // HOUR_NS + 2]
+    assert store.count() == 100
+    assert store.policy().retention_days == policy.retention_days
+    with pytest.raises(StoreError, match="retention horizon"):
+        store.count(start=HOUR0)
+    # A window inside retention is read as before.
+    assert store.count(start=int(time.time() * 1e9) - 60 * 10**9) == 0
