@@ -137,6 +137,18 @@ def s3() -> Iterator[dict[str, Any]]:
         server.stop()
 
 
+@pytest.fixture(params=["folder", "s3"])
+def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """A new span store's URL and storage options: a folder, then a bucket on the local
+    S3 endpoint."""
+    from object_store import s3_bucket
+
+    if request.param == "folder":
+        return str(tmp_path / "store"), {}
+    options: dict[str, Any] = request.getfixturevalue("s3")
+    return s3_bucket(options), options
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The real SmolLM2-135M-Instruct as a Hugging Face folder.

@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-import pytest
 from dataset_traces import SYSTEM, episode, llm, reward_event, tool
-from object_store import s3_bucket
 
 from spanmill.collector.batch import BatchJob, BatchProcessor, ProcessingConfig
 from spanmill.dataset.output import build_dataset
@@ -70,14 +68,6 @@ def _tasks(out: Path) -> set[str]:
     rows = pq.read_table(out / "train.parquet").to_pylist()
     rows += pq.read_table(out / "eval.parquet").to_pylist()
     return {row["task_id"].split("/")[0] for row in rows}
-
-
-@pytest.fixture(params=["folder", "s3"])
-def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    if request.param == "folder":
-        return str(tmp_path / "store"), {}
-    options: dict[str, Any] = request.getfixturevalue("s3")
-    return s3_bucket(options), options
 
 
 def test_a_users_spans_are_erased_from_the_store_and_later_datasets(

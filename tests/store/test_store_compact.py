@@ -8,7 +8,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from object_store import s3_bucket
 from store_samples import BASE_NS
 from store_upkeep import HOUR_NS, Feeder, hour_span
 
@@ -100,14 +99,6 @@ def test_an_incomplete_generation_is_never_read_and_is_cleared_once_stale(tmp_pa
     assert orphan.exists() and SpanStore(url).count() == 107
     Compactor(url, settle_s=0, stale_s=0).run()
     assert not orphan.exists() and SpanStore(url).count() == 107
-
-
-@pytest.fixture(params=["folder", "s3"])
-def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    if request.param == "folder":
-        return str(tmp_path / "store"), {}
-    options: dict[str, Any] = request.getfixturevalue("s3")
-    return s3_bucket(options), options
 
 
 def test_retention_deletes_expired_hours_and_refuses_windows_past_it(
