@@ -54,12 +54,14 @@ class Rendered:
         return found[0] if found else None
 
     def pod_specs(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(workload name, pod spec) of every Deployment, StatefulSet, DaemonSet and Job,
-        and of every replicated job of a Kubeflow Trainer TrainingRuntime."""
+        """(workload name, pod spec) of every Deployment, StatefulSet, DaemonSet, Job and
+        CronJob, and of every replicated job of a Kubeflow Trainer TrainingRuntime."""
         for document in self.documents:
             name = f"{document['kind']}/{document['metadata']['name']}"
             if document["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
                 yield name, document["spec"]["template"]["spec"]
+            elif document["kind"] == "CronJob":
+                yield name, document["spec"]["jobTemplate"]["spec"]["template"]["spec"]
             elif document["kind"] == "TrainingRuntime":
                 for job in document["spec"]["template"]["spec"]["replicatedJobs"]:
                     yield name, job["template"]["spec"]["template"]["spec"]

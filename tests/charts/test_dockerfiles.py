@@ -179,7 +179,8 @@ CLI = "spanmill.cli.main"
 # base_image, below): the commands the chart and the Dockerfiles start, the processes a
 # step starts, the plugins found by entry point.
 ENTRY_POINTS: dict[str, list[str]] = {
-    "collector": [CLI, "spanmill.cli.collector:collector"],
+    # The collector, and the chart's store upkeep CronJob (`spanmill store compact`).
+    "collector": [CLI, "spanmill.cli.collector:collector", "spanmill.cli.store:compact"],
     "gateway": [CLI, "spanmill.cli.gateway:gateway"],
     # The controller, and the chart's MLflow users Job (`spanmill models users`).
     "rollout": [CLI, "spanmill.cli.rollout:rollout", "spanmill.cli.models:users"],

@@ -41,8 +41,9 @@ class Pod:
 
 def pods(rendered: Rendered) -> Iterator[Pod]:
     for document in rendered.documents:
-        if document["kind"] in ("Deployment", "Job"):
-            template = document["spec"]["template"]
+        if document["kind"] in ("Deployment", "Job", "CronJob"):
+            spec = document["spec"]
+            template = (spec["jobTemplate"]["spec"] if "jobTemplate" in spec else spec)["template"]
             yield Pod(f"{document['kind']}/{document['metadata']['name']}",
                       template["metadata"]["labels"], template["spec"])  # fmt: skip
 
@@ -178,6 +179,12 @@ def test_components_reach_nothing_they_do_not_need(render_set: Any) -> None:
     assert not network.may_reach(triton_pod, "spanmill-kafka-bootstrap.kafka.svc", 9092)
     assert not network.may_reach(triton_pod, "kubernetes.default.svc", 443)
     assert not network.may_reach(collector, "kubernetes.default.svc", 443)
+    # The store upkeep job: the object store alone.
+    upkeep = _pod(network, "store-upkeep")
+    assert not network.may_reach(upkeep, "spanmill-kafka-bootstrap.kafka.svc", 9092)
+    assert not network.may_reach(upkeep, mlflow, 5000)
+    assert not network.may_reach(upkeep, triton, 8000)
+    assert not network.may_reach(upkeep, "kubernetes.default.svc", 443)
 
 
 def test_the_default_deny_spares_strimzis_pods(render_set: Any) -> None:

@@ -316,3 +316,32 @@ def test_pending_names_are_still_pending() -> None:
     for path in PENDING_COMMANDS:
         if _command(path) is not None:
             warnings.warn(f"`spanmill {' '.join(path)}` is registered: drop it", stacklevel=1)
+
+
+def test_store_upkeep_job_sets_store_settings_and_runs_a_registered_command(
+    render_set: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spanmill.config import StoreSettings
+
+    rendered = render_set("all-features")
+    cronjob = rendered.get("CronJob", "spanmill-store-upkeep")
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"  # one run at a time
+    container = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    _check_command("store-upkeep", container["command"], container["args"])
+    assert container["args"] == ["store", "compact"]
+    known = settings_env_names(StoreSettings)
+    for name in list(os.environ):
+        if name.startswith("SPANMILL_"):
+            monkeypatch.delenv(name)
+    for name, entry in env_of(container).items():
+        assert name in known or name in PROCESS_ENV, f"store-upkeep: {name} is not a setting"
+        monkeypatch.setenv(name, entry.get("value", "from-a-secret"))
+    settings = load_settings(StoreSettings)
+    assert settings.url.startswith("s3://") and settings.retention_days == 30
+    assert settings.user_id_attribute == "enduser.id"
+    # By default every span is kept: no retention reaches the job.
+    default = render_set("defaults").get("CronJob", "spanmill-store-upkeep")
+    default_env = env_of(
+        default["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    )
+    assert "SPANMILL_STORE_RETENTION_DAYS" not in default_env
