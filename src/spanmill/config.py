@@ -263,6 +263,11 @@ class CollectorSettings(BaseSettings):
         "gateway's keys-file format (spanmill gateway-key); the key's id is stored with each "
         "span as spanmill.producer. Unset: the receiver takes any caller, as 'anonymous'.",
     )
+    admin_api_key: SecretStr | None = Field(
+        None,
+        description="Bearer token for the collector's /admin routes (erasure requests); no "
+        "producer key opens them. Unset: /admin is refused.",
+    )
     ledger_retention_s: float = Field(
         3600.0, ge=0, description="Age after which ledger entries of committed batches go."
     )

@@ -127,6 +127,22 @@ def erasures(
 
 @app.command()
 @handle_errors
+def files(
+    store: str = typer.Option(None, help="Span store URL (default SPANMILL_STORE_URL)."),
+    since: str = typer.Option(None, help="Window start: 30m, 24h, 7d or an ISO time."),
+) -> None:
+    """The live data files, one URL a line: what another engine reads to see each span once."""
+    from spanmill.cli.spans import _since
+    from spanmill.store import SpanStore
+
+    settings = _settings(store)
+    span_store = SpanStore(settings.url, settings.storage_options)
+    for stored in span_store.files(start=_since(since)):
+        typer.echo(span_store.fs.unstrip_protocol(stored.path))
+
+
+@app.command()
+@handle_errors
 def query(
     sql: str = typer.Argument(..., help="DuckDB SQL over the view `spans` and the store's macros."),
     store: str = typer.Option(None, help="Span store URL (default SPANMILL_STORE_URL)."),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request, Response
@@ -29,9 +31,13 @@ def create_app(
     receiver: OtlpReceiver | None = None,
     exposition: Any = None,
     keys: KeyRing | None = None,
+    admin: KeyRing | None = None,
+    store: tuple[str, Mapping[str, Any]] | None = None,
 ) -> FastAPI:
     """``exposition``: what /metrics shows (anything with ``collect()``); the registry if None.
-    ``keys``: the producers the receiver takes, by key; None takes any caller."""
+    ``keys``: the producers the receiver takes, by key; None takes any caller.
+    ``admin``: the credential of the /admin routes (erasure requests against ``store``,
+    its URL and storage options); None refuses them."""
     app = FastAPI(title="spanmill collector", docs_url=None, redoc_url=None)
 
     def producer(request: Request) -> str | None:
@@ -115,4 +121,87 @@ def create_app(
                 headers=reply.headers,
             )
 
+    if store is not None:
+        _admin_routes(app, admin, *store)
     return app
+
+
+def _admin_routes(
+    app: FastAPI, admin: KeyRing | None, store_url: str, storage_options: Mapping[str, Any]
+) -> None:
+    """``POST /admin/erasures`` (one of ``user_id``, ``conversation_id``, ``trace_id``, and
+    ``requested_by``, ``reason``) and ``GET /admin/erasures``, as ``spanmill store erase``
+    and ``spanmill store erasures``; behind their own bearer token."""
+
+    def refused(request: Request) -> JSONResponse | None:
+        if admin is None or not admin.admin_configured:
+            return _error(403, "the admin routes need their own credential, and none is set "
+                          "(SPANMILL_COLLECTOR_ADMIN_API_KEY)", "permission_error")  # fmt: skip
+        token = bearer(request.headers.get("authorization", "").encode() or None)
+        if token is None or not admin.is_admin(token):
+            return _error(401, "missing or wrong admin token", "authentication_error")
+        return None
+
+    @app.get("/admin/erasures")
+    async def erasures(request: Request) -> Response:
+        from spanmill.store import SpanStore
+        from spanmill.store.erasure import read_erasures
+
+        error = refused(request)
+        if error is not None:
+            return error
+        span_store = SpanStore(store_url, storage_options)
+        found = await run_in_threadpool(read_erasures, span_store.fs, span_store.root)
+        return JSONResponse({"erasures": [_shown(e) for e in found]})
+
+    @app.post("/admin/erasures")
+    async def erase(request: Request) -> Response:
+        from spanmill.store import SpanStore
+        from spanmill.store.compact import request_erasure
+
+        error = refused(request)
+        if error is not None:
+            return error
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return _error(400, "the body must be a JSON object", "invalid_request_error")
+        if not isinstance(body, dict):
+            return _error(400, "the body must be a JSON object", "invalid_request_error")
+        subjects = [
+            s for s in ("user_id", "conversation_id", "trace_id") if isinstance(body.get(s), str)
+        ]
+        requested_by = body.get("requested_by")
+        if (
+            len(subjects) != 1
+            or not body[subjects[0]]
+            or not isinstance(requested_by, str)
+            or not requested_by
+        ):
+            return _error(
+                400, "give exactly one of user_id, conversation_id, trace_id (a non-empty "
+                "string), and requested_by: who asks", "invalid_request_error",
+            )  # fmt: skip
+        subject = subjects[0]
+        reason = body.get("reason")
+        reason = reason if isinstance(reason, str) else ""
+        span_store = SpanStore(store_url, storage_options)
+        policy = await run_in_threadpool(span_store.policy)
+        erasure = await run_in_threadpool(
+            lambda: request_erasure(
+                store_url, storage_options, subject, body[subject],  # type: ignore[arg-type]
+                requested_by=requested_by, reason=reason,
+                attribute=policy.user_id_attribute,
+            )
+        )  # fmt: skip
+        return JSONResponse(_shown(erasure), status_code=202)
+
+
+def _shown(erasure: Any) -> dict[str, Any]:
+    """A record as the API shows it: never the subject's value."""
+    shown: dict[str, Any] = erasure.model_dump(mode="json", exclude={"value"})
+    return shown
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)

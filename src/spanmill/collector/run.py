@@ -65,7 +65,11 @@ def _start_http(
     from spanmill.keys import KeyRing
 
     keys = KeyRing(settings.receiver_keys_file) if settings.receiver_keys_file else None
-    app = create_app(health, collector.metrics, receiver, exposition=metrics, keys=keys)
+    admin = KeyRing(admin_key=settings.admin_api_key) if settings.admin_api_key else None
+    app = create_app(
+        health, collector.metrics, receiver, exposition=metrics, keys=keys, admin=admin,
+        store=(settings.store_url, settings.storage_options),
+    )  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(
             app,
