@@ -185,7 +185,7 @@ def requests(draw: Any) -> bytes:
     return request.SerializeToString(deterministic=draw(st.booleans()))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(requests(), min_size=1, max_size=3))
 def test_any_official_export_gives_the_oracles_rows(values: list[bytes]) -> None:
     assert native.module is not None, "the C extension spanmill._native is not built"

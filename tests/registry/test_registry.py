@@ -152,3 +152,38 @@ def test_errors_name_what_to_do(mlflow_server, monkeypatch: pytest.MonkeyPatch) 
     down = ModelRegistry(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(RegistryError, match=r"MLflow at http://127\.0\.0\.1"):
         down.aliases("calc")
+
+
+def test_versions_that_learned_from_erased_spans_are_listed_by_lineage(
+    mlflow_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    from typer.testing import CliRunner
+
+    from spanmill.cli.main import app
+    from spanmill.store.erasure import Erasure, write_erasure
+    from spanmill.store.writer import open_store
+
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    agent = agent_name()
+    adapter, metrics = trained_folder(tmp_path)  # trained on 2025-06-01 to 06-02
+    version = registry.register_trained(agent, adapter, metrics).version.version
+    inside = (datetime(2025, 6, 1, 12, tzinfo=UTC), datetime(2025, 6, 1, 13, tzinfo=UTC))
+    later = (datetime(2025, 7, 1, tzinfo=UTC), datetime(2025, 7, 2, tzinfo=UTC))
+    assert (agent, version) in {(v.agent, v.version) for v in registry.learned_from(*inside)}
+    assert agent not in {v.agent for v in registry.learned_from(*later)}
+
+    store = tmp_path / "store"
+    fs, root = open_store(str(store))
+    for first, last in (inside, later):
+        erasure = Erasure.request("user_id", "ann", requested_by="dpo")
+        write_erasure(fs, root, erasure.applied(3, ["ab" * 16], first, last))
+    monkeypatch.setenv("SPANMILL_MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
+    result = CliRunner().invoke(
+        app, ["store", "erasures", "--store", str(store), "--models"], env={"COLUMNS": "250"}
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if "2025-0" in line and "│" in line]
+    listed = [line for line in rows if f"{agent} v{version}" in line]
+    assert len(listed) == 1 and "2025-06-01 12:00" in listed[0]

@@ -105,6 +105,12 @@ def erase(
 def erasures(
     store: str = typer.Option(None, help="Span store URL (default SPANMILL_STORE_URL)."),
     as_json: bool = typer.Option(False, "--json", help="Print the records as JSON."),
+    models: bool = typer.Option(
+        False,
+        "--models",
+        help="Also list the registered model versions whose training spans may hold erased "
+        "ones (by their lineage's span window), to decide what to retrain.",
+    ),
 ) -> None:
     """The erasure records: what was asked, when, by whom, how many spans went."""
     from spanmill.store import SpanStore
@@ -121,6 +127,26 @@ def erasures(
         table.add_row(
             r.id, r.subject, r.status, r.requested_by, f"{r.requested_at:%Y-%m-%d %H:%M}",
             str(len(r.trace_ids)), str(r.spans_erased),
+        )  # fmt: skip
+    console.print(table)
+    if models:
+        _trained_on_erased(records)
+
+
+def _trained_on_erased(records: list[Any]) -> None:
+    from spanmill.config import MLflowSettings, load_settings
+    from spanmill.registry import ModelRegistry
+
+    registry = ModelRegistry(load_settings(MLflowSettings).tracking_uri)
+    table = Table("erasure", "spans from", "to", "model versions that may have learned from them")
+    for record in records:
+        if record.first_span_at is None or record.last_span_at is None:
+            continue
+        versions = registry.learned_from(record.first_span_at, record.last_span_at)
+        table.add_row(
+            record.id, f"{record.first_span_at:%Y-%m-%d %H:%M}",
+            f"{record.last_span_at:%Y-%m-%d %H:%M}",
+            ", ".join(f"{v.agent} v{v.version}" for v in versions) or "none",
         )  # fmt: skip
     console.print(table)
 

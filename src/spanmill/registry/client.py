@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from spanmill.registry import names
-from spanmill.registry.lineage import Lineage, lineage_from_outputs
+from spanmill.registry.lineage import Lineage, learned_from, lineage_from_outputs
 from spanmill.registry.names import RegistryError
 
 log = logging.getLogger(__name__)
@@ -249,6 +250,16 @@ class ModelRegistry:
             lambda: self.client.get_model_version(names.registered_model(agent), str(version)),
         )
         return _version(agent, mv)
+
+    def learned_from(self, first: datetime, last: datetime) -> list[RegisteredVersion]:
+        """Versions of every agent whose training spans may include spans that started
+        between ``first`` and ``last`` (by their lineage's span window)."""
+        return [
+            version
+            for agent in self.agents()
+            for version in self.versions(agent)
+            if learned_from(version.lineage, first, last)
+        ]
 
     def versions(self, agent: str) -> list[RegisteredVersion]:
         """Every version of the agent's model, newest first, with their aliases."""

@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,19 @@ class Lineage:
             gate_reasons=tuple(r for r in tags.get(names.TAG_GATE_REASONS, "").split("; ") if r),
             pipeline_run_id=tags.get(names.TAG_PIPELINE_RUN),
         )
+
+
+def learned_from(lineage: Lineage, first: datetime, last: datetime) -> bool:
+    """Whether a version's training spans (its span window) may hold spans that started
+    between ``first`` and ``last``; a version without a window is assumed to."""
+    if not lineage.span_window or "/" not in lineage.span_window:
+        return True
+    low, high = lineage.span_window.split("/", 1)
+    try:
+        start, end = datetime.fromisoformat(low), datetime.fromisoformat(high)
+    except ValueError:
+        return True
+    return start <= last and first <= end
 
 
 def lineage_from_outputs(

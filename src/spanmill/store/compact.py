@@ -47,6 +47,8 @@ from spanmill.store.erasure import (
     DEFAULT_USER_ID_ATTRIBUTE,
     Erasure,
     Subject,
+    earliest,
+    latest,
     read_erasures,
     write_erasure,
 )
@@ -326,11 +328,31 @@ class Compactor:
 def resolve_erasure(store: SpanStore, erasure: Erasure) -> Erasure:
     """A pending request with every trace that holds its subject now, saved."""
     condition, params = erasure.match_sql()
-    table = store.query(f"SELECT DISTINCT trace_id FROM spans_all WHERE {condition}", params=params)
-    found = set(table.column("trace_id").to_pylist()) if table.num_rows else set()
+    traces = (
+        store.query(f"SELECT DISTINCT trace_id FROM spans_all WHERE {condition}", params=params)
+        .column("trace_id")
+        .to_pylist()
+    )
+    found = set(traces) | set(erasure.trace_ids)
     if erasure.subject == "trace_id" and erasure.value:
         found.add(erasure.value)
-    resolved = erasure.model_copy(update={"trace_ids": sorted(found | set(erasure.trace_ids))})
+    # When the spans to go started: which trained versions may have learned from them.
+    first, last = (
+        store.query(
+            "SELECT min(start_time) AS first, max(start_time) AS last FROM spans_all "
+            "WHERE trace_id IN (SELECT unnest(?))",
+            params=[sorted(found)],
+        )
+        .to_pylist()[0]
+        .values()
+    )
+    resolved = erasure.model_copy(
+        update={
+            "trace_ids": sorted(found),
+            "first_span_at": earliest(erasure.first_span_at, first),
+            "last_span_at": latest(erasure.last_span_at, last),
+        }
+    )
     if resolved != erasure:
         write_erasure(store.fs, store.root, resolved)
     return resolved

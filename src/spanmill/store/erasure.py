@@ -89,8 +89,8 @@ class Erasure(BaseModel):
                 "trace_ids": sorted(set(self.trace_ids) | set(trace_ids)),
                 "spans_erased": self.spans_erased + spans,
                 "applied_at": datetime.now(UTC),
-                "first_span_at": _earliest(self.first_span_at, first),
-                "last_span_at": _latest(self.last_span_at, last),
+                "first_span_at": earliest(self.first_span_at, first),
+                "last_span_at": latest(self.last_span_at, last),
             }
         )
 
@@ -115,11 +115,11 @@ def json_path(key: str) -> str:
     return "$." + json.dumps(key)
 
 
-def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+def earliest(a: datetime | None, b: datetime | None) -> datetime | None:
     return min((x for x in (a, b) if x is not None), default=None)
 
 
-def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
+def latest(a: datetime | None, b: datetime | None) -> datetime | None:
     return max((x for x in (a, b) if x is not None), default=None)
 
 

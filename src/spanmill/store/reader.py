@@ -114,7 +114,11 @@ class SpanStore:
             return []
 
     def files(self, start: TimeLike | None = None, end: TimeLike | None = None) -> list[StoredFile]:
-        """Data files whose hour folder overlaps ``[start, end)``, oldest hour first."""
+        """The live data files of the hour folders that overlap ``[start, end)``, oldest
+        hour first: each span of the window lies in exactly one of them."""
+        return self._attempts(lambda: self._files(start, end))
+
+    def _files(self, start: TimeLike | None, end: TimeLike | None) -> list[StoredFile]:
         # Object-store filesystems cache listings, and the store grows while we read it.
         self.fs.invalidate_cache()
         low = hour_key(to_unix_nanos(start)) if start is not None else None
@@ -232,7 +236,7 @@ class SpanStore:
     # -- rows ------------------------------------------------------------------------
 
     def _dataset(self, start: TimeLike | None, end: TimeLike | None) -> ds.Dataset | None:
-        paths = [f.path for f in self.files(start, end)]
+        paths = [f.path for f in self._files(start, end)]
         if not paths:
             return None
         try:
