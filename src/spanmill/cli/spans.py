@@ -156,7 +156,7 @@ def stats(
 
     totals = query(
         "SELECT count(*) AS spans, count(DISTINCT trace_id) AS traces, "
-        "count(*) FILTER (WHERE operation_name IN ('chat', 'text_completion')) AS llm_calls, "
+        "(SELECT count(*) FROM llm_calls()) AS llm_calls, "
         "count(*) FILTER (WHERE status_code = 'error') AS errors, "
         "min(start_time) AS first, max(start_time) AS last FROM spans"
     ).to_pylist()[0]
@@ -197,17 +197,15 @@ def stats(
                 "SELECT coalesce(model, '-') AS model, coalesce(model_version, '-') AS version, "
                 "count(*) AS calls, sum(output_tokens) AS output_tokens, "
                 "count(*) FILTER (WHERE completion_token_ids IS NOT NULL) AS with_token_ids "
-                "FROM spans WHERE operation_name IN ('chat', 'text_completion') "
-                "GROUP BY 1, 2 ORDER BY calls DESC LIMIT 20"
+                "FROM llm_calls() GROUP BY 1, 2 ORDER BY calls DESC LIMIT 20"
             ),
             ["model", "version", "calls", "output_tokens", "with_token_ids"],
         )
     )
     rewards = query(
-        "SELECT r.name AS reward, count(*) AS given, round(avg(r.value), 4) AS mean, "
-        "count(*) FILTER (WHERE r.primary) AS as_primary "
-        "FROM (SELECT unnest(rewards) AS r FROM spans WHERE rewards IS NOT NULL) "
-        "GROUP BY 1 ORDER BY given DESC LIMIT 20"
+        "SELECT name AS reward, count(*) AS given, round(avg(value), 4) AS mean, "
+        'count(*) FILTER (WHERE "primary") AS as_primary '
+        "FROM span_rewards() GROUP BY 1 ORDER BY given DESC LIMIT 20"
     )
     if rewards.num_rows:
         console.print(_table("rewards", rewards, ["reward", "given", "mean", "as_primary"]))

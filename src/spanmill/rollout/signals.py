@@ -159,7 +159,7 @@ class SpanStoreSignals:
         from spanmill.store.reader import StoreError
 
         # Names were checked (agent names are Triton model names); versions are ints.
-        operations = ", ".join(f"'{op}'" for op in sorted(sc.LLM_OPERATIONS))
+        # llm_calls() and span_rewards(): the store's macros (spanmill.store.queries).
         reward_filter = (
             f"r.name = '{self.reward_name.replace(chr(39), chr(39) * 2)}'"
             if self.reward_name
@@ -169,9 +169,8 @@ class SpanStoreSignals:
             WITH calls AS (
                 SELECT episode_id, response_id, model_version, status_code,
                        date_diff('microsecond', start_time, end_time) / 1e6 AS seconds
-                FROM spans
-                WHERE request_model = '{route}' AND operation_name IN ({operations})
-                  AND model_version IS NOT NULL
+                FROM llm_calls()
+                WHERE request_model = '{route}' AND model_version IS NOT NULL
                   -- RL rollouts (spanmill.traffic=training) say nothing of a served version.
                   AND coalesce(attributes, '') NOT LIKE '%"{sc.SPANMILL_TRAFFIC}":"training"%'
             ),
@@ -181,16 +180,15 @@ class SpanStoreSignals:
                 HAVING min(model_version) = '{version}' AND max(model_version) = '{version}'
             ),
             rewards AS (
-                SELECT episode_id, unnest(rewards) AS r FROM spans
                 -- Only trusted producers' rewards judge a version (spanmill.producers).
-                WHERE rewards IS NOT NULL AND {Trust().sql("resource_attributes")}
+                SELECT * FROM span_rewards() WHERE {Trust().sql("resource_attributes")}
             ),
             mine_rewards AS (
-                SELECT r.value AS value FROM rewards
+                SELECT r.value AS value FROM rewards r
                 WHERE {reward_filter} AND (
                     (r.response_id IS NOT NULL AND r.response_id IN (
                         SELECT response_id FROM mine WHERE response_id IS NOT NULL))
-                    OR (r.response_id IS NULL AND episode_id IN (SELECT episode_id FROM single))
+                    OR (r.response_id IS NULL AND r.episode_id IN (SELECT episode_id FROM single))
                 )
             )
             SELECT
