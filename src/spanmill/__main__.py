@@ -2,4 +2,5 @@
 
 from spanmill.cli.main import app
 
-app(prog_name="spanmill")
+if __name__ == "__main__":
+    app(prog_name="spanmill")

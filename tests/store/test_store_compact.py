@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ import pytest
 from store_samples import BASE_NS
 from store_upkeep import HOUR_NS, Feeder, hour_span
 
+from spanmill.dataset.output import build_dataset
+from spanmill.dataset.spec import DatasetSpec
 from spanmill.store import SpanStore, StoreError
 from spanmill.store.compact import Compactor
 from spanmill.store.layout import parse_part_name
@@ -102,7 +105,7 @@ def test_an_incomplete_generation_is_never_read_and_is_cleared_once_stale(tmp_pa
 
 
 def test_retention_deletes_expired_hours_and_refuses_windows_past_it(
-    store_at: tuple[str, dict[str, Any]],
+    store_at: tuple[str, dict[str, Any]], tmp_path: Path
 ) -> None:
     url, options = store_at
     feeder = Feeder(url, options)
@@ -120,5 +123,9 @@ def test_retention_deletes_expired_hours_and_refuses_windows_past_it(
     assert store.policy().retention_days == policy.retention_days
     with pytest.raises(StoreError, match="retention horizon"):
         store.count(start=HOUR0)
+    # The dataset builder says so before building anything.
+    since = datetime.fromtimestamp(HOUR0 / 1e9, UTC).isoformat()
+    with pytest.raises(StoreError, match="before the store's retention horizon"):
+        build_dataset(url, tmp_path / "dataset", DatasetSpec(since=since), storage_options=options)
     # A window inside retention is read as before.
     assert store.count(start=int(time.time() * 1e9) - 60 * 10**9) == 0

@@ -31,10 +31,10 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from spanmill import semconv as sc
 from spanmill.collector.batch import (
@@ -51,6 +51,8 @@ from spanmill.config import CollectorSettings
 from spanmill.errors import SpanmillError
 from spanmill.store.layout import BatchId, fingerprint
 from spanmill.store.writer import LedgerEntry, StoreWriter
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -399,9 +401,39 @@ class Collector:
         first = buffer.offsets[0]
         mark = fingerprint(buffer.timestamps[0], buffer.keys[0], buffer.values[0])
         if buffer.looked_up != (first, mark):
-            buffer.entry = self.ledger.ledger_entry(self.topic, partition, first, mark)
+            buffer.entry = self._ledger(
+                "reading", partition, self.ledger.ledger_entry, self.topic, partition, first, mark
+            )
             buffer.looked_up = (first, mark)
         return buffer.entry
+
+    def _ledger(self, what: str, partition: int, call: Callable[..., _T], *args: Any) -> _T:
+        """A ledger read or claim, retried like a batch write while the store refuses it."""
+        failing_since = time.monotonic()
+        attempts = 1
+        while True:
+            try:
+                return call(*args)
+            except Exception as exc:
+                now = time.monotonic()
+                left = self.settings.write_retry_s - (now - failing_since)
+                if left <= 0:
+                    raise CollectorError(
+                        f"{what} the ledger of partition {partition} in "
+                        f"{self.settings.store_url} failed {attempts} times in "
+                        f"{now - failing_since:.0f}s, last with {type(exc).__name__}: {exc}; "
+                        "check that the store is reachable and writable "
+                        "(SPANMILL_COLLECTOR_STORE_URL); nothing past it was committed"
+                    ) from exc
+                log.warning(
+                    "%s the ledger of partition %d failed (%s: %s); trying again",
+                    what,
+                    partition,
+                    type(exc).__name__,
+                    exc,
+                )
+                time.sleep(min(2.0 ** (attempts - 1), 30.0, left))
+                attempts += 1
 
     def _flush(self, partition: int, *, force: bool, now: float) -> None:
         """Hand over every batch of this partition's buffer that is due (all, if forced)."""
@@ -421,7 +453,16 @@ class Collector:
                 count = min(len(buffer.offsets), settings.batch_max_spans)
                 first, last = buffer.offsets[0], buffer.offsets[count - 1]
                 mark = fingerprint(buffer.timestamps[0], buffer.keys[0], buffer.values[0])
-                entry = self.ledger.claim(self.topic, partition, first, mark, last)
+                entry = self._ledger(
+                    "claiming",
+                    partition,
+                    self.ledger.claim,
+                    self.topic,
+                    partition,
+                    first,
+                    mark,
+                    last,
+                )
                 buffer.entry, buffer.looked_up = entry, (first, mark)
             if buffer.offsets[-1] < entry.last:
                 # Someone started this batch before and it ended further on: wait for

@@ -522,8 +522,9 @@ def _upstream_error(exc: UpstreamError) -> JSONResponse:
     kind = "invalid_request_error" if exc.status == 400 else "upstream_error"
     param = "messages" if exc.code == protocol.CONTEXT_LENGTH_EXCEEDED else None
     body = error_body(str(exc), kind, param=param, code=exc.code)
-    # A full queue drains within a batch or two: the client is told when to come back.
-    headers = {"retry-after": "1"} if exc.status == 503 else None
+    # A full queue (429) drains within a batch or two, and an unreachable Triton (503)
+    # is soon back or replaced: the client is told when to come back.
+    headers = {"retry-after": "1"} if exc.status in (429, 503) else None
     return JSONResponse(body, status_code=exc.status, headers=headers)
 
 

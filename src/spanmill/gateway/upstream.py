@@ -336,7 +336,7 @@ def _classify(message: str, model: str, version: str) -> UpstreamError:
     if "maximum queue size" in lowered:
         return UpstreamError(
             f"model {model} version {version} is busy, its queue is full; try again shortly",
-            503,
+            429,
             code="overloaded",
         )
     if "lora" in lowered and "is not supported" in lowered:

@@ -63,7 +63,7 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
 MAX_BATCH_SIZE = 32
 MAX_QUEUE_DELAY_US = 0
 # Requests a model holds waiting, at most: eight full batches. Past that Triton refuses a
-# request at once ("Exceeds maximum queue size"), and the gateway answers 503 with
+# request at once ("Exceeds maximum queue size"), and the gateway answers 429 with
 # Retry-After, instead of letting every caller wait on an ever longer queue.
 MAX_QUEUE_SIZE = 256
 MAX_STOP_SEQUENCES = 4
