@@ -3,6 +3,8 @@ no offset is committed past an unwritten span, and the count of what was stored.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -92,12 +94,13 @@ def never_commits_unwritten(topics: Topics, store: SpanStore, seconds: float) ->
 
 
 def stored_once(store: SpanStore, expected: set[tuple[str, str]]) -> dict[str, int]:
-    """What the store holds of ``expected``: stored, lost and duplicated span counts."""
+    """What the store holds of ``expected``: stored, lost and duplicated span counts;
+    asserts each span of it is there once and nothing else is."""
     table = store.table(columns=["trace_id", "span_id"])
     ids = list(
         zip(table.column("trace_id").to_pylist(), table.column("span_id").to_pylist(), strict=True)
     )
-    return {
+    counts = {
         "produced": len(expected),
         "stored": len(set(ids) & expected),
         "lost": len(expected - set(ids)),
@@ -105,3 +108,13 @@ def stored_once(store: SpanStore, expected: set[tuple[str, str]]) -> dict[str, i
         "duplicated_by_the_store": store.duplicates(),
         "strangers": len(set(ids) - expected),
     }
+    assert counts["stored"] == counts["produced"] and counts["strangers"] == 0, counts
+    assert counts["duplicated"] == counts["duplicated_by_the_store"] == 0, counts
+    return counts
+
+
+def stop(process: subprocess.Popen[bytes]) -> int:
+    """Stop the collector as Kubernetes does (SIGTERM) unless it stopped; its exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    return process.wait(timeout=60)
