@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from collector_helpers import Topics, producer, trace_records
+from collector_helpers import Topics, producer, trace_records, wait_for
 
 from spanmill.store import SpanStore
 
@@ -23,6 +23,11 @@ SPANS_PER_RECORD = 5
 class Traffic:
     expected: set[tuple[str, str]]
     produced: threading.Event = field(default_factory=threading.Event)
+
+    def wait_stored(self, store: SpanStore) -> None:
+        """Until every record is sent and the store holds as many spans as were sent."""
+        wait_for(self.produced.is_set, 120, "the producer to finish")
+        wait_for(lambda: store.count() >= len(self.expected), 180, "every span in the store")
 
 
 @contextmanager

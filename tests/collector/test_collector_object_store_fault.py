@@ -53,8 +53,7 @@ def test_an_object_store_answering_500_loses_nothing_and_commits_nothing_unwritt
             never_commits_unwritten(topics, store, OUTAGE_S)
             s3_endpoints.fault.clear()
             assert process.poll() is None, log.read_text()[-3000:]
-            wait_for(sent.produced.is_set, 120, "the producer to finish")
-            wait_for(lambda: store.count() >= len(sent.expected), 180, "every span in the store")
+            sent.wait_stored(store)
         finally:
             code = stop(process)
 

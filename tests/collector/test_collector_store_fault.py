@@ -72,8 +72,7 @@ def test_a_store_that_refuses_writes_loses_nothing_and_commits_nothing_unwritten
                 assert stopped == 1, stopped
                 restarts += 1
                 process = start()
-            wait_for(sent.produced.is_set, 120, "the producer to finish")
-            wait_for(lambda: store.count() >= len(sent.expected), 180, "every span in the store")
+            sent.wait_stored(store)
         finally:
             code = stop(process)
 

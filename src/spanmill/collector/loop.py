@@ -415,25 +415,27 @@ class Collector:
             try:
                 return call(*args)
             except Exception as exc:
-                now = time.monotonic()
-                left = self.settings.write_retry_s - (now - failing_since)
-                if left <= 0:
-                    raise CollectorError(
-                        f"{what} the ledger of partition {partition} in "
-                        f"{self.settings.store_url} failed {attempts} times in "
-                        f"{now - failing_since:.0f}s, last with {type(exc).__name__}: {exc}; "
-                        "check that the store is reachable and writable "
-                        "(SPANMILL_COLLECTOR_STORE_URL); nothing past it was committed"
-                    ) from exc
-                log.warning(
-                    "%s the ledger of partition %d failed (%s: %s); trying again",
-                    what,
-                    partition,
-                    type(exc).__name__,
-                    exc,
+                self._wait_to_retry(
+                    f"{what} the ledger of partition {partition}", failing_since, attempts, exc
                 )
-                time.sleep(min(2.0 ** (attempts - 1), 30.0, left))
                 attempts += 1
+
+    def _wait_to_retry(
+        self, what: str, failing_since: float, attempts: int, exc: BaseException
+    ) -> None:
+        """Wait (growing with ``attempts``) before trying ``what`` on the store again;
+        raise once the store has refused it for ``write_retry_s``."""
+        now = time.monotonic()
+        left = self.settings.write_retry_s - (now - failing_since)
+        if left <= 0:
+            raise CollectorError(
+                f"{what} in {self.settings.store_url} failed {attempts} times in "
+                f"{now - failing_since:.0f}s, last with {type(exc).__name__}: {exc}; check "
+                "that the store is reachable and writable (SPANMILL_COLLECTOR_STORE_URL); "
+                "nothing past it was committed"
+            ) from exc
+        log.warning("%s failed (%s: %s); trying again", what, type(exc).__name__, exc)
+        time.sleep(min(2.0 ** (attempts - 1), 30.0, left))
 
     def _flush(self, partition: int, *, force: bool, now: float) -> None:
         """Hand over every batch of this partition's buffer that is due (all, if forced)."""
@@ -540,23 +542,10 @@ class Collector:
 
     def _retry_write(self, item: InFlight, exc: BaseException) -> None:
         assert self.processing is not None
-        now = time.monotonic()
-        item.failing_since = item.failing_since or now
-        left = self.settings.write_retry_s - (now - item.failing_since)
-        if left <= 0:
-            raise CollectorError(
-                f"writing batch {item.batch.file_name()} to {self.settings.store_url} failed "
-                f"{item.attempts} times in {now - item.failing_since:.0f}s, last with "
-                f"{type(exc).__name__}: {exc}; check that the store is reachable and writable "
-                "(SPANMILL_COLLECTOR_STORE_URL); nothing past it was committed"
-            ) from exc
-        log.warning(
-            "writing batch %s failed (%s: %s); trying again",
-            item.batch.file_name(),
-            type(exc).__name__,
-            exc,
+        item.failing_since = item.failing_since or time.monotonic()
+        self._wait_to_retry(
+            f"writing batch {item.batch.file_name()}", item.failing_since, item.attempts, exc
         )
-        time.sleep(min(2.0 ** (item.attempts - 1), 30.0, left))
         item.attempts += 1
         item.future = self.processing.submit(item.job)
 
