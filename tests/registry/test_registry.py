@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from spanmill.contracts import ContractError, DatasetCard, EvalReport, SpanWindow, TrainManifest
 from spanmill.registry import CHALLENGER, CHAMPION, Lineage, ModelRegistry, RegistryError, names
 from spanmill.registry.lineage import lineage_from_outputs
 
@@ -18,41 +19,46 @@ def agent_name() -> str:
     return f"calc-{uuid.uuid4().hex[:8]}"
 
 
-def trained_folder(tmp_path: Path, *, promote: bool | None = True) -> tuple[Path, Path | None]:
-    """A folder shaped like what training and evaluation write (weights are placeholders)."""
-    dataset = tmp_path / "dataset"
-    dataset.mkdir()
-    (dataset / "card.json").write_text(json.dumps({
-        "span_window": {"first_span": "2025-06-01T00:00:00+00:00",
-                        "last_span": "2025-06-02T00:00:00+00:00"},
-    }))  # fmt: skip
+def trained_folder(
+    tmp_path: Path, *, promote: bool | None = True
+) -> tuple[Path, EvalReport | None]:
+    """What training and evaluation hand the registry (weights are placeholders): the
+    adapter folder with its manifest, which carries the dataset's card, and the report."""
+    card = DatasetCard(
+        name="calc-spans",
+        span_window=SpanWindow(
+            first_span="2025-06-01T00:00:00+00:00", last_span="2025-06-02T00:00:00+00:00"
+        ),
+    )
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "x"}))
     (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
-    (adapter / "spanmill-train.json").write_text(json.dumps({
-        "base_model": "smollm2-135m", "dataset": str(dataset), "dataset_digest": "d" * 64,
-        "method": "sft", "run_id": "train-run-1",
-        "settings": {"lora_r": 16, "learning_rate": 0.0003},
-    }))  # fmt: skip
+    TrainManifest(
+        output_dir="/pod/out", base_model="/pod/cache/smollm2", method="sft", global_step=9,
+        dataset="/pod/dataset",  # a path in the training pod: the registry never opens it
+        dataset_digest="d" * 64, dataset_card=card, run_id="train-run-1",
+        settings={"base_model": "smollm2-135m", "lora_r": 16, "learning_rate": 0.0003},
+    ).write(adapter)  # fmt: skip
     if promote is None:
         return adapter, None
-    metrics = tmp_path / "metrics.json"
-    metrics.write_text(json.dumps({
+    (tmp_path / "metrics.json").write_text(json.dumps({
         "decision": {"promote": promote, "verdict": "promote" if promote else "reject",
                      "reasons": ["success_rate better by 0.200"] if promote
                      else ["success_rate 0.1 is below the champion's 0.2"]},
         "metrics": {"tasks.challenger.success_rate": 0.6, "tasks.champion.success_rate": 0.4,
-                    "gate.promote": float(promote)},
+                    "gate.promote": float(promote), "tasks.difference_low": float("nan")},
         "run_id": "eval-run-1",
     }))  # fmt: skip
-    return adapter, metrics
+    return adapter, EvalReport.read(tmp_path)
 
 
 def test_lineage_is_read_from_training_and_evaluation_outputs(tmp_path: Path) -> None:
     adapter, metrics = trained_folder(tmp_path)
     lineage = lineage_from_outputs(adapter, metrics, pipeline_run_id="pipe-7")
     assert lineage.kind == "adapter" and lineage.base_model == "smollm2-135m"
+    assert lineage.dataset_name == "calc-spans"
+    assert "tasks.difference_low" not in lineage.eval_metrics  # NaN is not a tag
     assert lineage.span_window == "2025-06-01T00:00:00+00:00/2025-06-02T00:00:00+00:00"
     assert lineage.gate_passed and lineage.eval_metrics["tasks.challenger.success_rate"] == 0.6
     tags = lineage.tags()
@@ -63,10 +69,13 @@ def test_lineage_is_read_from_training_and_evaluation_outputs(tmp_path: Path) ->
     assert json.loads(tags[names.TAG_TRAIN_SETTINGS])["lora_r"] == 16
     assert Lineage.from_tags(tags) == lineage
     with pytest.raises(RegistryError, match="neither a LoRA adapter"):
-        lineage_from_outputs(tmp_path / "dataset")
-    with pytest.raises(RegistryError, match="no gate decision"):
-        (tmp_path / "bad.json").write_text("{}")
-        lineage_from_outputs(adapter, tmp_path / "bad.json")
+        lineage_from_outputs(tmp_path)
+    (tmp_path / "bad.json").write_text('{"metrics": {}}')
+    with pytest.raises(ContractError, match=r"bad.json: decision: Field required"):
+        EvalReport.load(tmp_path / "bad.json")
+    (adapter / TrainManifest.FILE).write_text('{"method": "sft"}')
+    with pytest.raises(ContractError, match=r"training manifest .*: output_dir: Field required"):
+        lineage_from_outputs(adapter)
 
 
 def test_a_version_that_passed_the_gate_becomes_the_challenger(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rollout_helpers import Traffic, controller, new_agent, rollout_settings, version_counts
 
+from spanmill.contracts import EvalReport
 from spanmill.gateway.routing import RoutingFile
 from spanmill.registry import CHALLENGER, CHAMPION, Lineage
 from spanmill.rollout.triton import TritonControl
@@ -35,7 +36,7 @@ def test_a_lora_adapter_is_canaried_and_promoted_over_smollm2(  # type: ignore[n
     metrics = tmp_path / "metrics.json"
     metrics.write_text(json.dumps({"decision": {"promote": True, "reasons": ["better"]},
                                    "metrics": {"tasks.challenger.success_rate": 0.6}}))  # fmt: skip
-    registration = registry.register_trained(agent, smollm2_lora, metrics)
+    registration = registry.register_trained(agent, smollm2_lora, EvalReport.load(metrics))
     assert registration.challenger
     adapter = registration.version.version
     traffic = Traffic(url, agent).start()

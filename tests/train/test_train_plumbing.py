@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 from transformers import TrainerCallback
 
 from spanmill.config import MLflowSettings
+from spanmill.contracts import DatasetCard, TrainManifest
 from spanmill.dataset.layout import CARD_FILE, EVAL_FILE, TRAIN_FILE
 from spanmill.train import CheckpointMismatchError, TrainSettings, train
 from spanmill.train.trainer import CHECKPOINTS_DIRNAME, MANIFEST_FILE, RUN_STATE_FILE
@@ -90,6 +91,10 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     assert manifest["global_step"] == 6
     assert manifest["run_id"] == run_id
+    # The manifest carries the dataset's card whole: the registry reads nothing else.
+    card = TrainManifest.read(out).dataset_card
+    assert card is not None and card == DatasetCard.read(small_dataset)
+    assert card.content_hash == manifest["dataset_digest"]
 
 
 def preference_dataset(sft_dataset: Path, folder: Path) -> Path:

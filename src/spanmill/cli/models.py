@@ -11,6 +11,7 @@ from rich.table import Table
 
 from spanmill import paths
 from spanmill.cli.console import console, handle_errors
+from spanmill.contracts import EvalReport
 
 if TYPE_CHECKING:
     from spanmill.registry import ModelRegistry
@@ -182,8 +183,9 @@ def register(
 ) -> None:
     """Register a trained version with its lineage; it becomes the challenger if the gate passed."""
     registry = _registry(tracking_uri)
+    evaluation = EvalReport.load(metrics) if metrics else None
     result = registry.register_trained(
-        agent, folder, metrics, pipeline_run_id=pipeline_run, base_model=base_model
+        agent, folder, evaluation, pipeline_run_id=pipeline_run, base_model=base_model
     )
     alias = " and is the challenger" if result.challenger else " (gate not passed: no alias)"
     console.print(f"[green]✓[/] registered {agent} version {result.version.version}{alias}")

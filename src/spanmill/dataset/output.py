@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spanmill.contracts import DatasetCard
 from spanmill.dataset import layout
 from spanmill.dataset.build import (
     Built,
@@ -49,8 +50,8 @@ def _iso(ns: int | None) -> str | None:
     return None if ns is None else datetime.fromtimestamp(ns / 1e9, UTC).isoformat()
 
 
-def card_of(built: Built, store_url: str) -> dict[str, Any]:
-    return {
+def card_of(built: Built, store_url: str) -> DatasetCard:
+    return DatasetCard.model_validate({
         "format": 1,
         "mode": built.spec.mode,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -80,7 +81,7 @@ def card_of(built: Built, store_url: str) -> dict[str, Any]:
         },
         "content_hash": built.content_hash(),
         "files": {"train": layout.TRAIN_FILE, "eval": layout.EVAL_FILE},
-    }
+    })  # fmt: skip
 
 
 def card_html(card: Mapping[str, Any]) -> str:
@@ -134,10 +135,10 @@ def write_dataset(
         _write_jsonl(built.train, out_dir / "train.jsonl")
         _write_jsonl(built.eval, out_dir / "eval.jsonl")
     card = card_of(built, store_url)
-    (out_dir / "card.html").write_text(card_html(card))
+    (out_dir / "card.html").write_text(card_html(card.to_json()))
     # The card goes last: its presence says the dataset is complete.
-    (out_dir / layout.CARD_FILE).write_text(json.dumps(card, indent=2))
-    return card
+    card.write(out_dir)
+    return card.to_json()
 
 
 def build_dataset(

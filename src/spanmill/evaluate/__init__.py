@@ -6,13 +6,13 @@ models locally, scores with the task's verifier, and decides with
 """
 
 from spanmill.evaluate.gate import GateDecision, decide
-from spanmill.evaluate.run import EvalReport, EvaluationError, ModelRef, SuiteResult, evaluate
+from spanmill.evaluate.run import Comparison, EvaluationError, ModelRef, SuiteResult, evaluate
 from spanmill.evaluate.scoring import Outcome, Summary
 from spanmill.evaluate.settings import EvalSettings, GatePolicy
 from spanmill.evaluate.stats import Interval, bootstrap_difference
 
 __all__ = [
-    "EvalReport",
+    "Comparison",
     "EvalSettings",
     "EvaluationError",
     "GateDecision",

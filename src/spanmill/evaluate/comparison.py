@@ -4,8 +4,8 @@ difference between them, and the gate's decision; the report is drawn from it.""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from spanmill.contracts import EvalReport
 from spanmill.evaluate.gate import GateDecision
 from spanmill.evaluate.scoring import Summary
 from spanmill.evaluate.settings import GatePolicy
@@ -39,7 +39,7 @@ class SuiteResult:
 
 
 @dataclass(frozen=True)
-class EvalReport:
+class Comparison:
     """The comparison, suite by suite, and the gate's decision."""
 
     task: str
@@ -67,8 +67,9 @@ class EvalReport:
         flat["gate.promote"] = float(self.decision.promote)
         return flat
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def report(self) -> EvalReport:
+        """The evaluation's output file (:class:`spanmill.contracts.EvalReport`)."""
+        return EvalReport.model_validate({
             "task": self.task,
             "models": {role: asdict(ref) for role, ref in self.models.items()},
             "suites": {name: asdict(suite) for name, suite in self.suites.items()},
@@ -83,4 +84,4 @@ class EvalReport:
             "evaluators": self.evaluators,
             "metrics": self.metrics(),
             "run_id": self.run_id,
-        }
+        })  # fmt: skip

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from spanmill.evaluate.scoring import Outcome
 
 if TYPE_CHECKING:
-    from spanmill.evaluate.comparison import EvalReport
+    from spanmill.evaluate.comparison import Comparison
 
 _RATES = (("success_rate", "success"), ("format_validity", "format valid"))
 _COLOURS = {"champion": "#7f7f7f", "challenger": "#2ca02c"}
 
 
-def rates_png(report: EvalReport, path: Path) -> Path:
+def rates_png(report: Comparison, path: Path) -> Path:
     """Success and format validity per suite, champion beside challenger, with the CI of the
     gate metric's difference written above each suite."""
     import matplotlib
@@ -60,7 +60,7 @@ def rates_png(report: EvalReport, path: Path) -> Path:
 
 
 def html_page(
-    report: EvalReport, png: Path, outcomes: Mapping[str, Sequence[Outcome]], examples: int = 5
+    report: Comparison, png: Path, outcomes: Mapping[str, Sequence[Outcome]], examples: int = 5
 ) -> str:
     """A page with the decision, the rates, the intervals, the picture and a few failures."""
     e = html.escape
@@ -122,7 +122,7 @@ Challenger: {e(report.models["challenger"].describe())}</p>
 """
 
 
-def _scores_table(report: EvalReport) -> str:
+def _scores_table(report: Comparison) -> str:
     e = html.escape
     rows = [
         f"<tr><td>{e(suite.name)}</td><td>{e(name)}</td>"
@@ -139,7 +139,7 @@ def _scores_table(report: EvalReport) -> str:
     )
 
 
-def _evaluators_html(report: EvalReport) -> str:
+def _evaluators_html(report: Comparison) -> str:
     e = html.escape
     parts = []
     for name, described in report.evaluators.items():
@@ -151,7 +151,7 @@ def _evaluators_html(report: EvalReport) -> str:
     return "".join(parts) or "<p>none</p>"
 
 
-def markdown_page(report: EvalReport) -> str:
+def markdown_page(report: Comparison) -> str:
     """The decision and the figures as Markdown: the run's visualisation in the Kubeflow UI."""
     decision = report.decision
     lines = [

@@ -28,10 +28,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from spanmill.contracts import METRICS_FILE, OUTCOMES_FILE
-from spanmill.contracts import TRAIN_MANIFEST_FILE as MANIFEST_FILE
+from spanmill.contracts import METRICS_FILE, OUTCOMES_FILE, TrainManifest
 from spanmill.errors import ModelError
-from spanmill.evaluate.comparison import ROLES, EvalReport, ModelRef, SuiteResult
+from spanmill.evaluate.comparison import ROLES, Comparison, ModelRef, SuiteResult
 from spanmill.evaluate.evaluators import Evaluator, EvaluatorContext, ReplayItem, load_evaluator
 from spanmill.evaluate.gate import GateDecision, decide
 from spanmill.evaluate.play import play_episodes
@@ -80,7 +79,7 @@ def evaluate(
     settings: EvalSettings | None = None,
     *,
     progress: Progress | None = None,
-) -> EvalReport:
+) -> Comparison:
     """Compare ``challenger`` (an adapter or model folder) with the champion; see the module doc."""
     settings = settings or EvalSettings()
     output_dir = Path(output_dir)
@@ -110,7 +109,7 @@ def evaluate(
             )
         else:
             decision = decide(gated.challenger, gated.champion, gated.difference, policy)
-        report = EvalReport(
+        report = Comparison(
             task=plan.task.name if plan.task else plan.agent,
             models=refs,
             suites=suites,
@@ -134,7 +133,7 @@ def evaluate(
     return report
 
 
-def _tags(report: EvalReport) -> dict[str, str]:
+def _tags(report: Comparison) -> dict[str, str]:
     """The gate's verdict, the champion, and what each judge-like evaluator used."""
     tags = {
         "spanmill.gate": report.decision.verdict,
@@ -148,7 +147,7 @@ def _tags(report: EvalReport) -> dict[str, str]:
 
 
 def _plan(settings: EvalSettings, data: TrainingData) -> Plan:
-    agent = settings.agent or str(data.card.get("agent") or "")
+    agent = settings.agent or (data.card.agent if data.card else None) or ""
     if not agent:
         agents = sorted(data.train.agents)
         if len(agents) != 1:
@@ -241,21 +240,19 @@ def model_ref(ref: str, base_override: str | None = None) -> ModelRef:
     label = path.name or ref
     adapter_config = path / "adapter_config.json"
     if adapter_config.is_file():
-        manifest = _read_json(path / MANIFEST_FILE)
+        manifest = TrainManifest.read(path) if TrainManifest.present(path) else None
         config = _read_json(adapter_config)
-        # The base as training was asked for it; where it resolved it to is that pod's own.
-        asked = (manifest.get("settings") or {}).get("base_model")
         base = (
             base_override
-            or asked
-            or manifest.get("base_model")
+            or (manifest.asked_base_model() if manifest else None)
             or config.get("base_model_name_or_path")
         )
         if not base:
             raise EvaluationError(
                 f"adapter {path} does not say which base model it adapts; pass base_model"
             )
-        return ModelRef(label, resolve_model(str(base)), str(path), manifest.get("run_id"))
+        run_id = manifest.run_id if manifest else None
+        return ModelRef(label, resolve_model(str(base)), str(path), run_id)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise EvaluationError(
@@ -404,10 +401,10 @@ def _compare(
 
 
 def _write(
-    report: EvalReport, outcomes: dict[str, dict[str, list[Outcome]]], output_dir: Path
+    report: Comparison, outcomes: dict[str, dict[str, list[Outcome]]], output_dir: Path
 ) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / METRICS_FILE).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    report.report().write(output_dir)
     with (output_dir / OUTCOMES_FILE).open("w", encoding="utf-8") as handle:
         for role, suites in outcomes.items():
             for suite, items in suites.items():

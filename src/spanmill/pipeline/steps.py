@@ -10,7 +10,6 @@ pipeline ConfigMap and Secrets set that environment in every step's pod
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from spanmill.config import (
     TritonSettings,
     load_settings,
 )
-from spanmill.contracts import METRICS_FILE
+from spanmill.contracts import EvalReport
 
 
 def build_dataset_step(
@@ -243,7 +242,6 @@ def evaluate_step(
     cluster). Returns the evaluation's metrics.json content.
     """
     from spanmill.evaluate import EvalSettings, evaluate
-    from spanmill.evaluate.run import METRICS_FILE
     from spanmill.evaluate.settings import GatePolicy
 
     given: dict[str, Any] = {
@@ -264,8 +262,7 @@ def evaluate_step(
     if judge_model:
         given["judge_model"] = judge_model
     evaluate(dataset_dir, model_dir, out_dir, load_settings(EvalSettings, **given))
-    report: dict[str, Any] = json.loads((out_dir / METRICS_FILE).read_text())
-    return report
+    return EvalReport.read(out_dir).to_json()
 
 
 def register_step(
@@ -284,7 +281,7 @@ def register_step(
     registration = registry.register_trained(
         agent,
         model_dir,
-        evaluation_dir / METRICS_FILE,
+        EvalReport.read(evaluation_dir),
         pipeline_run_id=pipeline_run_id or None,
         base_model=base_model,
     )

@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from spanmill.contracts import EvalReport
 from spanmill.registry import names
 from spanmill.registry.lineage import Lineage, learned_from, lineage_from_outputs
 from spanmill.registry.names import RegistryError
@@ -200,14 +201,14 @@ class ModelRegistry:
         self,
         agent: str,
         model_dir: Path,
-        metrics_path: Path | None = None,
+        evaluation: EvalReport | None = None,
         *,
         pipeline_run_id: str | None = None,
         base_model: str | None = None,
     ) -> Registration:
         """Register what training wrote; make it the challenger when the gate passed."""
         lineage = lineage_from_outputs(
-            model_dir, metrics_path, pipeline_run_id=pipeline_run_id, base_model=base_model
+            model_dir, evaluation, pipeline_run_id=pipeline_run_id, base_model=base_model
         )
         registered = self.register(agent, lineage, model_dir)
         if not lineage.gate_passed:

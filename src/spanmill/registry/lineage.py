@@ -5,9 +5,10 @@ in production: which spans it learned from (dataset digest and span window),
 from which base model and with which settings, how it scored against the
 champion and why the gate let it through, and which pipeline run made it.
 
-:func:`lineage_from_outputs` reads what training and evaluation leave behind
-(``spanmill-train.json`` beside the adapter, the evaluation's ``metrics.json``)
-so that registration needs nothing but those two folders.
+:func:`lineage_from_outputs` reads what training and evaluation hand on (the
+:class:`~spanmill.contracts.TrainManifest` beside the adapter, which carries the
+dataset's card, and the :class:`~spanmill.contracts.EvalReport`), so that
+registration needs nothing but the model folder and the report.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from spanmill.contracts import CARD_FILE, TRAIN_MANIFEST_FILE
+from spanmill.contracts import EvalReport, TrainManifest
 from spanmill.registry import names
 from spanmill.registry.names import Kind, RegistryError
 
-# Written by spanmill.train beside the adapter it saves.
-TRAIN_MANIFEST = TRAIN_MANIFEST_FILE
 # Evaluation metrics that say most about a version, kept when there are too many to tag.
 _TAG_LIMIT = 5000
 
@@ -131,7 +130,7 @@ def learned_from(lineage: Lineage, first: datetime, last: datetime) -> bool:
 
 def lineage_from_outputs(
     model_dir: Path,
-    metrics_path: Path | None = None,
+    evaluation: EvalReport | None = None,
     *,
     pipeline_run_id: str | None = None,
     base_model: str | None = None,
@@ -139,9 +138,9 @@ def lineage_from_outputs(
     """The lineage of a trained adapter (or merged model) folder and its evaluation.
 
     ``model_dir`` holds ``adapter_config.json`` (an adapter) or ``config.json`` (a
-    full model) and, when spanmill trained it, ``spanmill-train.json``.
-    ``metrics_path`` is the evaluation's ``metrics.json``; without it the version
-    carries no gate decision and will not become the challenger.
+    full model) and, when spanmill trained it, its training manifest. Without an
+    ``evaluation`` the version carries no gate decision and will not become the
+    challenger.
     """
     model_dir = Path(model_dir)
     if (model_dir / "adapter_config.json").is_file():
@@ -153,65 +152,40 @@ def lineage_from_outputs(
             f"{model_dir} is neither a LoRA adapter (adapter_config.json) nor a model "
             "(config.json); register the folder training wrote"
         )
-    manifest = (
-        _read_json(model_dir / TRAIN_MANIFEST) if (model_dir / TRAIN_MANIFEST).is_file() else {}
-    )
-    # The base as training was asked for it (a Hugging Face id, an object store path, a
-    # catalog name): where training resolved it to is a path in the training pod alone.
-    asked = (manifest.get("settings") or {}).get("base_model")
-    base = base_model or str(asked or manifest.get("base_model") or "")
+    manifest = TrainManifest.read(model_dir) if TrainManifest.present(model_dir) else None
+    base = base_model or (manifest.asked_base_model() if manifest else "")
     if kind == "adapter" and not base:
         adapter_config = _read_json(model_dir / "adapter_config.json")
         base = str(adapter_config.get("base_model_name_or_path") or "")
-    card = _dataset_card(manifest.get("dataset"))
-    window = card.get("span_window") or {}
-    first, last = window.get("first_span"), window.get("last_span")
-    settings = manifest.get("settings") or {}
-    lineage = Lineage(
-        kind=kind,
-        base_model=base,
-        dataset_digest=manifest.get("dataset_digest"),
-        dataset_name=card.get("name")
-        or (Path(manifest["dataset"]).name if manifest.get("dataset") else None),
-        span_window=f"{first}/{last}" if first or last else None,
-        train_run_id=manifest.get("run_id"),
-        train_method=manifest.get("method"),
-        train_settings=settings if isinstance(settings, dict) else {},
-        pipeline_run_id=pipeline_run_id,
-    )
-    if metrics_path is not None:
-        lineage = with_evaluation(lineage, _read_json(Path(metrics_path)))
+    lineage = Lineage(kind=kind, base_model=base, pipeline_run_id=pipeline_run_id)
+    if manifest is not None:
+        card = manifest.data_card()
+        window = card.span_window if card else None
+        lineage = replace(
+            lineage,
+            dataset_digest=manifest.dataset_digest,
+            dataset_name=(card.name if card else None)
+            or (Path(manifest.dataset).name if manifest.dataset else None),
+            span_window=window.span() if window else None,
+            train_run_id=manifest.run_id,
+            train_method=manifest.method,
+            train_settings=manifest.settings,
+        )
+    if evaluation is not None:
+        lineage = with_evaluation(lineage, evaluation)
     return lineage
 
 
-def with_evaluation(lineage: Lineage, report: Mapping[str, Any]) -> Lineage:
-    """Add an evaluation report (the content of ``metrics.json``) to a lineage."""
-    decision = report.get("decision")
-    if not isinstance(decision, dict) or not isinstance(decision.get("promote"), bool):
-        raise RegistryError(
-            "the evaluation report has no gate decision (decision.promote); pass the "
-            "metrics.json that spanmill's evaluation wrote"
-        )
-    metrics = report.get("metrics") or {}
-    finite = {
-        str(k): float(v)
-        for k, v in metrics.items()
-        if isinstance(v, int | float) and math.isfinite(float(v))
-    }
+def with_evaluation(lineage: Lineage, report: EvalReport) -> Lineage:
+    """Add an evaluation's report (its metrics and the gate's decision) to a lineage."""
+    finite = {k: v for k, v in report.metrics.items() if math.isfinite(v)}
     return replace(
         lineage,
-        eval_run_id=report.get("run_id") or lineage.eval_run_id,
+        eval_run_id=report.run_id or lineage.eval_run_id,
         eval_metrics=finite,
-        gate_promote=decision["promote"],
-        gate_reasons=tuple(str(r) for r in decision.get("reasons") or ()),
+        gate_promote=report.decision.promote,
+        gate_reasons=tuple(report.decision.reasons),
     )
-
-
-def _dataset_card(folder: Any) -> dict[str, Any]:
-    if not folder:
-        return {}
-    path = Path(str(folder)) / CARD_FILE
-    return _read_json(path) if path.is_file() else {}
 
 
 def _read_json(path: Path) -> dict[str, Any]:

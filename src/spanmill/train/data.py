@@ -8,16 +8,16 @@ split, missing columns, a message list that is not a chat.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spanmill.dataset.layout import CARD_FILE, EVAL_FILE, MODES, REQUIRED_COLUMNS, TRAIN_FILE, Mode
+from spanmill.contracts import EVAL_FILE, TRAIN_FILE, ContractError, DatasetCard
+from spanmill.dataset.layout import MODES, REQUIRED_COLUMNS, Mode
 from spanmill.train.errors import DatasetError, EmptyDatasetError, MissingColumnsError
 
 # The message columns each mode's trainer reads, and the columns passed on to it.
@@ -58,13 +58,13 @@ class TrainingData:
     mode: Mode
     train: Split
     eval: Split | None
-    card: dict[str, Any]
+    card: DatasetCard | None  # None where the folder has none
     digest: str
     weighted: bool
 
     @property
     def name(self) -> str:
-        return str(self.card.get("name") or self.folder.name)
+        return (self.card.name if self.card else None) or self.folder.name
 
 
 def load_training_data(folder: Path) -> TrainingData:
@@ -78,7 +78,7 @@ def load_training_data(folder: Path) -> TrainingData:
     train_path = folder / TRAIN_FILE
     if not train_path.is_file():
         raise DatasetError(f"dataset folder {folder} has no {TRAIN_FILE}; is it a dataset folder?")
-    card = _read_card(folder / CARD_FILE)
+    card = _read_card(folder)
     train_table = _read_table(train_path)
     mode = _mode(card, train_table, train_path)
     train = _checked_split("train", train_table, train_path, mode)
@@ -103,16 +103,13 @@ def load_training_data(folder: Path) -> TrainingData:
     )
 
 
-def _read_card(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
+def _read_card(folder: Path) -> DatasetCard | None:
+    if not DatasetCard.present(folder):
+        return None
     try:
-        card = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"dataset card {path} is not readable JSON: {exc}") from None
-    if not isinstance(card, dict):
-        raise DatasetError(f"dataset card {path} must hold a JSON object")
-    return card
+        return DatasetCard.read(folder)
+    except ContractError as exc:
+        raise DatasetError(str(exc)) from None
 
 
 def _read_table(path: Path) -> pa.Table:
@@ -122,15 +119,15 @@ def _read_table(path: Path) -> pa.Table:
         raise DatasetError(f"{path} is not a readable Parquet file: {exc}") from None
 
 
-def _mode(card: dict[str, Any], table: pa.Table, path: Path) -> Mode:
-    declared = card.get("mode")
+def _mode(card: DatasetCard | None, table: pa.Table, path: Path) -> Mode:
+    declared = card.mode if card else None
     if declared is not None:
         if declared not in MODES:
             raise DatasetError(
                 f"dataset card of {path.parent} declares mode {declared!r}; "
                 f"known modes: {', '.join(MODES)}"
             )
-        return declared
+        return cast(Mode, declared)
     present = set(table.column_names)
     for mode in MODES:
         if set(REQUIRED_COLUMNS[mode]) <= present:
@@ -204,10 +201,9 @@ def _chat_problem(messages: Any, *, final_assistant: bool) -> str | None:
     return None
 
 
-def _digest(folder: Path, card: dict[str, Any]) -> str:
-    declared = card.get("content_hash")
-    if isinstance(declared, str) and declared:
-        return declared
+def _digest(folder: Path, card: DatasetCard | None) -> str:
+    if card and card.content_hash:
+        return card.content_hash
     digest = hashlib.sha256()
     for name in (TRAIN_FILE, EVAL_FILE):
         path = folder / name

@@ -26,7 +26,6 @@ environment the Trainer sets (:mod:`spanmill.train.trainjob`).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -35,9 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from spanmill.contracts import TrainManifest
 from spanmill.train.errors import TrainError
 from spanmill.train.settings import TrainSettings
-from spanmill.train.trainer import MANIFEST_FILE, MERGED_DIRNAME, TrainResult, train
+from spanmill.train.trainer import MERGED_DIRNAME, TrainResult, train
 
 logger = logging.getLogger(__name__)
 
@@ -177,10 +177,12 @@ def run_processes(command: list[str], env: Mapping[str, str]) -> None:
 
 def read_result(output_dir: Path) -> TrainResult:
     """The result rank 0 recorded in the adapter's manifest."""
-    path = Path(output_dir) / MANIFEST_FILE
-    if not path.is_file():
-        raise TrainError(f"training finished without writing {path}; rank 0 did not complete")
-    result = TrainResult.from_json(json.loads(path.read_text()))
+    if not TrainManifest.present(output_dir):
+        raise TrainError(
+            f"training finished without writing {Path(output_dir) / TrainManifest.FILE}; "
+            "rank 0 did not complete"
+        )
+    result = TrainResult.of(TrainManifest.read(output_dir))
     # The manifest names the folders where rank 0 wrote them (another pod, for a TrainJob).
     merged = Path(output_dir) / MERGED_DIRNAME if result.merged_dir else None
     return replace(result, output_dir=Path(output_dir), merged_dir=merged)

@@ -9,7 +9,6 @@ LLM calls of real episodes.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spanmill.contracts import EVAL_FILE, TRAIN_FILE, DatasetCard
 from spanmill.dataset.build import histogram
-from spanmill.dataset.layout import CARD_FILE, EVAL_FILE, TRAIN_FILE
 from spanmill.dataset.output import SCHEMAS
 from spanmill.messages import to_model_messages
 from spanmill.tasks.base import PromptStyle, Task, TaskInstance
@@ -87,17 +86,15 @@ def write_reference_dataset(
         digest.update(name.encode())
         digest.update((folder / name).read_bytes())
     # The builder's card, with what a build from spans has and this one lacks left out.
-    card = {
-        "format": 1,
-        "name": f"{task.name}-reference",
-        "mode": "sft",
-        "source": "reference solutions",
-        "agent": task.agent_name,
-        "prompt_style": prompt_style,
-        "counts": {"train": len(splits[TRAIN_FILE]), "eval": len(splits[EVAL_FILE])},
-        "reward": "reference",
-        "reward_histogram": histogram([1.0] * (len(splits[TRAIN_FILE]) + len(splits[EVAL_FILE]))),
-        "content_hash": digest.hexdigest(),
-    }
-    (folder / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+    DatasetCard(
+        name=f"{task.name}-reference",
+        mode="sft",
+        source="reference solutions",
+        agent=task.agent_name,
+        prompt_style=prompt_style,
+        counts={"train": len(splits[TRAIN_FILE]), "eval": len(splits[EVAL_FILE])},
+        reward="reference",
+        reward_histogram=histogram([1.0] * (len(splits[TRAIN_FILE]) + len(splits[EVAL_FILE]))),
+        content_hash=digest.hexdigest(),
+    ).write(folder)
     return folder

@@ -56,6 +56,7 @@ from typing import Any
 
 from spanmill import semconv as sc
 from spanmill.config import KafkaSettings
+from spanmill.contracts import TrainManifest
 from spanmill.tasks.base import Task, get_task
 from spanmill.train.errors import CheckpointMismatchError, RewardError, TrainError
 from spanmill.train.grpo import (
@@ -287,7 +288,7 @@ def train_grpo(
         if tracker is not None:
             tracker.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
-    _write_json(output_dir / MANIFEST_FILE, _manifest(result, settings, task))
+    _manifest(result, settings, task).write(output_dir)
     if tracker is not None:
         tracker.log_artifact(output_dir / MANIFEST_FILE)
         tracker.finish("FINISHED")
@@ -530,21 +531,19 @@ def _save_checkpoint(
             shutil.rmtree(older, ignore_errors=True)
 
 
-def _manifest(result: TrainResult, settings: TrainSettings, task: Task) -> dict[str, Any]:
+def _manifest(result: TrainResult, settings: TrainSettings, task: Task) -> TrainManifest:
     """The run's manifest; after SFT, the dataset the start adapter learnt from stays in the
     lineage (``dataset``, ``dataset_digest``), and that run's manifest is kept whole."""
-    start: dict[str, Any] = {}
-    if settings.init_adapter:
-        path = Path(settings.init_adapter) / MANIFEST_FILE
-        start = json.loads(path.read_text()) if path.is_file() else {}
-    return {
-        **result.to_json(),
-        "dataset": start.get("dataset"),
-        "dataset_digest": start.get("dataset_digest") or result.dataset_digest,
-        "init_manifest": start or None,
-        "dataset_mode": "rl",
-        "task": task.name,
-        "init_adapter": settings.init_adapter,
-        "tracking_uri": settings.mlflow.tracking_uri if result.run_id else None,
-        "settings": settings.model_dump(mode="json", exclude={"mlflow"}),
-    }
+    start = None
+    if settings.init_adapter and TrainManifest.present(settings.init_adapter):
+        start = TrainManifest.read(settings.init_adapter)
+    return TrainManifest(
+        **{**result.to_json(), "dataset_digest": (start or result).dataset_digest},
+        dataset=start.dataset if start else None,
+        init_manifest=start,
+        dataset_mode="rl",
+        task=task.name,
+        init_adapter=settings.init_adapter,
+        tracking_uri=settings.mlflow.tracking_uri if result.run_id else None,
+        settings=settings.model_dump(mode="json", exclude={"mlflow"}),
+    )

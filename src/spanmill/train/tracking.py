@@ -118,8 +118,8 @@ class RunTracker:
             "mode": data.mode,
             "train_rows": data.train.rows,
             "eval_rows": data.eval.rows if data.eval else 0,
-            "counts": data.card.get("counts"),
-            "span_window": data.card.get("span_window"),
+            "counts": data.card.counts if data.card else None,
+            "span_window": data.card.to_json()["span_window"] if data.card else None,
         }
         dataset = Dataset(
             name=data.name,

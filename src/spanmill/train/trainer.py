@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spanmill.contracts import TRAIN_MANIFEST_FILE
+from spanmill.contracts import CARD_FILE, TRAIN_MANIFEST_FILE, TrainManifest
 from spanmill.errors import ModelError
 from spanmill.models import resolve_model
 from spanmill.train.data import TrainingData, load_training_data
@@ -41,7 +41,7 @@ from spanmill.train.errors import CheckpointMismatchError, DatasetError, TrainEr
 from spanmill.train.settings import TrainSettings
 from spanmill.train.tracking import MetricsCallback, RunTracker, loss_curve_png
 
-MANIFEST_FILE = TRAIN_MANIFEST_FILE
+MANIFEST_FILE = TRAIN_MANIFEST_FILE  # beside the adapter: the TrainManifest
 CHECKPOINTS_DIRNAME = "checkpoints"
 MERGED_DIRNAME = "merged"
 # Written next to the checkpoints: what they were trained from, and the MLflow run.
@@ -71,19 +71,18 @@ class TrainResult:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainResult:
-        """Back from :meth:`to_json` (or the manifest, which holds more)."""
-        merged = data.get("merged_dir")
+    def of(cls, manifest: TrainManifest) -> TrainResult:
+        """The result a run's manifest records."""
         return cls(
-            output_dir=Path(data["output_dir"]),
-            base_model=str(data["base_model"]),
-            method=str(data["method"]),
-            global_step=int(data["global_step"]),
-            resumed_from_step=data.get("resumed_from_step"),
-            run_id=data.get("run_id"),
-            dataset_digest=str(data["dataset_digest"]),
-            merged_dir=Path(merged) if merged else None,
-            metrics={k: float(v) for k, v in (data.get("metrics") or {}).items()},
+            output_dir=Path(manifest.output_dir),
+            base_model=manifest.base_model,
+            method=manifest.method,
+            global_step=manifest.global_step,
+            resumed_from_step=manifest.resumed_from_step,
+            run_id=manifest.run_id,
+            dataset_digest=manifest.dataset_digest,
+            merged_dir=Path(manifest.merged_dir) if manifest.merged_dir else None,
+            metrics=dict(manifest.metrics),
         )
 
 
@@ -154,7 +153,7 @@ def train(
             tracker.finish("KILLED" if interrupted else "FAILED")
         raise
     if main:
-        _write_json(output_dir / MANIFEST_FILE, _manifest(result, settings, plan.data))
+        _manifest(result, settings, plan.data).write(output_dir)
         if metrics_path is not None:
             _write_json(Path(metrics_path), result.metrics)
         if tracker is not None:
@@ -355,7 +354,7 @@ def _run(
         )
         tracker.log_dataset(plan.data)
         if plan.data.card:
-            tracker.log_dict(plan.data.card, "dataset/card.json")
+            tracker.log_dict(plan.data.card.to_json(), f"dataset/{CARD_FILE}")
 
     started = time.perf_counter()
     resumed_from = _step_of(plan.resume_from)
@@ -462,14 +461,15 @@ def _peak_rss_mb() -> float:
     return peak_kb / (1024 * 1024) if sys.platform == "darwin" else peak_kb / 1024
 
 
-def _manifest(result: TrainResult, settings: TrainSettings, data: TrainingData) -> dict[str, Any]:
-    return {
+def _manifest(result: TrainResult, settings: TrainSettings, data: TrainingData) -> TrainManifest:
+    return TrainManifest(
         **result.to_json(),
-        "dataset": str(data.folder),
-        "dataset_mode": data.mode,
-        "tracking_uri": settings.mlflow.tracking_uri if result.run_id else None,
-        "settings": settings.model_dump(mode="json", exclude={"mlflow"}),
-    }
+        dataset=str(data.folder),
+        dataset_mode=data.mode,
+        dataset_card=data.card,
+        tracking_uri=settings.mlflow.tracking_uri if result.run_id else None,
+        settings=settings.model_dump(mode="json", exclude={"mlflow"}),
+    )
 
 
 def _write_json(path: Path, data: Any) -> None:
