@@ -115,7 +115,8 @@ up status down: $(VENV_STAMP)
 	$(BIN)/spanmill $@
 
 lock: $(VENV_STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^spanmill' > constraints.txt
+	{ head -1 constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^spanmill'; } > constraints.new
+	mv constraints.new constraints.txt
 
 clean:
 	-$(BIN)/spanmill down

@@ -99,3 +99,18 @@ def gateway_and_collector(
     finally:
         for service in reversed(running):
             service.stop()
+
+
+@contextmanager
+def served(kafka: Any, triton: Any, work: Path, model: str) -> Iterator[Stack]:
+    """:func:`gateway_and_collector` in front of version 1 of ``model``, which the
+    caller has written into ``triton``'s repository: loaded for the block's length."""
+    import tritonclient.http as triton_http
+
+    client = triton_http.InferenceServerClient(triton.http_url, network_timeout=300)
+    client.load_model(model)
+    try:
+        with gateway_and_collector(kafka, triton.http_url, work, model, 1) as running:
+            yield running
+    finally:
+        client.unload_model(model)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from spanmill import semconv as sc
 from spanmill.collector.translate import Translation, openinference, openllmetry
 
@@ -118,6 +120,39 @@ def test_openinference_llm_span() -> None:
     assert not any(key.startswith("llm.input_messages") for key in attributes)
     assert "openinference.span.kind" not in attributes
     assert attributes["input.value"] == '{"messages": []}'  # raw JSON input is kept
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        # LangChain's LLMResult, as OpenInference for LangChain records it.
+        (
+            {
+                "generations": [
+                    [{"message": {"kwargs": {"response_metadata": {"id": "chatcmpl-7"}}}}]
+                ],
+                "llm_output": None,
+            },
+            "chatcmpl-7",
+        ),
+        ({"generations": [], "llm_output": {"id": "chatcmpl-8"}}, "chatcmpl-8"),
+        # An OpenAI chat completion body.
+        ({"id": "chatcmpl-9", "object": "chat.completion", "choices": []}, "chatcmpl-9"),
+        ({"id": "run-1", "object": "thing"}, None),
+        ({"generations": [[None, {"message": "text"}]], "llm_output": {"id": 5}}, None),
+        ([1, 2], None),
+    ],
+)
+def test_openinference_response_id_from_the_output(output: object, expected: str | None) -> None:
+    attributes = {
+        "openinference.span.kind": "LLM",
+        "llm.model_name": "m",
+        "output.value": json.dumps(output),
+        "output.mime_type": "application/json",
+    }
+    assert openinference.translate(attributes)
+    assert attributes.get(sc.GEN_AI_RESPONSE_ID) == expected
+    assert "output.value" in attributes  # the raw output is kept
 
 
 def test_openinference_tool_and_plain_llm_spans() -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from dataset_traces import SYSTEM, episode, llm, reward_event, table, tid, tool
+from dataset_traces import SYSTEM, episode, genai, llm, reward_event, table, tid, tool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spanmill import semconv as sc
 from spanmill.dataset.build import build, split_of
-from spanmill.dataset.episodes import DatasetError
+from spanmill.dataset.episodes import DatasetError, LLMCall, one_record_per_call
 from spanmill.dataset.spec import DatasetSpec
 
 
@@ -242,3 +242,29 @@ def test_a_call_keeps_how_it_was_made_for_replay() -> None:
     # A record without any of them (the reference solutions, a bare client span) has none.
     bare = build(DatasetSpec(eval_fraction=0.0), table(*two_call_episode())).train[0]
     assert bare["request"] is None
+
+
+def test_a_clients_record_and_the_gateways_of_one_call_are_one_sample() -> None:
+    """Within an episode, a record without token ids (a client instrumentation that kept
+    no response id) gives way to the gateway's record of the same content, one to one:
+    an agent that asked the same thing twice keeps both calls."""
+
+    def call(span: str, answer: str, *, tokens: bool, episode: str = "e1") -> LLMCall:
+        return LLMCall(
+            trace_id="t", span_id=span, episode_id=episode, start_ns=0, service=None,
+            agent=None, model=None, model_version="1" if tokens else None, task_id=None,
+            response_id=None, prompt_name=None,
+            input_messages=genai([{"role": "user", "content": "q"}]),
+            output_messages=genai([{"role": "assistant", "content": answer}]),
+            system_instructions=None, input_tokens=None, output_tokens=None,
+            completion_token_ids=[1, 2] if tokens else None, failed=False,
+        )  # fmt: skip
+
+    calls = [
+        call("client-1", "4", tokens=False), call("gateway-1", "4", tokens=True),
+        call("client-2", "4", tokens=False), call("gateway-2", "4", tokens=True),
+        call("client-3", "5", tokens=False),  # no gateway record of this content
+        call("client-4", "4", tokens=False, episode="e2"),  # another episode
+    ]  # fmt: skip
+    kept = [c.span_id for c in one_record_per_call(calls)]
+    assert kept == ["gateway-1", "gateway-2", "client-3", "client-4"]

@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import tritonclient.http as triton_http
-from support_agent_helpers import Stack, gateway_and_collector, uninstrument_openai
+from support_agent_helpers import Stack, served, uninstrument_openai
 
 from spanmill import semconv as sc
 from spanmill.serving.repository import write_python_version
@@ -44,13 +43,8 @@ def stack(
 ) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
     work = tmp_path_factory.mktemp("support-stack")
     write_python_version(triton.model_repository, MODEL, 1, smollm2_dir, num_threads=1)
-    client = triton_http.InferenceServerClient(triton.http_url, network_timeout=300)
-    client.load_model(MODEL)
-    try:
-        with gateway_and_collector(kafka, triton.http_url, work, MODEL, 1) as running:
-            yield running
-    finally:
-        client.unload_model(MODEL)
+    with served(kafka, triton, work, MODEL) as running:
+        yield running
 
 
 @pytest.fixture

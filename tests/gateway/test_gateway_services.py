@@ -76,7 +76,7 @@ def test_chat_completion_is_answered_and_recorded(kafka, echo_model, serve_app) 
     app = create_app(settings(kafka.bootstrap_servers, topic, echo_model), table=echo_table())
     with serve_app(app) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-        response = client.chat.completions.create(
+        raw = client.chat.completions.with_raw_response.create(
             model="echo",
             messages=[{"role": "system", "content": "be brief"},
                       {"role": "user", "content": "héllo spans"}],
@@ -86,6 +86,7 @@ def test_chat_completion_is_answered_and_recorded(kafka, echo_model, serve_app) 
             extra_body={"metadata": {sc.SPANMILL_TASK_ID: "task-7",
                                      sc.SPANMILL_PROMPT_NAME: "calc-zero-shot"}},
         )  # fmt: skip
+        response = raw.parse()
         assert response.choices[0].message.content == "héllo spans"
         assert response.usage is not None and response.usage.completion_tokens == len(
             "héllo spans".encode()
@@ -119,6 +120,8 @@ def test_chat_completion_is_answered_and_recorded(kafka, echo_model, serve_app) 
     key, span = next((k, s) for k, s in spans if s.trace_id == TRACE_ID)
     assert key == TRACE_ID.encode()
     assert span.parent_span_id == PARENT_ID
+    # The response names the call's own span, as W3C Trace Context's traceresponse.
+    assert raw.headers["traceresponse"] == f"00-{TRACE_ID}-{span.span_id}-01"
     assert span.is_llm_call and span.model_version == "1" and span.model == "echo"
     assert span.task_id == "task-7" and span.prompt_name == "calc-zero-shot"
     assert span.response_id == response.id

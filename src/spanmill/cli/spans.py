@@ -145,6 +145,7 @@ def stats(
 ) -> None:
     """What the store holds: spans per hour, service, agent and model; rewards; Kafka progress."""
     from spanmill.store import SpanStore
+    from spanmill.store.links import join_health_sql
 
     settings = load_settings(CollectorSettings, **({"store_url": store} if store else {}))
     start = _since(since)
@@ -188,6 +189,13 @@ def stats(
                 "GROUP BY 1, 2 ORDER BY spans DESC LIMIT 20"
             ),
             ["service", "agent", "spans", "episodes"],
+        )
+    )
+    console.print(
+        _table(
+            "the gateway's calls joined to their agents' episodes",
+            query(join_health_sql()),
+            ["service", "agent", "gateway_calls", "by_context", "by_content", "alone"],
         )
     )
     console.print(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import typer
@@ -15,6 +16,10 @@ from spanmill.cli.console import console, handle_errors
 app = typer.Typer(
     help="The span store: compaction, retention, erasure on request, SQL.", no_args_is_help=True
 )
+
+
+# How far back `spanmill store compact` joins calls before compacting.
+JOIN_HOURS = 24
 
 
 def _settings(store: str | None) -> Any:
@@ -48,6 +53,8 @@ def compact(
         target_rows=settings.target_rows,
         stale_s=settings.stale_seconds,
     )
+    # Calls joined first: the links are records of their own, which compaction keeps.
+    _print_join(_join(settings, since=datetime.now(UTC) - timedelta(hours=JOIN_HOURS)))
     with Progress(
         TextColumn("hours"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=True,
@@ -62,6 +69,35 @@ def compact(
         f"{report.files_deleted} files deleted, "
         f"{len(report.erasures_applied)} erasures applied "
         f"({sum(report.spans_erased.values())} spans) in {report.seconds:.1f} s"
+    )
+
+
+@app.command()
+@handle_errors
+def join(
+    store: str = typer.Option(None, help="Span store URL (default SPANMILL_STORE_URL)."),
+    since: str = typer.Option("24h", help="Window start: 30m, 24h, 7d, an ISO time, or ''."),
+    until: str = typer.Option("", help="Window end: 30m (ago), an ISO time, or '' for now."),
+) -> None:
+    """Join the gateway's calls that came without their caller's trace context to the
+    agent episodes they belong to, by content and time (see spanmill.store.links).
+    Idempotent; `spanmill store compact` and the dataset builder run it too."""
+    from spanmill.cli.spans import _since
+
+    _print_join(_join(_settings(store), since=_since(since), until=_since(until)))
+
+
+def _join(settings: Any, *, since: datetime | None, until: datetime | None = None) -> Any:
+    from spanmill.store import SpanStore
+    from spanmill.store.links import join_calls
+
+    return join_calls(SpanStore(settings.url, settings.storage_options), since, until)
+
+
+def _print_join(report: Any) -> None:
+    console.print(
+        f"calls joined by content: {report.linked} new, {report.already} before; "
+        f"{report.ambiguous} ambiguous and {report.unmatched} unmatched left alone"
     )
 
 

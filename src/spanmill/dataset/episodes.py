@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from spanmill import semconv as sc
 from spanmill.errors import SpanmillError
+from spanmill.store.links import content_digest
 
 # The store columns a build reads.
 COLUMNS = (
@@ -264,12 +265,15 @@ def _is_training(attributes: str | None) -> bool:
 
 
 def one_record_per_call(calls: list[LLMCall]) -> list[LLMCall]:
-    """Each call once: records that share a response id are one call, seen twice.
+    """Each call once: a client's record and the gateway's of the same call are one.
 
     A client instrumentation (OpenLLMetry, OpenInference) records the call the
-    agent made and the gateway records the same call as it served it, both with
-    the response id the client received. The gateway's record is kept: it has the
-    token ids, logprobs and model version. Order is kept.
+    agent made and the gateway records the same call as it served it. Records that
+    share a response id are one call. So is, within an episode, a record without
+    token ids and one with them of the same content (:func:`content_digest`), paired
+    one to one in time order: a client that recorded no response id, its trace context
+    propagated or the calls joined (:mod:`spanmill.store.links`). The gateway's record
+    is kept: it has the token ids, logprobs and model version. Order is kept.
     """
     chosen: dict[str, int] = {}
     for i, call in enumerate(calls):
@@ -281,7 +285,20 @@ def one_record_per_call(calls: list[LLMCall]) -> list[LLMCall]:
         ):
             chosen[call.response_id] = i
     kept = set(chosen.values())
-    return [c for i, c in enumerate(calls) if c.response_id is None or i in kept]
+    once = [c for i, c in enumerate(calls) if c.response_id is None or i in kept]
+    recorded: dict[tuple[str, str], int] = defaultdict(int)  # gateway records not yet paired
+    digests = [content_digest(c.input_messages, c.output_messages) for c in once]
+    for call, digest in zip(once, digests, strict=True):
+        if digest is not None and call.completion_token_ids is not None:
+            recorded[(call.episode_id, digest)] += 1
+    out = []
+    for call, digest in zip(once, digests, strict=True):
+        key = (call.episode_id, digest or "")
+        if digest is not None and call.completion_token_ids is None and recorded[key] > 0:
+            recorded[key] -= 1  # the gateway's record of this call stands for it
+            continue
+        out.append(call)
+    return out
 
 
 def read_llm_calls(table: pa.Table) -> list[LLMCall]:

@@ -152,11 +152,16 @@ def build_dataset(
 ) -> dict[str, Any]:
     """Read the window from the span store, build, write; the KFP component calls this."""
     from spanmill.store import SpanStore
+    from spanmill.store.links import join_calls
 
     report = progress or (lambda _: None)
-    report("reading spans")
     store = SpanStore(store_url, storage_options)
     since, until = call_window(spec)
+    # The gateway's calls whose callers sent no trace context join their agents'
+    # episodes first, so that each agent run is one episode (spanmill.store.links).
+    report("joining calls to episodes")
+    join_calls(store, since, until)
+    report("reading spans")
     spans = store.table(start=since, end=until, columns=COLUMNS)
     late = None
     if until is not None:

@@ -324,10 +324,15 @@ class _Call:
     clock: float
     # The answer's spans, handed to the emitter once the response is sent (flush).
     spans: list[Span] = field(default_factory=list)
+    # The first choice's span, named in the response's traceresponse header.
+    span_id: str = field(default_factory=new_span_id)
+
+    def _span_id(self, index: int = 0) -> str:
+        return self.span_id if index == 0 else new_span_id()
 
     def failed(self, error: str, status: int) -> None:
         self.state.emitter.emit(
-            build_llm_span(**self.span_facts, span_id=new_span_id(), end_ns=time.time_ns(),
+            build_llm_span(**self.span_facts, span_id=self.span_id, end_ns=time.time_ns(),
                            response_id=None, error=error)
         )  # fmt: skip
         self.state.metrics.requests.labels(self.body.model, self.version, str(status)).inc()
@@ -336,10 +341,10 @@ class _Call:
         """The choices of a whole answer, after its spans and metrics are recorded."""
         choices = list(_choices(result, tools_offered=bool(self.body.tools)))
         ended = time.time_ns()
-        for choice in choices:
+        for index, choice in enumerate(choices):
             self.spans.append(
                 build_llm_span(
-                    **self.span_facts, span_id=new_span_id(), end_ns=ended,
+                    **self.span_facts, span_id=self._span_id(index), end_ns=ended,
                     response_id=self.response_id, choice=choice,
                     prompt_token_ids=result.prompt_token_ids,
                     token_ids_source=result.extra.get("token_ids"),
@@ -450,7 +455,13 @@ async def _answer(
             "client": getattr(request.state, "principal", ANONYMOUS),
         },
     )  # fmt: skip
-    headers = {"x-spanmill-model-version": backend.version, "x-spanmill-trace-id": trace_id}
+    # The call's own span context, as W3C Trace Context's traceresponse: a client that
+    # sent none can still tie its record of the call to the gateway's.
+    headers = {
+        "x-spanmill-model-version": backend.version,
+        "x-spanmill-trace-id": trace_id,
+        "traceresponse": f"00-{trace_id}-{call.span_id}-01",
+    }
     messages = chat.to_model_messages(raw_messages)
     target = Target(
         model=route.triton_model,

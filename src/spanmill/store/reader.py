@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -49,6 +50,7 @@ from spanmill.store.layout import (
     parse_file_name,
     parse_part_name,
 )
+from spanmill.store.links import apply_links, linked_view_sql, read_links
 from spanmill.store.policy import StorePolicy, read_policy
 from spanmill.store.rows import spans_from_table
 from spanmill.store.schema import SPAN_SCHEMA
@@ -59,6 +61,8 @@ TimeLike = datetime | int | str
 T = TypeVar("T")
 # A read that keeps losing files to compaction gives up after this many listings.
 _READ_ATTEMPTS = 20
+# What applying the store's links reads (spanmill.store.links).
+_LINK_KEYS = ("trace_id", "span_id", "episode_id", "response_id")
 
 
 class StoreError(SpanmillError):
@@ -183,6 +187,10 @@ class SpanStore:
     def policy(self) -> StorePolicy:
         return read_policy(self.fs, self.root)
 
+    def links(self) -> pa.Table:
+        """The store's links of gateway calls to agent episodes (:mod:`spanmill.store.links`)."""
+        return read_links(self.fs, self.root)
+
     def erased_trace_ids(self) -> list[str]:
         """Traces of every erasure request, pending or applied: no read returns them."""
         return sorted({t for e in read_erasures(self.fs, self.root) for t in e.trace_ids})
@@ -262,11 +270,18 @@ class SpanStore:
         unknown = [name for name in wanted if name not in SPAN_SCHEMA.names]
         if unknown:
             raise StoreError(f"unknown span store columns {unknown}; known: {SPAN_SCHEMA.names}")
+        links = self.links()
+        # An episode's linked gateway traces are the episode's too.
+        joined = (
+            pc.filter(links["trace_id"], pc.equal(links["episode_id"], episode_id)).to_pylist()
+            if episode_id is not None and links.num_rows
+            else []
+        )
         expression = _filter(
             start, end, service, agent, trace_id, episode_id, llm_calls_only,
-            self.erased_trace_ids(),
+            self.erased_trace_ids(), joined,
         )  # fmt: skip
-        read = wanted if "start_time" in wanted else [*wanted, "start_time"]
+        read = list(dict.fromkeys([*wanted, "start_time", *(_LINK_KEYS if links.num_rows else ())]))
 
         def attempt() -> pa.Table:
             dataset = self._dataset(start, end)
@@ -277,7 +292,7 @@ class SpanStore:
             except pa.ArrowInvalid as exc:
                 raise StoreError(f"cannot read the span store at {self.url}: {exc}") from None
 
-        table = self._attempts(attempt).sort_by([("start_time", "ascending")])
+        table = apply_links(self._attempts(attempt), links).sort_by([("start_time", "ascending")])
         return table.select(wanted)
 
     def spans(self, **filters: Any) -> list[Span]:
@@ -299,8 +314,8 @@ class SpanStore:
         of the window's live spans, erased traces left out, and the store's macros
         (:mod:`spanmill.store.queries`)."""
         self._check_window(start)
-        erased = self.erased_trace_ids()
-        return self._attempts(lambda: self._query(sql, start, end, params, erased))
+        erased, links = self.erased_trace_ids(), self.links()
+        return self._attempts(lambda: self._query(sql, start, end, params, erased, links))
 
     def _query(
         self,
@@ -309,6 +324,7 @@ class SpanStore:
         end: TimeLike | None,
         params: Sequence[Any] | None,
         erased: list[str],
+        links: pa.Table,
     ) -> pa.Table:
         import duckdb
 
@@ -331,7 +347,9 @@ class SpanStore:
             if erased:
                 connection.register("erased_traces", pa.table({"trace_id": erased}))
                 unerased += " WHERE trace_id NOT IN (SELECT trace_id FROM erased_traces)"
-            connection.execute(f"CREATE VIEW spans AS {unerased}")
+            connection.register("call_links", links)
+            connection.execute(f"CREATE VIEW spans_unlinked AS {unerased}")
+            connection.execute(f"CREATE VIEW spans AS {linked_view_sql('spans_unlinked')}")
             for macro in MACROS:
                 connection.execute(macro)
             relation = connection.sql(sql, params=list(params) if params else None)
@@ -360,6 +378,7 @@ def _filter(
     episode_id: str | None,
     llm_calls_only: bool,
     erased_trace_ids: Sequence[str] = (),
+    linked_trace_ids: Sequence[str] = (),
 ) -> ds.Expression | None:
     time_type = SPAN_SCHEMA.field("start_time").type
     parts: list[ds.Expression] = []
@@ -374,7 +393,10 @@ def _filter(
     if trace_id is not None:
         parts.append(ds.field("trace_id") == trace_id.lower())
     if episode_id is not None:
-        parts.append(ds.field("episode_id") == episode_id)
+        episode = ds.field("episode_id") == episode_id
+        if linked_trace_ids:
+            episode = episode | ds.field("trace_id").isin(list(linked_trace_ids))
+        parts.append(episode)
     if llm_calls_only:
         parts.append(ds.field("operation_name").isin(sorted(sc.LLM_OPERATIONS)))
     if erased_trace_ids:

@@ -7,9 +7,11 @@ tool_calls.<j>.tool_call.id|function.name|function.arguments|tool_call_id``
 (and ``llm.output_messages``), names the model ``llm.model_name``, counts tokens
 as ``llm.token_count.prompt|completion``, and carries raw ``input.value`` /
 ``output.value``. Those become the GenAI operation, model, provider, messages,
-usage, tool, agent and conversation attributes. A TOOL span's ``input.value`` /
-``output.value`` become the tool call's arguments and result; an LLM span with
-no messages gets them from its plain-text ``input.value`` / ``output.value``.
+usage, tool, agent and conversation attributes, and the response id where a JSON
+``output.value`` carries one (LangChain's result, an OpenAI body). A TOOL span's
+``input.value`` / ``output.value`` become the tool call's arguments and result; an
+LLM span with no messages gets them from its plain-text ``input.value`` /
+``output.value``.
 Translated keys are removed; every other key is kept as sent.
 """
 
@@ -141,6 +143,9 @@ def translate(attributes: dict[str, Any]) -> bool:
                 attributes.pop(f"{which}.mime_type", None)
                 changed = True
     elif str(kind).upper() == "LLM":
+        response_id = _response_id(attributes)
+        if response_id is not None:
+            changed |= set_default(attributes, sc.GEN_AI_RESPONSE_ID, response_id)
         for which, key, role in (
             ("input", sc.GEN_AI_INPUT_MESSAGES, "user"),
             ("output", sc.GEN_AI_OUTPUT_MESSAGES, "assistant"),
@@ -150,3 +155,31 @@ def translate(attributes: dict[str, Any]) -> bool:
                 attributes[key] = dumps([message(role, [{"type": "text", "content": text}])])
                 changed = True
     return changed
+
+
+def _response_id(attributes: dict[str, Any]) -> str | None:
+    """The id of the response the client received, from a JSON ``output.value``:
+    LangChain's ``LLMResult`` (``llm_output.id``, or a message's
+    ``response_metadata.id``) or an OpenAI chat completion body (``id``)."""
+    value = attributes.get("output.value")
+    if not isinstance(value, str) or attributes.get("output.mime_type") != "application/json":
+        return None
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    found = _dig(decoded, "llm_output", "id")
+    for generations in decoded.get("generations") or ():
+        for generation in generations if isinstance(generations, list) else ():
+            found = found or _dig(generation, "message", "kwargs", "response_metadata", "id")
+    if found is None and str(decoded.get("object", "")).startswith("chat.completion"):
+        found = _dig(decoded, "id")
+    return found
+
+
+def _dig(value: Any, *path: str) -> str | None:
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, str) and value else None

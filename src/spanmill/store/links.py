@@ -1,0 +1,364 @@
+"""One episode per agent run: the gateway's record of a call joined to the agent's own.
+
+The gateway records every call it serves as an LLM span with the token ids, logprobs
+and model version. When the caller propagates its trace context (W3C
+``traceparent``), that span is a child of the agent's own span of the call, in the
+agent's trace, and so in its episode. Many instrumentations do not propagate it
+(OpenInference for LangChain and LlamaIndex, hand-written HTTP clients): the
+gateway's span then starts a trace of its own, and the agent's episode (its tool
+calls, its rewards) and the token-level record of the same call never meet.
+
+:func:`join_calls` finds them by content. A gateway span without a caller is linked
+to the agent's LLM span of the same call when
+
+- both have the same :func:`call_digest`: the requested model, the input messages
+  and the output, canonicalised (system messages left out, as conventions put them
+  apart; text stripped; tool-call arguments parsed; ids dropped), and
+- the agent's span encloses the gateway's in time (within ``skew_s`` each side, for
+  clocks on two hosts), and
+- neither side has another candidate. Two identical prompts answered at the same
+  moment are left unlinked and counted as ambiguous, never guessed.
+
+A link is a record in the store (``_links/*.parquet``): the gateway's trace, the
+agent's episode, the agent's span and the gateway's response id. Every read through
+:class:`~spanmill.store.SpanStore` (the dataset builder, the rollout signals, replay
+evaluation, SQL) applies them: the gateway's spans take the agent's episode (keeping
+their own trace and span ids), and the agent's span of the call takes the gateway's
+response id where it had none, so that the two records read as one call, and
+feedback given by response id reaches the agent's episode.
+
+:func:`join_health` says, per service and agent, how many gateway calls were joined
+by context, joined by content, or left alone (``spanmill spans stats``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from spanmill import semconv as sc
+from spanmill.producers import GATEWAY, producer_of
+from spanmill.store.writer import put_file
+
+if TYPE_CHECKING:
+    from spanmill.store.reader import SpanStore, TimeLike
+
+LINK_DIR: Final = "_links"
+LINK_SCHEMA: Final = pa.schema(
+    [
+        pa.field("trace_id", pa.string(), nullable=False),  # the gateway's trace
+        pa.field("episode_id", pa.string(), nullable=False),  # the agent's episode
+        pa.field("span_id", pa.string(), nullable=False),  # the gateway's span
+        pa.field("client_trace_id", pa.string(), nullable=False),
+        pa.field("client_span_id", pa.string(), nullable=False),
+        pa.field("response_id", pa.string()),  # the gateway's
+        pa.field("linked_at", pa.timestamp("ms", tz="UTC"), nullable=False),
+    ]
+)
+# Read around the window: a call's two records may start in neighbouring hours.
+MARGIN_S: Final = 600
+_CALL_COLUMNS: Final = (
+    "trace_id", "span_id", "parent_span_id", "episode_id", "start_time", "end_time",
+    "request_model", "input_messages", "output_messages", "response_id",
+    "resource_attributes",
+)  # fmt: skip
+
+
+def call_digest(
+    model: str | None, input_messages: str | None, output_messages: str | None
+) -> str | None:
+    """What identifies one call's content on both sides: a SHA-256 of the requested
+    model and the canonical input and output messages (GenAI parts form, as the gateway
+    records them and as the collector's translation writes a client's); None when a
+    side lacks the model or the messages."""
+    return content_digest(input_messages, output_messages, model) if model else None
+
+
+def content_digest(
+    input_messages: str | None, output_messages: str | None, model: str = ""
+) -> str | None:
+    """:func:`call_digest` without the model (within one episode, content alone)."""
+    if not input_messages or not output_messages:
+        return None
+    try:
+        canonical = [model, _canonical(input_messages), _canonical(output_messages)]
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if not canonical[1] or not canonical[2]:
+        return None
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _canonical(messages_json: str) -> list[Any]:
+    messages = json.loads(messages_json)
+    out = []
+    for message in messages:
+        role = message.get("role")
+        if role == "system":
+            continue
+        parts = [part for part in map(_canonical_part, message.get("parts") or []) if part]
+        if parts:
+            out.append([role, parts])
+    return out
+
+
+def _canonical_part(part: dict[str, Any]) -> list[Any] | None:
+    kind = part.get("type")
+    if kind == "text":
+        text = str(part.get("content") or "").strip()
+        return ["text", text] if text else None
+    if kind == "tool_call":
+        arguments = part.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = arguments.strip()
+        return ["tool_call", part.get("name"), arguments]
+    if kind == "tool_call_response":
+        response = part.get("response")
+        text = (
+            response.strip() if isinstance(response, str) else json.dumps(response, sort_keys=True)
+        )
+        return ["tool_call_response", text]
+    return None
+
+
+# -- the records ---------------------------------------------------------------------
+
+
+def _folder(root: str) -> str:
+    return f"{root}/{LINK_DIR}" if root else LINK_DIR
+
+
+def read_links(fs: Any, root: str) -> pa.Table:
+    """Every link of a store, each gateway trace and each agent span once (the first
+    written wins)."""
+    try:
+        names = sorted(fs.ls(_folder(root), detail=False))
+    except FileNotFoundError:
+        return LINK_SCHEMA.empty_table()
+    tables = []
+    for name in names:
+        if not name.endswith(".parquet") or name.rsplit("/", 1)[-1].startswith("."):
+            continue
+        try:
+            tables.append(pq.read_table(io.BytesIO(fs.cat_file(name)), schema=LINK_SCHEMA))
+        except FileNotFoundError:
+            continue
+    if not tables:
+        return LINK_SCHEMA.empty_table()
+    links = pa.concat_tables(tables).sort_by([("linked_at", "ascending")])
+    # Two passes at once may link the same call: a trace joins one episode, a client
+    # span one gateway call.
+    traces: set[str] = set()
+    clients: set[str] = set()
+    first = []
+    pairs = zip(links["trace_id"].to_pylist(), links["client_span_id"].to_pylist(), strict=True)
+    for row, (trace_id, client) in enumerate(pairs):
+        if trace_id not in traces and client not in clients:
+            traces.add(trace_id)
+            clients.add(client)
+            first.append(row)
+    return links if len(first) == links.num_rows else links.take(pa.array(first, pa.int64()))
+
+
+def write_links(fs: Any, root: str, rows: list[dict[str, Any]]) -> str:
+    """Write new links as one file; returns its path."""
+    now = datetime.now(UTC)
+    table = pa.Table.from_pylist([{**row, "linked_at": now} for row in rows], schema=LINK_SCHEMA)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    path = f"{_folder(root)}/links-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}.parquet"
+    put_file(fs, path, sink.getvalue())
+    return path
+
+
+# -- applying them -------------------------------------------------------------------
+
+
+def apply_links(table: pa.Table, links: pa.Table) -> pa.Table:
+    """The spans as one episode per agent run: a linked gateway trace's spans take the
+    agent's episode, and the agent's span of the call the gateway's response id where
+    it had none. ``table`` must hold ``trace_id`` (for ``episode_id``) and ``span_id``
+    (for ``response_id``); other columns pass through."""
+    if not links.num_rows or not table.num_rows:
+        return table
+    names = table.column_names
+    if "episode_id" in names and "trace_id" in names:
+        at = pc.index_in(table["trace_id"], value_set=links["trace_id"])
+        linked = pc.take(links["episode_id"], at)
+        episode = pc.coalesce(linked, table["episode_id"])
+        table = table.set_column(
+            names.index("episode_id"), table.schema.field("episode_id"), episode
+        )
+    if "response_id" in names and "span_id" in names:
+        at = pc.index_in(table["span_id"], value_set=links["client_span_id"])
+        given = pc.take(links["response_id"], at)
+        response = pc.coalesce(table["response_id"], given)
+        table = table.set_column(
+            names.index("response_id"), table.schema.field("response_id"), response
+        )
+    return table
+
+
+def linked_view_sql(source: str) -> str:
+    """The same as :func:`apply_links`, in DuckDB over ``source`` and a ``call_links`` table."""
+    return (
+        f"SELECT s.* REPLACE (coalesce(l.episode_id, s.episode_id) AS episode_id, "
+        f"coalesce(s.response_id, c.response_id) AS response_id) FROM {source} s "
+        f"LEFT JOIN call_links l ON s.trace_id = l.trace_id "
+        f"LEFT JOIN call_links c ON s.span_id = c.client_span_id"
+    )
+
+
+# -- the join ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JoinReport:
+    """What one join pass did over its window's gateway calls without a caller."""
+
+    linked: int  # newly linked (by_response_id of them by the client's response id)
+    already: int  # linked by an earlier pass
+    ambiguous: int  # more than one candidate on a side: left alone
+    unmatched: int  # no agent span of the same call around it
+    by_response_id: int = 0
+    path: str | None = None  # the links file written, if any
+
+
+@dataclass(frozen=True)
+class _Call:
+    trace_id: str
+    span_id: str
+    episode_id: str
+    start: int
+    end: int
+    response_id: str | None
+    digest: str | None
+
+
+@dataclass
+class _Window:
+    """A window's gateway calls without a caller, and the agents' calls they may be."""
+
+    orphans: list[_Call]
+    by_response: dict[str, list[_Call]]
+    by_digest: dict[str, list[_Call]]
+    already: int
+
+
+def join_calls(
+    store: SpanStore, start: TimeLike | None, end: TimeLike | None, *, skew_s: float = 1.0
+) -> JoinReport:
+    """Link the window's gateway calls that came without a caller context to the agent
+    spans of the same calls, and record the new links in the store.
+
+    An agent span that carries the gateway's response id (the client's instrumentation
+    recorded it) is the call's; otherwise the content and time decide (see above)."""
+    window = _calls(store, start, end)
+    skew = int(skew_s * 1e9)
+    found: dict[str, tuple[list[_Call], bool]] = {}
+    chosen_by: dict[str, int] = defaultdict(int)
+    for call in window.orphans:
+        same = window.by_response.get(call.response_id or "", [])
+        if len(same) == 1:
+            found[call.span_id] = (same, True)
+        else:
+            around = [
+                c for c in window.by_digest.get(call.digest or "", ())
+                if c.start - skew <= call.start and call.end <= c.end + skew
+            ]  # fmt: skip
+            found[call.span_id] = (around, False)
+        for candidate in found[call.span_id][0]:
+            chosen_by[candidate.span_id] += 1
+    new, ambiguous, unmatched, by_response_id = [], 0, 0, 0
+    for call in window.orphans:
+        candidates, exact = found[call.span_id]
+        if not candidates:
+            unmatched += 1
+        elif len(candidates) > 1 or chosen_by[candidates[0].span_id] > 1:
+            ambiguous += 1
+        else:
+            client = candidates[0]
+            by_response_id += exact
+            new.append({
+                "trace_id": call.trace_id, "episode_id": client.episode_id,
+                "span_id": call.span_id, "client_trace_id": client.trace_id,
+                "client_span_id": client.span_id, "response_id": call.response_id,
+            })  # fmt: skip
+    path = write_links(store.fs, store.root, new) if new else None
+    return JoinReport(len(new), window.already, ambiguous, unmatched, by_response_id, path)
+
+
+def _calls(store: SpanStore, start: TimeLike | None, end: TimeLike | None) -> _Window:
+    from spanmill.store.reader import to_unix_nanos
+
+    low = None if start is None else to_unix_nanos(start)
+    high = None if end is None else to_unix_nanos(end)
+    margin = MARGIN_S * 1_000_000_000
+    calls = store.table(
+        start=None if low is None else low - margin,
+        end=None if high is None else high + margin,
+        llm_calls_only=True,
+        columns=_CALL_COLUMNS,
+    )
+    known = store.links()
+    linked_traces = set(known["trace_id"].to_pylist())
+    linked_clients = set(known["client_span_id"].to_pylist())
+    window = _Window([], defaultdict(list), defaultdict(list), 0)
+    times = {name: calls[name].cast(pa.int64()).to_pylist() for name in ("start_time", "end_time")}
+    rows = calls.drop_columns(["start_time", "end_time"]).to_pylist()
+    for row, started, ended in zip(rows, times["start_time"], times["end_time"], strict=True):
+        gateway = producer_of(row["resource_attributes"]) == GATEWAY
+        if gateway and row["parent_span_id"]:
+            continue  # joined by context
+        call = _Call(
+            row["trace_id"], row["span_id"], row["episode_id"], started, ended,
+            row["response_id"],
+            call_digest(row["request_model"], row["input_messages"], row["output_messages"]),
+        )  # fmt: skip
+        if not gateway:
+            if call.span_id not in linked_clients:
+                if call.response_id:
+                    window.by_response[call.response_id].append(call)
+                if call.digest:
+                    window.by_digest[call.digest].append(call)
+        elif _inside(call.start, low, high):
+            if call.trace_id in linked_traces:
+                window.already += 1
+            else:
+                window.orphans.append(call)
+    return window
+
+
+def _inside(at: int, low: int | None, high: int | None) -> bool:
+    return (low is None or at >= low) and (high is None or at < high)
+
+
+def join_health_sql() -> str:
+    """Per service and agent of the gateway's calls: joined by context (the caller
+    propagated its trace), joined by content (a link), and left alone."""
+    producer = f"json_extract_string(s.resource_attributes, '$.\"{sc.SPANMILL_PRODUCER}\"')"
+    alone = "s.parent_span_id IS NULL AND l.trace_id IS NULL"
+    return (
+        "SELECT coalesce(s.service_name, '-') AS service, "
+        "coalesce(s.request_model, '-') AS agent, count(*) AS gateway_calls, "
+        "count(*) FILTER (WHERE s.parent_span_id IS NOT NULL) AS by_context, "
+        "count(*) FILTER (WHERE l.trace_id IS NOT NULL) AS by_content, "
+        f"count(*) FILTER (WHERE {alone}) AS alone "
+        "FROM llm_calls() s LEFT JOIN call_links l ON s.trace_id = l.trace_id "
+        f"WHERE {producer} = '{GATEWAY}' "
+        "GROUP BY 1, 2 ORDER BY gateway_calls DESC"
+    )
