@@ -73,7 +73,7 @@ def test_schema_is_versioned() -> None:
 
 def test_span_rewards_and_stored_rewards_are_one_reading() -> None:
     """A span's ``rewards`` and the store's ``rewards`` column come from one function
-    (spanmill.spans.record.rewards_of): every shape a producer sends reads the same."""
+    (spanmill.rewards.rewards_of): every shape a producer sends reads the same."""
     from spanmill.spans import SpanEvent
 
     event = sc.GEN_AI_EVALUATION_RESULT_EVENT

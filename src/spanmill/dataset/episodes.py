@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from spanmill import semconv as sc
 from spanmill.errors import SpanmillError
+from spanmill.rewards import linked_rewards
 from spanmill.store.links import content_digest
 
 # The store columns a build reads.
@@ -59,6 +60,7 @@ TOKEN_COLUMNS = ("prompt_token_ids", "completion_logprobs")
 # after the calls' window, where late feedback sits).
 REWARD_COLUMNS = (
     "trace_id",
+    "span_id",
     "episode_id",
     "start_time",
     "operation_name",
@@ -142,41 +144,9 @@ class Rewards:
         )
 
 
-@dataclass(frozen=True)
-class _Links:
-    """Where the LLM calls of a table are: by response id, and by trace."""
-
-    by_response: dict[str, str]  # response id -> the call's episode
-    by_trace: dict[str, str]  # trace id -> the episode of its (first) call
-    episodes: frozenset[str]
-
-    def episode_of(self, trace_id: str, episode_id: str) -> str:
-        """A reward span's episode: its own explicit one, else that of its trace's calls."""
-        if episode_id != trace_id:
-            return episode_id
-        return self.by_trace.get(trace_id, episode_id)
-
-
-def _links(table: pa.Table) -> _Links:
-    is_llm = pc.is_in(table["operation_name"], value_set=pa.array(sorted(sc.LLM_OPERATIONS)))
-    llm = table.filter(pc.fill_null(is_llm, False)).select(
-        ["trace_id", "episode_id", "response_id"]
-    )
-    traces = llm["trace_id"].to_pylist()
-    episodes = llm["episode_id"].to_pylist()
-    responses = llm["response_id"].to_pylist()
-    by_trace: dict[str, str] = {}
-    for trace_id, episode_id in zip(traces, episodes, strict=True):
-        by_trace.setdefault(trace_id, episode_id)
-    return _Links(
-        by_response={r: e for r, e in zip(responses, episodes, strict=True) if r is not None},
-        by_trace=by_trace,
-        episodes=frozenset(episodes),
-    )
-
-
 def read_rewards(table: pa.Table) -> Rewards:
-    """Rewards linked to a call by response id, or else to the whole episode.
+    """Rewards linked to a call by response id, or else to an episode, by the one rule
+    of :mod:`spanmill.rewards`.
 
     ``table`` holds at least :data:`REWARD_COLUMNS`: the spans of the calls' window,
     and those read after it for their rewards. Among rewards of one name for one
@@ -184,41 +154,27 @@ def read_rewards(table: pa.Table) -> Rewards:
     own reward overrides it).
     """
     rewards = Rewards()
-    links = _links(table)
-    rows = table.filter(pc.is_valid(table["rewards"])).select(
-        ["trace_id", "episode_id", "start_time", "rewards", "scope_name"]
-    )
-    if rows.num_rows == 0:
+    if table.num_rows == 0 or table["rewards"].null_count == table.num_rows:
         return rewards
-    rows = rows.sort_by([("start_time", "ascending")])
-    lists = rows["rewards"].combine_chunks()
-    parents = pc.list_parent_indices(lists).to_pylist()
-    flat = pc.list_flatten(lists)
-    trace_ids = rows["trace_id"].to_pylist()
-    episode_ids = rows["episode_id"].to_pylist()
-    scopes = rows["scope_name"].to_pylist()
-    names = pc.struct_field(flat, "name").to_pylist()
-    values = pc.struct_field(flat, "value").to_pylist()
-    linked = pc.struct_field(flat, "response_id").to_pylist()
-    primaries = pc.struct_field(flat, "primary").to_pylist()
-    for parent, name, value, response_id, primary in zip(
-        parents, names, values, linked, primaries, strict=True
+    linked = linked_rewards(table)
+    columns = {
+        name: linked[name].to_pylist()
+        for name in ("name", "value", "primary", "scope_name", "call_response_id",
+                     "episode_id", "reaches_call")
+    }  # fmt: skip
+    for name, value, primary, scope, response_id, episode, reaches in zip(
+        *columns.values(), strict=True
     ):
         rewards.names[name] += 1
         if primary:
             rewards.primary_names[name] += 1
-        call_episode = links.by_response.get(response_id) if response_id is not None else None
-        if call_episode is not None:
+        if response_id is not None:
             rewards.by_response[response_id][name] = value
-            rewards.linked_by_episode[call_episode][name] = value
-            reached: str | None = call_episode
+            rewards.linked_by_episode[episode][name] = value
         else:
-            # Unlinked, or linked to a call not read: it judges the episode.
-            episode = links.episode_of(trace_ids[parent], episode_ids[parent])
             rewards.by_episode[episode][name] = value
-            reached = episode if episode in links.episodes else None
-        if scopes[parent] == sc.FEEDBACK_SCOPE:
-            rewards.feedback_reached.append(reached)
+        if scope == sc.FEEDBACK_SCOPE:
+            rewards.feedback_reached.append(episode if reaches else None)
     return rewards
 
 

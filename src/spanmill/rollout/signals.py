@@ -159,7 +159,7 @@ class SpanStoreSignals:
         from spanmill.store.reader import StoreError
 
         # Names were checked (agent names are Triton model names); versions are ints.
-        # llm_calls() and span_rewards(): the store's macros (spanmill.store.queries).
+        # llm_calls() and linked_rewards(): the store's macros (spanmill.store.queries).
         reward_filter = (
             f"r.name = '{self.reward_name.replace(chr(39), chr(39) * 2)}'"
             if self.reward_name
@@ -180,15 +180,17 @@ class SpanStoreSignals:
                 HAVING min(model_version) = '{version}' AND max(model_version) = '{version}'
             ),
             rewards AS (
-                -- Only trusted producers' rewards judge a version (spanmill.producers).
-                SELECT * FROM span_rewards() WHERE {Trust().sql("resource_attributes")}
+                -- Only trusted producers' rewards judge a version (spanmill.producers);
+                -- what each judges is spanmill.rewards' rule (linked_rewards()).
+                SELECT * FROM linked_rewards() WHERE {Trust().sql("resource_attributes")}
             ),
             mine_rewards AS (
                 SELECT r.value AS value FROM rewards r
                 WHERE {reward_filter} AND (
-                    (r.response_id IS NOT NULL AND r.response_id IN (
-                        SELECT response_id FROM mine WHERE response_id IS NOT NULL))
-                    OR (r.response_id IS NULL AND r.episode_id IN (SELECT episode_id FROM single))
+                    r.call_response_id IN (
+                        SELECT response_id FROM mine WHERE response_id IS NOT NULL)
+                    OR (r.call_response_id IS NULL
+                        AND r.episode_id IN (SELECT episode_id FROM single))
                 )
             )
             SELECT

@@ -8,7 +8,7 @@ messages that name the attribute at fault.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Final
@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from spanmill import semconv as sc
+from spanmill.rewards import rewards_of
 
 MAX_NAME_CHARS: Final = 1024
 MAX_ATTRIBUTE_KEY_CHARS: Final = 256
@@ -415,46 +416,3 @@ def _ints(value: AttributeValue | None) -> list[int] | None:
     if isinstance(value, list) and all(type(item) is int for item in value):
         return value  # type: ignore[return-value]
     return None
-
-
-def reward_fields(
-    attributes: Mapping[str, Any], default_response_id: str | None
-) -> dict[str, Any] | None:
-    """The reward ``attributes`` carry (a GenAI evaluation's name and numeric score), as
-    the store's ``rewards`` items hold it; None where they carry none. This is the one
-    reading of a reward: the span record's and the collector's rows both use it."""
-    name = attributes.get(sc.GEN_AI_EVALUATION_NAME)
-    score = attributes.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
-    if type(name) is not str or type(score) not in (int, float):  # bool is no score
-        return None
-    response_id = attributes.get(sc.GEN_AI_RESPONSE_ID, default_response_id)
-    label = attributes.get(sc.GEN_AI_EVALUATION_SCORE_LABEL)
-    return {
-        "name": name,
-        "value": float(score),  # type: ignore[arg-type]
-        "response_id": response_id if type(response_id) is str else None,
-        "primary": attributes.get(sc.SPANMILL_REWARD_PRIMARY) is True,
-        "label": label if type(label) is str else None,
-    }
-
-
-def rewards_of(
-    attributes: Mapping[str, Any], events: Iterable[tuple[str, Mapping[str, Any]]] = ()
-) -> list[dict[str, Any]]:
-    """A span's rewards: its own (a reward span), then its evaluation events'. An event
-    without a ``gen_ai.response.id`` of its own evaluates the call it sits on."""
-    found = []
-    own = reward_fields(attributes, None)
-    if own is not None:
-        found.append(own)
-    default: str | None = None
-    for name, event_attributes in events:
-        if name != sc.GEN_AI_EVALUATION_RESULT_EVENT:
-            continue
-        if default is None:
-            response_id = attributes.get(sc.GEN_AI_RESPONSE_ID)
-            default = response_id if type(response_id) is str else None
-        reward = reward_fields(event_attributes, default)
-        if reward is not None:
-            found.append(reward)
-    return found

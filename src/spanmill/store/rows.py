@@ -16,9 +16,9 @@ import pyarrow as pa
 
 from spanmill import native
 from spanmill import semconv as sc
+from spanmill.rewards import rewards_of
 from spanmill.spans import Span
 from spanmill.spans.errors import SCHEMA, SpanDecodeError
-from spanmill.spans.record import rewards_of
 from spanmill.store.layout import hour_key
 from spanmill.store.schema import PROMOTED, PROMOTED_RESOURCE, SPAN_SCHEMA, Promoted
 
