@@ -238,3 +238,18 @@ def test_the_join_and_its_health_from_the_command_line(tmp_path: Path) -> None:
     row = next(line for line in lines[title:] if line.strip().startswith("spanmill-gateway"))
     cells = [cell.strip() for cell in row.split("│")]
     assert cells == ["spanmill-gateway", "calc", "2", "1", "0", "1"]  # context, content, alone
+
+
+def test_erasing_an_agents_run_erases_the_gateways_joined_record_of_it(tmp_path: Path) -> None:
+    """The gateway's span of a joined call holds the same prompt: an erasure of the
+    agent's trace takes it too, from reads at once and from the files at compaction."""
+    from spanmill.store.compact import request_erasure
+
+    run = agent_run("support", T0)
+    served = gateway_call(T0 + 20 * MS)
+    store = write(tmp_path, [*run, served])
+    assert join_calls(store, T0 - 10**9, T0 + 10**9).linked == 1
+    erasure = request_erasure(str(tmp_path), None, "trace_id", run[0].trace_id, requested_by="test")
+    assert served.trace_id in erasure.trace_ids
+    assert store.count(trace_id=served.trace_id) == 0
+    assert store.query("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 0}]

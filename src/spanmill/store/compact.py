@@ -336,6 +336,11 @@ def resolve_erasure(store: SpanStore, erasure: Erasure) -> Erasure:
     found = set(traces) | set(erasure.trace_ids)
     if erasure.subject == "trace_id" and erasure.value:
         found.add(erasure.value)
+    # The gateway's records of the subject's calls, joined to its episodes by content
+    # (spanmill.store.links), hold the same prompts: they go too.
+    links = store.links()
+    joined = links.filter(pc.is_in(links["client_trace_id"], pa.array(sorted(found), pa.string())))
+    found.update(joined["trace_id"].to_pylist())
     # When the spans to go started: which trained versions may have learned from them.
     first, last = (
         store.query(
