@@ -21,11 +21,12 @@ defines it on every connection); the dataset builder runs it over the spans it r
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, Final
 
 from spanmill import semconv as sc
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def reward_fields(
@@ -69,6 +70,9 @@ def rewards_of(
             found.append(reward)
     return found
 
+
+# The span record (every writer, the gateway's included) reads rewards with rewards_of
+# above: this module needs no more than the standard library until linking is asked for.
 
 # One row a reward, oldest span first (a span's own rewards in their order): its name,
 # value, primary flag and scope, the call it judges (call_response_id; NULL when none
