@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from rollout_helpers import gateway_settings
 
+from spanmill.contracts import TrainManifest
 from spanmill.gateway.app import create_app
 from spanmill.registry import ModelRegistry
 
@@ -66,7 +67,10 @@ def smollm2_lora(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) ->
                         task_type="CAUSAL_LM")  # fmt: skip
     get_peft_model(model, config).save_pretrained(folder)
     # What training writes beside its adapter, and registration reads.
-    (folder / "spanmill-train.json").write_text(json.dumps({"base_model": str(smollm2_dir)}))
+    TrainManifest(
+        output_dir=str(folder), base_model=str(smollm2_dir), method="sft", global_step=0,
+        dataset_digest="0" * 64,
+    ).write(folder)  # fmt: skip
     return folder
 
 
