@@ -25,7 +25,7 @@ from spanmill.dataset.episodes import COLUMNS
 from spanmill.producers import GATEWAY
 from spanmill.spans import Span
 from spanmill.store import BatchId, SpanStore, StoreWriter, table_from_spans
-from spanmill.store.links import join_calls
+from spanmill.store.join import join_calls
 
 CALLS = int(os.environ.get("SPANMILL_BENCH_JOIN_CALLS", "20000"))
 HOUR_NS = 3600 * 10**9

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from spanmill import semconv as sc
-from spanmill.rewards import linked_rewards
 from spanmill.spans import Span, SpanEvent
 from spanmill.store import BatchId, SpanStore, StoreWriter
+from spanmill.store.queries import linked_rewards
 from spanmill.store.rows import HourlyColumns, SpanParts
 
 T0 = 1_750_000_000_000_000_000

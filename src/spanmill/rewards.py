@@ -15,18 +15,17 @@ the first call in its trace (feedback posted by trace id sits in a trace of its 
 beside its episode's calls). :data:`LINKED_REWARDS` is that rule as a DuckDB macro,
 ``linked_rewards()``, over the store's ``spans`` view (:mod:`spanmill.store.queries`
 defines it on every connection); the dataset builder runs it over the spans it read
-(:func:`linked_rewards`), the rollout signals over the store.
+(:func:`spanmill.store.queries.linked_rewards`), the rollout signals over the store.
+This module needs nothing but the standard library: every span writer, the gateway's
+included, reads rewards through it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from spanmill import semconv as sc
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 
 def reward_fields(
@@ -71,9 +70,6 @@ def rewards_of(
     return found
 
 
-# The span record (every writer, the gateway's included) reads rewards with rewards_of
-# above: this module needs no more than the standard library until linking is asked for.
-
 # One row a reward, oldest span first (a span's own rewards in their order): its name,
 # value, primary flag and scope, the call it judges (call_response_id; NULL when none
 # was read), the episode it judges, and whether that episode has a call that was read.
@@ -95,24 +91,3 @@ LINKED_REWARDS: Final = (
     "FROM span_rewards() r LEFT JOIN by_response c ON r.response_id = c.response_id "
     "LEFT JOIN by_trace t ON r.trace_id = t.trace_id"
 )
-
-
-def linked_rewards(table: pa.Table) -> pa.Table:
-    """:data:`LINKED_REWARDS` over ``table`` (spans with at least ``trace_id``,
-    ``span_id``, ``episode_id``, ``start_time``, ``operation_name``, ``response_id``,
-    ``rewards``, ``scope_name`` and ``resource_attributes``), oldest reward first."""
-    import duckdb
-
-    from spanmill.store.queries import REWARD_MACROS
-
-    connection = duckdb.connect()
-    try:
-        connection.register("spans", table)
-        for macro in REWARD_MACROS:
-            connection.execute(macro)
-        relation = connection.sql(
-            "SELECT * FROM linked_rewards() ORDER BY start_time, trace_id, span_id, position"
-        )
-        return relation.to_arrow_table()
-    finally:
-        connection.close()

@@ -44,7 +44,8 @@ from spanmill.dataset.spec import DatasetSpec
 from spanmill.producers import GATEWAY
 from spanmill.serving.repository import write_echo_version
 from spanmill.store import SpanStore
-from spanmill.store.links import join_calls, join_health_sql
+from spanmill.store.join import join_calls
+from spanmill.store.links import join_health_sql
 
 pytestmark = pytest.mark.services
 

@@ -17,7 +17,8 @@ from spanmill.dataset.spec import DatasetSpec
 from spanmill.producers import GATEWAY
 from spanmill.spans import Span, SpanEvent
 from spanmill.store import BatchId, SpanStore, StoreWriter
-from spanmill.store.links import call_digest, join_calls, join_health_sql, write_links
+from spanmill.store.join import join_calls
+from spanmill.store.links import call_digest, join_health_sql, write_links
 from spanmill.store.rows import HourlyColumns, SpanParts
 
 T0 = 1_750_000_000_000_000_000

@@ -89,7 +89,7 @@ def join(
 
 def _join(settings: Any, *, since: datetime | None, until: datetime | None = None) -> Any:
     from spanmill.store import SpanStore
-    from spanmill.store.links import join_calls
+    from spanmill.store.join import join_calls
 
     return join_calls(SpanStore(settings.url, settings.storage_options), since, until)
 

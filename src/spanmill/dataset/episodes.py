@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 
 from spanmill import semconv as sc
 from spanmill.errors import SpanmillError
-from spanmill.rewards import linked_rewards
 from spanmill.store.links import content_digest
+from spanmill.store.queries import linked_rewards
 
 # The store columns a build reads.
 COLUMNS = (

@@ -152,7 +152,7 @@ def build_dataset(
 ) -> dict[str, Any]:
     """Read the window from the span store, build, write; the KFP component calls this."""
     from spanmill.store import SpanStore
-    from spanmill.store.links import join_calls
+    from spanmill.store.join import join_calls
 
     report = progress or (lambda _: None)
     store = SpanStore(store_url, storage_options)

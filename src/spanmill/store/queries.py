@@ -18,10 +18,13 @@ data team's own SQL share one definition of each:
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from spanmill import semconv as sc
 from spanmill.rewards import LINKED_REWARDS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _OPERATIONS = ", ".join(f"'{op}'" for op in sorted(sc.LLM_OPERATIONS))
 
@@ -52,3 +55,22 @@ MACROS: Final = (
     'WHERE (reward IS NULL AND r."primary") OR r.name = reward '
     "GROUP BY ALL ORDER BY model, model_version",
 )
+
+
+def linked_rewards(table: pa.Table) -> pa.Table:
+    """:data:`~spanmill.rewards.LINKED_REWARDS` over ``table`` (spans with at least ``trace_id``,
+    ``span_id``, ``episode_id``, ``start_time``, ``operation_name``, ``response_id``,
+    ``rewards``, ``scope_name`` and ``resource_attributes``), oldest reward first."""
+    import duckdb
+
+    connection = duckdb.connect()
+    try:
+        connection.register("spans", table)
+        for macro in REWARD_MACROS:
+            connection.execute(macro)
+        relation = connection.sql(
+            "SELECT * FROM linked_rewards() ORDER BY start_time, trace_id, span_id, position"
+        )
+        return relation.to_arrow_table()
+    finally:
+        connection.close()
