@@ -254,3 +254,27 @@ def test_erasing_an_agents_run_erases_the_gateways_joined_record_of_it(tmp_path:
     assert served.trace_id in erasure.trace_ids
     assert store.count(trace_id=served.trace_id) == 0
     assert store.query("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 0}]
+
+
+def test_compaction_merges_the_links_files_and_expires_old_links(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from spanmill.store.compact import Compactor
+    from spanmill.store.policy import StorePolicy
+
+    store = write(tmp_path, agent_run("support", T0))
+    now = datetime.now(UTC)
+
+    def link(n: int, at: datetime) -> dict[str, object]:
+        return {"trace_id": f"gw-{n}", "episode_id": f"ep-{n}", "span_id": f"s-{n}",
+                "client_trace_id": f"ct-{n}", "client_span_id": f"cs-{n}",
+                "response_id": None, "linked_at": at}  # fmt: skip
+
+    for n in range(3):  # three join passes
+        write_links(store.fs, store.root, [link(n, now)], stamp=False)
+    write_links(store.fs, store.root, [link(9, now - timedelta(days=40))], stamp=False)
+    report = Compactor(str(tmp_path), policy=StorePolicy(retention_days=30)).run()
+    assert report.link_files_merged == 4
+    assert len(list((tmp_path / "_links").glob("*.parquet"))) == 1
+    assert sorted(store.links()["trace_id"].to_pylist()) == ["gw-0", "gw-1", "gw-2"]
+    assert Compactor(str(tmp_path)).run().link_files_merged == 0  # one file: left as it is

@@ -64,6 +64,7 @@ from spanmill.store.layout import (
     is_hour_dir,
     parse_part_name,
 )
+from spanmill.store.links import compact_links
 from spanmill.store.policy import StorePolicy, write_policy
 from spanmill.store.reader import SpanStore, StoredFile
 from spanmill.store.schema import SPAN_SCHEMA
@@ -86,6 +87,7 @@ class CompactionReport:
     files_after: int = 0
     files_deleted: int = 0  # replaced, stale or expired
     hours_expired: int = 0
+    link_files_merged: int = 0  # the calls' links (spanmill.store.links), into one file
     spans_erased: dict[str, int] = field(default_factory=dict)
     erasures_applied: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -159,6 +161,7 @@ class Compactor:
             write_erasure(self.fs, self.root, applied)
             report.erasures_applied.append(erasure.id)
         self._drop_empty_days()
+        report.link_files_merged = compact_links(self.fs, self.root, horizon)
         report.seconds = time.perf_counter() - started
         return report
 

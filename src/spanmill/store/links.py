@@ -133,13 +133,14 @@ def _folder(root: str) -> str:
     return f"{root}/{LINK_DIR}" if root else LINK_DIR
 
 
-def read_links(fs: Any, root: str) -> pa.Table:
+def read_links(fs: Any, root: str, names: list[str] | None = None) -> pa.Table:
     """Every link of a store, each gateway trace and each agent span once (the first
     written wins)."""
-    try:
-        names = sorted(fs.ls(_folder(root), detail=False))
-    except FileNotFoundError:
-        return LINK_SCHEMA.empty_table()
+    if names is None:
+        try:
+            names = sorted(fs.ls(_folder(root), detail=False))
+        except FileNotFoundError:
+            return LINK_SCHEMA.empty_table()
     tables = []
     for name in names:
         if not name.endswith(".parquet") or name.rsplit("/", 1)[-1].startswith("."):
@@ -165,15 +166,40 @@ def read_links(fs: Any, root: str) -> pa.Table:
     return links if len(first) == links.num_rows else links.take(pa.array(first, pa.int64()))
 
 
-def write_links(fs: Any, root: str, rows: list[dict[str, Any]]) -> str:
-    """Write new links as one file; returns its path."""
+def write_links(fs: Any, root: str, rows: list[dict[str, Any]], *, stamp: bool = True) -> str:
+    """Write links as one file (new ones ``stamp``ed with the time now); returns its path."""
     now = datetime.now(UTC)
-    table = pa.Table.from_pylist([{**row, "linked_at": now} for row in rows], schema=LINK_SCHEMA)
+    if stamp:
+        rows = [{**row, "linked_at": now} for row in rows]
+    table = pa.Table.from_pylist(rows, schema=LINK_SCHEMA)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
     path = f"{_folder(root)}/links-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}.parquet"
     put_file(fs, path, sink.getvalue())
     return path
+
+
+def compact_links(fs: Any, root: str, horizon: datetime | None) -> int:
+    """Merge the links files into one, leaving out links made before ``horizon`` (their
+    spans are past retention); returns how many files were merged. The merged file is
+    written before the old ones go, and readers take each link once: a read in between
+    sees every link. A file a join pass writes meanwhile is not touched."""
+    try:
+        names = sorted(
+            n for n in fs.ls(_folder(root), detail=False)
+            if n.endswith(".parquet") and not n.rsplit("/", 1)[-1].startswith(".")
+        )  # fmt: skip
+    except FileNotFoundError:
+        return 0
+    links = read_links(fs, root, names)
+    kept = links if horizon is None else links.filter(pc.greater_equal(links["linked_at"], horizon))
+    if len(names) < 2 and kept.num_rows == links.num_rows:
+        return 0
+    if kept.num_rows:
+        write_links(fs, root, kept.to_pylist(), stamp=False)
+    for name in names:
+        fs.rm_file(name)
+    return len(names)
 
 
 # -- applying them -------------------------------------------------------------------
