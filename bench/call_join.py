@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
 
+from bench import median_seconds
 from spanmill import semconv as sc
 from spanmill.dataset.episodes import COLUMNS
 from spanmill.producers import GATEWAY
@@ -75,15 +74,6 @@ def _write(root: str) -> None:
         writer.write_batch(batch, {HOUR0 // HOUR_NS: table})
 
 
-def _median(read: Callable[[], object]) -> float:
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        read()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="spanmill-bench-join-") as root:
         _write(root)
@@ -96,11 +86,11 @@ def main() -> None:
         def query() -> object:
             return store.query("SELECT episode_id, count(*) FROM llm_calls() GROUP BY 1", **window)
 
-        read_before, query_before = _median(read), _median(query)
+        read_before, query_before = median_seconds(read), median_seconds(query)
         started = time.perf_counter()
         report = join_calls(store, HOUR0, HOUR0 + HOUR_NS)
         joined_s = time.perf_counter() - started
-        read_after, query_after = _median(read), _median(query)
+        read_after, query_after = median_seconds(read), median_seconds(query)
         print(
             f"{CALLS} gateway calls without context: {report.linked} joined, "
             f"{report.ambiguous} ambiguous, {report.unmatched} unmatched in {joined_s:.2f} s "

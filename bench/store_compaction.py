@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench import median_seconds
 from spanmill import semconv as sc
 from spanmill.spans import Span
 from spanmill.store import BatchId, SpanStore, StoreWriter, table_from_spans
@@ -82,20 +81,11 @@ def _write_day(root: str, files_per_hour: int) -> int:
     return n
 
 
-def _median(read: Callable[[], object]) -> float:
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        read()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def _reads(store: SpanStore, spans: int) -> tuple[float, float, int]:
     files = len(store.files())
-    table_s = _median(lambda: store.table())
+    table_s = median_seconds(lambda: store.table())
     assert store.count() == spans
-    query_s = _median(
+    query_s = median_seconds(
         lambda: store.query(
             "SELECT date_trunc('hour', start_time) h, count(*) FROM spans GROUP BY 1"
         )
