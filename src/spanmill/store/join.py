@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from spanmill.producers import GATEWAY, producer_of
+from spanmill.producers import GATEWAY, Trust
 from spanmill.store.links import MARGIN_S, call_digest, write_links
 from spanmill.store.reader import SpanStore, TimeLike, to_unix_nanos
 
@@ -111,9 +111,11 @@ def _calls(store: SpanStore, start: TimeLike | None, end: TimeLike | None) -> _W
     linked_clients = set(known["client_span_id"].to_pylist())
     window = _Window([], defaultdict(list), defaultdict(list), 0)
     times = {name: calls[name].cast(pa.int64()).to_pylist() for name in ("start_time", "end_time")}
-    rows = calls.drop_columns(["start_time", "end_time"]).to_pylist()
-    for row, started, ended in zip(rows, times["start_time"], times["end_time"], strict=True):
-        gateway = producer_of(row["resource_attributes"]) == GATEWAY
+    gateways = Trust((GATEWAY,)).mask(calls["resource_attributes"]).to_pylist()
+    rows = calls.drop_columns(["start_time", "end_time", "resource_attributes"]).to_pylist()
+    for row, started, ended, gateway in zip(
+        rows, times["start_time"], times["end_time"], gateways, strict=True
+    ):
         if gateway and row["parent_span_id"]:
             continue  # joined by context
         call = _Call(

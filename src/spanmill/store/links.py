@@ -28,7 +28,7 @@ their own trace and span ids), and the agent's span of the call takes the gatewa
 response id where it had none, so that the two records read as one call, and
 feedback given by response id reaches the agent's episode.
 
-:func:`join_health` says, per service and agent, how many gateway calls were joined
+:func:`join_health_sql` says, per service and agent, how many gateway calls were joined
 by context, joined by content, or left alone (``spanmill spans stats``).
 """
 
@@ -45,8 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spanmill import semconv as sc
-from spanmill.producers import GATEWAY
+from spanmill.producers import GATEWAY, Trust
 from spanmill.store.writer import put_file
 
 LINK_DIR: Final = "_links"
@@ -133,18 +132,22 @@ def _folder(root: str) -> str:
     return f"{root}/{LINK_DIR}" if root else LINK_DIR
 
 
+def _link_files(fs: Any, root: str) -> list[str]:
+    """The store's links files, oldest name first (a hidden name is a write under way)."""
+    try:
+        names = fs.ls(_folder(root), detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        n for n in names if n.endswith(".parquet") and not n.rsplit("/", 1)[-1].startswith(".")
+    )
+
+
 def read_links(fs: Any, root: str, names: list[str] | None = None) -> pa.Table:
-    """Every link of a store, each gateway trace and each agent span once (the first
-    written wins)."""
-    if names is None:
-        try:
-            names = sorted(fs.ls(_folder(root), detail=False))
-        except FileNotFoundError:
-            return LINK_SCHEMA.empty_table()
+    """Every link of a store (or of the files ``names``), each gateway trace and each
+    agent span once (the first written wins)."""
     tables = []
-    for name in names:
-        if not name.endswith(".parquet") or name.rsplit("/", 1)[-1].startswith("."):
-            continue
+    for name in _link_files(fs, root) if names is None else names:
         try:
             tables.append(pq.read_table(io.BytesIO(fs.cat_file(name)), schema=LINK_SCHEMA))
         except FileNotFoundError:
@@ -184,12 +187,8 @@ def compact_links(fs: Any, root: str, horizon: datetime | None) -> int:
     spans are past retention); returns how many files were merged. The merged file is
     written before the old ones go, and readers take each link once: a read in between
     sees every link. A file a join pass writes meanwhile is not touched."""
-    try:
-        names = sorted(
-            n for n in fs.ls(_folder(root), detail=False)
-            if n.endswith(".parquet") and not n.rsplit("/", 1)[-1].startswith(".")
-        )  # fmt: skip
-    except FileNotFoundError:
+    names = _link_files(fs, root)
+    if not names:
         return 0
     links = read_links(fs, root, names)
     kept = links if horizon is None else links.filter(pc.greater_equal(links["linked_at"], horizon))
@@ -243,7 +242,7 @@ def linked_view_sql(source: str) -> str:
 def join_health_sql() -> str:
     """Per service and agent of the gateway's calls: joined by context (the caller
     propagated its trace), joined by content (a link), and left alone."""
-    producer = f"json_extract_string(s.resource_attributes, '$.\"{sc.SPANMILL_PRODUCER}\"')"
+    gateway = Trust((GATEWAY,)).sql("s.resource_attributes")
     alone = "s.parent_span_id IS NULL AND l.trace_id IS NULL"
     return (
         "SELECT coalesce(s.service_name, '-') AS service, "
@@ -252,6 +251,6 @@ def join_health_sql() -> str:
         "count(*) FILTER (WHERE l.trace_id IS NOT NULL) AS by_content, "
         f"count(*) FILTER (WHERE {alone}) AS alone "
         "FROM llm_calls() s LEFT JOIN call_links l ON s.trace_id = l.trace_id "
-        f"WHERE {producer} = '{GATEWAY}' "
+        f"WHERE {gateway} "
         "GROUP BY 1, 2 ORDER BY gateway_calls DESC"
     )
