@@ -48,6 +48,8 @@ def test_each_contract_reads_back_what_it_wrote(tmp_path: Path) -> None:
         assert not list(tmp_path.glob(".*.tmp"))  # written through a temporary file
     assert DatasetCard.read(tmp_path) == card
     assert TrainManifest.read(tmp_path) == sft
+    assert TrainManifest.read_if_present(tmp_path) == sft
+    assert TrainManifest.read_if_present(tmp_path / "elsewhere") is None
     back = EvalReport.read(tmp_path)
     assert back.decision.promote and math.isnan(back.metrics["tasks.difference_low"])
     assert card.span_window is not None

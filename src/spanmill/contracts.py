@@ -58,6 +58,11 @@ class Contract(BaseModel):
         return cls.load(Path(folder) / cls.FILE)
 
     @classmethod
+    def read_if_present(cls, folder: Path | str) -> Self | None:
+        """The model in ``folder``, or None where the folder has no such file."""
+        return cls.read(folder) if cls.present(folder) else None
+
+    @classmethod
     def load(cls, path: Path | str) -> Self:
         """The model in the file ``path`` (a user may name the file rather than its folder)."""
         path = Path(path)

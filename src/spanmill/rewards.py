@@ -80,14 +80,15 @@ LINKED_REWARDS: Final = (
     "by_response AS (SELECT response_id, any_value(episode_id) AS episode_id FROM calls "
     "WHERE response_id IS NOT NULL GROUP BY response_id), "
     "by_trace AS (SELECT trace_id, arg_min(episode_id, start_time) AS episode_id "
-    "FROM calls GROUP BY trace_id) "
-    'SELECT r.name, r.value, r."primary", r.label, r.scope_name, r.resource_attributes, '
-    "r.trace_id, r.span_id, r.start_time, r.position, c.response_id AS call_response_id, "
+    "FROM calls GROUP BY trace_id), "
+    'judged AS (SELECT r.name, r.value, r."primary", r.label, r.scope_name, '
+    "r.resource_attributes, r.trace_id, r.span_id, r.start_time, r.position, "
+    "c.response_id AS call_response_id, "
     "coalesce(c.episode_id, CASE WHEN r.episode_id <> r.trace_id THEN r.episode_id "
-    "ELSE coalesce(t.episode_id, r.episode_id) END) AS episode_id, "
-    "(c.response_id IS NOT NULL OR coalesce(CASE WHEN r.episode_id <> r.trace_id "
-    "THEN r.episode_id ELSE coalesce(t.episode_id, r.episode_id) END IN "
-    "(SELECT episode_id FROM calls), false)) AS reaches_call "
+    "ELSE coalesce(t.episode_id, r.episode_id) END) AS episode_id "
     "FROM span_rewards() r LEFT JOIN by_response c ON r.response_id = c.response_id "
-    "LEFT JOIN by_trace t ON r.trace_id = t.trace_id"
+    "LEFT JOIN by_trace t ON r.trace_id = t.trace_id) "
+    "SELECT *, (call_response_id IS NOT NULL "
+    "OR coalesce(episode_id IN (SELECT episode_id FROM calls), false)) AS reaches_call "
+    "FROM judged"
 )

@@ -240,7 +240,7 @@ def model_ref(ref: str, base_override: str | None = None) -> ModelRef:
     label = path.name or ref
     adapter_config = path / "adapter_config.json"
     if adapter_config.is_file():
-        manifest = TrainManifest.read(path) if TrainManifest.present(path) else None
+        manifest = TrainManifest.read_if_present(path)
         config = _read_json(adapter_config)
         base = (
             base_override

@@ -152,7 +152,7 @@ def lineage_from_outputs(
             f"{model_dir} is neither a LoRA adapter (adapter_config.json) nor a model "
             "(config.json); register the folder training wrote"
         )
-    manifest = TrainManifest.read(model_dir) if TrainManifest.present(model_dir) else None
+    manifest = TrainManifest.read_if_present(model_dir)
     base = base_model or (manifest.asked_base_model() if manifest else "")
     if kind == "adapter" and not base:
         adapter_config = _read_json(model_dir / "adapter_config.json")

@@ -104,10 +104,8 @@ def load_training_data(folder: Path) -> TrainingData:
 
 
 def _read_card(folder: Path) -> DatasetCard | None:
-    if not DatasetCard.present(folder):
-        return None
     try:
-        return DatasetCard.read(folder)
+        return DatasetCard.read_if_present(folder)
     except ContractError as exc:
         raise DatasetError(str(exc)) from None
 

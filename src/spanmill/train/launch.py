@@ -177,12 +177,13 @@ def run_processes(command: list[str], env: Mapping[str, str]) -> None:
 
 def read_result(output_dir: Path) -> TrainResult:
     """The result rank 0 recorded in the adapter's manifest."""
-    if not TrainManifest.present(output_dir):
+    manifest = TrainManifest.read_if_present(output_dir)
+    if manifest is None:
         raise TrainError(
             f"training finished without writing {Path(output_dir) / TrainManifest.FILE}; "
             "rank 0 did not complete"
         )
-    result = TrainResult.of(TrainManifest.read(output_dir))
+    result = TrainResult.of(manifest)
     # The manifest names the folders where rank 0 wrote them (another pod, for a TrainJob).
     merged = Path(output_dir) / MERGED_DIRNAME if result.merged_dir else None
     return replace(result, output_dir=Path(output_dir), merged_dir=merged)

@@ -534,9 +534,7 @@ def _save_checkpoint(
 def _manifest(result: TrainResult, settings: TrainSettings, task: Task) -> TrainManifest:
     """The run's manifest; after SFT, the dataset the start adapter learnt from stays in the
     lineage (``dataset``, ``dataset_digest``), and that run's manifest is kept whole."""
-    start = None
-    if settings.init_adapter and TrainManifest.present(settings.init_adapter):
-        start = TrainManifest.read(settings.init_adapter)
+    start = TrainManifest.read_if_present(settings.init_adapter) if settings.init_adapter else None
     return TrainManifest(
         **{**result.to_json(), "dataset_digest": (start or result).dataset_digest},
         dataset=start.dataset if start else None,
