@@ -242,8 +242,16 @@ def one_record_per_call(calls: list[LLMCall]) -> list[LLMCall]:
             chosen[call.response_id] = i
     kept = set(chosen.values())
     once = [c for i, c in enumerate(calls) if c.response_id is None or i in kept]
+    # Only episodes holding records both with and without token ids can pair any.
+    with_ids = {c.episode_id for c in once if c.completion_token_ids is not None}
+    mixed = {c.episode_id for c in once if c.completion_token_ids is None} & with_ids
+    if not mixed:
+        return once
     recorded: dict[tuple[str, str], int] = defaultdict(int)  # gateway records not yet paired
-    digests = [content_digest(c.input_messages, c.output_messages) for c in once]
+    digests = [
+        content_digest(c.input_messages, c.output_messages) if c.episode_id in mixed else None
+        for c in once
+    ]
     for call, digest in zip(once, digests, strict=True):
         if digest is not None and call.completion_token_ids is not None:
             recorded[(call.episode_id, digest)] += 1
