@@ -488,7 +488,7 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
         traffic = Traffic(gateway_url)
         try:
             eventually(lambda: registry.aliases(AGENT).get(CHAMPION) == v2, 300,
-                       "promoting the challenger", controller, standby, gateway)  # fmt: skip
+                       "promoting the challenger", *pods)  # fmt: skip
             eventually(lambda: "2" in traffic.versions[-5:], 60, "v2 answering", gateway)
         finally:
             traffic.stop()

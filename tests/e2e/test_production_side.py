@@ -8,6 +8,7 @@ one trace per episode.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -30,13 +31,16 @@ pytestmark = pytest.mark.services
 
 def test_agent_through_gateway_to_kafka(kafka, triton, smollm2_dir: Path, serve_app) -> None:  # type: ignore[no-untyped-def]
     topic = kafka.create_topic(f"spans-{uuid.uuid4().hex[:8]}", 3)
-    write_python_version(triton.model_repository, "calculator", 1, smollm2_dir, num_threads=1)
+    # A Triton model of its own, removed afterwards: the session's Triton is shared, and a
+    # "calculator" left in its repository would not be MLflow's version 1 to later tests.
+    served = f"production-side-{uuid.uuid4().hex[:6]}"
+    write_python_version(triton.model_repository, served, 1, smollm2_dir, num_threads=1)
     client = triton_http.InferenceServerClient(triton.http_url, network_timeout=300)
-    client.load_model("calculator")
+    client.load_model(served)
     kafka_settings = KafkaSettings(bootstrap_servers=kafka.bootstrap_servers, spans_topic=topic)
     gateway = GatewaySettings(kafka=kafka_settings, triton=TritonSettings(http_url=triton.http_url))
     table = RoutingTable.model_validate(
-        {"routes": {"calculator": {"triton_model": "calculator",
+        {"routes": {"calculator": {"triton_model": served,
                                    "backends": [{"version": "1", "weight": 1}]}}}
     )  # fmt: skip
     sdk.configure("calculator-agent", kafka=kafka_settings, set_global=False)
@@ -46,7 +50,8 @@ def test_agent_through_gateway_to_kafka(kafka, triton, smollm2_dir: Path, serve_
         assert sdk.force_flush()
     finally:
         sdk.shutdown()
-        client.unload_model("calculator")
+        client.unload_model(served)
+        shutil.rmtree(triton.model_repository / served, ignore_errors=True)
     print(
         f"\nSmolLM2 few-shot on 3 held-out problems: success {report.success_rate:.2f}, "
         f"valid calls {report.valid_call_rate:.2f}, errors {report.errors}"

@@ -7,6 +7,7 @@ models where the fault must be real, and SmolLM2 with a LoRA adapter once.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -145,6 +146,36 @@ def test_a_challenger_that_answers_with_errors_is_rolled_back(  # type: ignore[n
     # A rolled-back version is not tried again.
     ctl.tick()
     assert ctl.reconciler.state(agent).phase == Phase.STABLE  # type: ignore[union-attr]
+
+
+def test_a_canary_waiting_on_traffic_says_so_in_the_log_now_and_then(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, tmp_path: Path, caplog, monkeypatch
+) -> None:
+    from spanmill.rollout import reconciler as reconciler_module
+
+    url, routes = gateway
+    agent = new_agent()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url], bake_s=0)  # fmt: skip
+    ctl = controller(settings)
+    serve_champion(registry, agent, ctl, routes)
+    v2 = registry.register(agent, Lineage(kind="echo")).version
+    registry.set_alias(agent, CHALLENGER, v2)
+    ctl.until(lambda: ("canary", v2) in ctl.actions(), timeout=60)
+
+    def holds() -> list[str]:
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        return [m for m in said if f"{agent} v{v2}: hold" in m]
+
+    # No traffic: the canary holds; the first hold is logged, with what it waits for ...
+    with caplog.at_level(logging.INFO, logger="spanmill.rollout.reconciler"):
+        for _ in range(3):
+            ctl.tick()
+        assert len(holds()) == 1 and "waiting for 0/5 requests" in holds()[0]
+        # ... and again once the interval has passed, not on every tick.
+        monkeypatch.setattr(reconciler_module, "HOLD_LOG_EVERY_S", 0.0)
+        ctl.tick()
+        assert len(holds()) == 2
 
 
 def test_a_challenger_that_fails_to_load_never_gets_traffic(  # type: ignore[no-untyped-def]

@@ -41,6 +41,8 @@ from spanmill.rollout.signals import Signals
 
 log = logging.getLogger(__name__)
 
+HOLD_LOG_EVERY_S = 30.0
+
 
 class NotLeading(SpanmillError):
     """This replica lost its Lease during a pass: it must not write what it decided."""
@@ -74,6 +76,9 @@ class Reconciler:
         self._table = RoutingTable()
         self._tick_decisions: list[Decision] = []
         self.last_tick_at: float | None = None
+        # When each agent's last hold was logged: a canary waiting on traffic says why
+        # every HOLD_LOG_EVERY_S, not on every tick and not never.
+        self._hold_logged: dict[str, float] = {}
         # Whether this replica may act now (leader election); always, without it.
         self.active: Callable[[], bool] = lambda: True
 
@@ -410,8 +415,14 @@ class Reconciler:
         self._tick_decisions.append(decision)
         self.metrics.decisions.labels(agent, action).inc()
         if quiet:
-            log.debug("%s", decision.message())
+            now = time.monotonic()
+            if now - self._hold_logged.get(agent, float("-inf")) >= HOLD_LOG_EVERY_S:
+                self._hold_logged[agent] = now
+                log.info("%s", decision.message())
+            else:
+                log.debug("%s", decision.message())
             return decision
+        self._hold_logged.pop(agent, None)
         self.history.append(decision)
         level = logging.WARNING if action in ("rollback", "error") else logging.INFO
         log.log(level, "%s", decision.message())

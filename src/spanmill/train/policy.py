@@ -165,8 +165,12 @@ class RolloutGateway:
 
         from spanmill.gateway.app import create_app
 
-        if not self.port:
-            self.port = _free_port(self.host)
+        # The socket is bound here, not a port chosen for uvicorn to bind later: nothing can
+        # take the port in between.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = int(sock.getsockname()[1])
         settings = GatewaySettings(
             kafka=self.kafka, host=self.host, port=self.port, traffic=self.traffic
         )
@@ -179,7 +183,10 @@ class RolloutGateway:
         )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._server.run, name="rollout-gateway", daemon=True
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            name="rollout-gateway",
+            daemon=True,
         )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
@@ -214,9 +221,3 @@ class RolloutGateway:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
