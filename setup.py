@@ -1,8 +1,8 @@
 """The one compiled part: the collector's native OTLP decoder (see pyproject.toml for the rest).
 
 It is optional: where no C compiler is at hand the package installs without it, and
-the collector decodes with its Python fast path instead (``spanmill collector``
-logs which one it uses).
+the collector decodes every record with the span decoder and appends rows in Python
+instead, the same rows more slowly (``spanmill collector`` logs which it uses).
 """
 
 from setuptools import Extension, setup

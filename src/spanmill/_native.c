@@ -22,6 +22,9 @@
  * columns are Arrow's buffers (columns()), from which the table is made without a
  * Python object per value. configure_rows() tells it the schema's columns, their
  * kinds and the promoted attributes.
+ *
+ * All of these are methods of a Decoder: its settings, its key cache and the Columns
+ * it made are its own, and the module holds no state that changes once it has loaded.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -56,7 +59,7 @@ enum {
     P_ATTRIBUTES, P_RESOURCE, P_SCOPE_NAME, P_SCOPE_VERSION, P_EVENTS, P_LINKS, P_COUNT
 };
 
-static struct {
+typedef struct {
     PyObject *parts_type;
     /* Where the parts type keeps each field, when it is a class of plain __slots__
      * whose __init__ only stores its arguments: its instances are then made and read
@@ -66,9 +69,78 @@ static struct {
     Py_ssize_t max_name_chars;
     Py_ssize_t max_key_chars;
     Py_ssize_t max_value_bytes;
-    PyObject *kinds[6];
-    PyObject *statuses[3];
-} cfg;
+} Config;
+
+/* Span kinds' and status codes' names, interned once when the module loads. */
+static PyObject *KIND_NAMES[6];
+static PyObject *STATUS_NAMES[3];
+
+enum { K_STR = 0, K_INT = 1, K_FLOAT = 2, K_BOOL = 3, K_INT_LIST = 4, K_FLOAT_LIST = 5 };
+#define MAX_PROMOTED 64
+
+typedef struct {
+    PyObject *key;
+    Py_ssize_t column;
+    int kind;
+} PromotedSpec;
+
+enum {
+    C_REWARDS, C_MODEL, C_EPISODE, C_TRACE, C_SPAN, C_PARENT, C_NAME, C_KIND, C_START, C_END,
+    C_STATUS, C_MESSAGE, C_ATTRIBUTES, C_RESOURCE, C_SCOPE_NAME, C_SCOPE_VERSION, C_EVENTS,
+    C_LINKS, C_TOPIC, C_PARTITION, C_OFFSET, C_INDEX, C_TIMESTAMP, C_REWARD_VALUE, C_COUNT
+};
+
+typedef struct {
+    int ready;
+    Py_ssize_t width;
+    int *kinds; /* per column, A_* */
+    Py_ssize_t index[C_COUNT];
+    PromotedSpec promoted[MAX_PROMOTED];
+    Py_ssize_t promoted_count;
+    PromotedSpec resource[MAX_PROMOTED];
+    Py_ssize_t resource_count;
+    PyObject *fields[P_COUNT];
+    /* attribute keys: response model, request model, episode id, score value, reward name */
+    PyObject *response_model, *request_model, *episode_id, *score, *reward_name;
+    PyObject *reward_event;          /* the evaluation result event's name */
+    PyObject *rewards;               /* rewards(parts) -> list | None, in Python */
+    PyObject *encode;                /* encode(value) -> str: the store's JSON */
+    PyObject *k_name, *k_time, *k_attributes, *k_trace, *k_span; /* event and link keys */
+    int fused; /* the columns are laid out as append_record writes them */
+    unsigned long generation; /* counts configure_rows() calls; Columns carry theirs */
+} RowsConfig;
+
+typedef struct {
+    PyObject *fallback; /* the keys the caller gave that send a record back to it */
+    PyObject *keeps;    /* keeps(key) -> bool: whether the attribute lists keep a key;
+                           None: they keep every key */
+    PyObject *classes;  /* key -> what it is to a row (R_* and a promoted index), for
+                           promoted, role and fallback keys; other keys are plain */
+    unsigned long generation; /* of classes and keeps, as the key cache's slots know them */
+} FusedState;
+
+/* Attribute keys' bytes to their str, and what each is to a row (see key_slot). */
+#define KEY_SLOTS 1024
+#define KEY_MAX_BYTES 64
+
+typedef struct {
+    PyObject *key;
+    long what;                /* what the key is to a row, as of `generation` */
+    unsigned long generation; /* 0: not known */
+    Py_ssize_t size;          /* the key's bytes, kept here: a lookup reads this slot alone */
+    uint8_t bytes[KEY_MAX_BYTES];
+} KeySlot;
+
+/* Everything a decoder knows and remembers, owned by a Decoder object: the module itself
+ * keeps nothing that changes after it loads, so two decoders never see each other's
+ * settings, key caches or Columns. */
+typedef struct {
+    PyObject_HEAD
+    Config cfg;
+    RowsConfig rows;
+    FusedState fused;
+    KeySlot key_cache[KEY_SLOTS];
+} Decoder;
 
 static inline int read_varint(Buf *b, uint64_t *out)
 {
@@ -226,13 +298,13 @@ static int valid_text(Buf bytes)
     return utf8_valid(bytes, NULL) ? OK : UNUSUAL;
 }
 
-static int bounded_name(Buf bytes, PyObject **out)
+static int bounded_name(Decoder *st, Buf bytes, PyObject **out)
 {
     int status = text(bytes, out);
     if (status != OK)
         return status;
     Py_ssize_t length = PyUnicode_GET_LENGTH(*out);
-    if (length == 0 || length > cfg.max_name_chars) {
+    if (length == 0 || length > st->cfg.max_name_chars) {
         Py_CLEAR(*out);
         return UNUSUAL;
     }
@@ -454,12 +526,12 @@ static int any_value(Buf value, Field *out)
     return more == 0 ? kind : V_NONE;
 }
 
-static int scalar(int kind, const Field *f, PyObject **out, Scan *scanning)
+static int scalar(Decoder *st, int kind, const Field *f, PyObject **out, Scan *scanning)
 {
     double number;
     switch (kind) {
     case V_STRING:
-        if (f->bytes.end - f->bytes.p > cfg.max_value_bytes)
+        if (f->bytes.end - f->bytes.p > st->cfg.max_value_bytes)
             return UNUSUAL;
         scan_text(scanning, f->bytes);
         return text(f->bytes, out);
@@ -479,7 +551,7 @@ static int scalar(int kind, const Field *f, PyObject **out, Scan *scanning)
 }
 
 /* An ArrayValue whose items all hold one scalar kind, as a list. */
-static int array(Buf bytes, PyObject **out, Scan *scanning)
+static int array(Decoder *st, Buf bytes, PyObject **out, Scan *scanning)
 {
     Field f = {0}, item = {0};
     int more = 0, first = V_NONE, status;
@@ -493,7 +565,7 @@ static int array(Buf bytes, PyObject **out, Scan *scanning)
         if (kind == V_NONE || kind == V_ARRAY || (first != V_NONE && kind != first))
             goto unusual;
         first = kind;
-        status = scalar(kind, &item, &value, scanning);
+        status = scalar(st, kind, &item, &value, scanning);
         if (status != OK) {
             Py_DECREF(list);
             return status;
@@ -520,21 +592,9 @@ unusual:
  * store row (append_record's classes). A slot holds the last ASCII key that hashed to
  * it; a miss decodes the key and takes the slot.
  */
-#define KEY_SLOTS 1024
-#define KEY_MAX_BYTES 64
-
-typedef struct {
-    PyObject *key;
-    long what;                /* what the key is to a row, as of `generation` */
-    unsigned long generation; /* 0: not known */
-    Py_ssize_t size;          /* the key's bytes, kept here: a lookup reads this slot alone */
-    uint8_t bytes[KEY_MAX_BYTES];
-} KeySlot;
-
-static KeySlot key_cache[KEY_SLOTS];
 
 /* A slot for these bytes (eight at a time, multiplied in); NULL for a key not cached. */
-static inline KeySlot *key_slot(Buf bytes)
+static inline KeySlot *key_slot(Decoder *st, Buf bytes)
 {
     Py_ssize_t size = bytes.end - bytes.p;
     if (size == 0 || size > KEY_MAX_BYTES)
@@ -554,7 +614,7 @@ static inline KeySlot *key_slot(Buf bytes)
     }
     hash = (hash ^ word) * 0xFF51AFD7ED558CCDULL;
     hash ^= hash >> 32;
-    return &key_cache[hash & (KEY_SLOTS - 1)];
+    return &st->key_cache[hash & (KEY_SLOTS - 1)];
 }
 
 static inline int slot_holds(const KeySlot *slot, Buf bytes)
@@ -564,9 +624,9 @@ static inline int slot_holds(const KeySlot *slot, Buf bytes)
 }
 
 /* The key of these bytes (a new reference), and its slot where it has one. */
-static int cached_key_slot(Buf bytes, PyObject **out, KeySlot **slot_out)
+static int cached_key_slot(Decoder *st, Buf bytes, PyObject **out, KeySlot **slot_out)
 {
-    KeySlot *slot = key_slot(bytes);
+    KeySlot *slot = key_slot(st, bytes);
     *slot_out = NULL;
     if (slot != NULL && slot_holds(slot, bytes)) {
         *out = Py_NewRef(slot->key);
@@ -585,10 +645,10 @@ static int cached_key_slot(Buf bytes, PyObject **out, KeySlot **slot_out)
     return status;
 }
 
-static int cached_key(Buf bytes, PyObject **out)
+static int cached_key(Decoder *st, Buf bytes, PyObject **out)
 {
     KeySlot *slot;
-    return cached_key_slot(bytes, out, &slot);
+    return cached_key_slot(st, bytes, out, &slot);
 }
 
 /* One KeyValue's key and value: each once, the value of a kind the store keeps. */
@@ -615,10 +675,10 @@ static int key_and_value(Buf bytes, Buf *key, Field *value, int *kind)
 }
 
 /* A key decoded is within the record's limits; UNUSUAL (and the key let go) if not. */
-static int key_in_limits(PyObject **name)
+static int key_in_limits(Decoder *st, PyObject **name)
 {
     Py_ssize_t length = PyUnicode_GET_LENGTH(*name);
-    if (length == 0 || length > cfg.max_key_chars) {
+    if (length == 0 || length > st->cfg.max_key_chars) {
         Py_CLEAR(*name);
         return UNUSUAL;
     }
@@ -626,12 +686,12 @@ static int key_in_limits(PyObject **name)
 }
 
 /* A value as an attribute's, as SpanParts keeps it, into `*dict` (made if NULL). */
-static int kept_value(PyObject **dict, PyObject *name, int kind, const Field *value,
+static int kept_value(Decoder *st, PyObject **dict, PyObject *name, int kind, const Field *value,
                       Scan *scanning)
 {
     PyObject *item;
-    int status = kind == V_ARRAY ? array(value->bytes, &item, scanning)
-                                 : scalar(kind, value, &item, scanning);
+    int status = kind == V_ARRAY ? array(st, value->bytes, &item, scanning)
+                                 : scalar(st, kind, value, &item, scanning);
     if (status != OK)
         return status;
     if (*dict == NULL && (*dict = PyDict_New()) == NULL)
@@ -643,17 +703,17 @@ static int kept_value(PyObject **dict, PyObject *name, int kind, const Field *va
 }
 
 /* One KeyValue into a dict: a plain key and a value of a kind the store keeps. */
-static int key_value(Buf bytes, PyObject *dict, Scan *scanning)
+static int key_value(Decoder *st, Buf bytes, PyObject *dict, Scan *scanning)
 {
     Field value = {0};
     Buf key;
     int kind;
     PyObject *name;
     int status = key_and_value(bytes, &key, &value, &kind);
-    if (status != OK || (status = cached_key(key, &name)) != OK
-        || (status = key_in_limits(&name)) != OK)
+    if (status != OK || (status = cached_key(st, key, &name)) != OK
+        || (status = key_in_limits(st, &name)) != OK)
         return status;
-    status = kept_value(&dict, name, kind, &value, scanning);
+    status = kept_value(st, &dict, name, kind, &value, scanning);
     Py_DECREF(name);
     return status;
 }
@@ -666,15 +726,15 @@ static int skipped(const Field *f, int wire, int is_text)
     return is_text ? valid_text(f->bytes) : OK;
 }
 
-static int attributes_field(const Field *f, PyObject *dict, Scan *scanning)
+static int attributes_field(Decoder *st, const Field *f, PyObject *dict, Scan *scanning)
 {
     if (f->wire != WT_LEN)
         return UNUSUAL;
-    return key_value(f->bytes, dict, scanning);
+    return key_value(st, f->bytes, dict, scanning);
 }
 
 /* Span.Event: (name, time_unix_nano, attributes). */
-static int event_of(Buf bytes, PyObject **out, Scan *scanning)
+static int event_of(Decoder *st, Buf bytes, PyObject **out, Scan *scanning)
 {
     Field f = {0};
     uint32_t seen = 0;
@@ -699,7 +759,7 @@ static int event_of(Buf bytes, PyObject **out, Scan *scanning)
             name = f.bytes;
             break;
         case 3:
-            status = attributes_field(&f, attributes, scanning);
+            status = attributes_field(st, &f, attributes, scanning);
             break;
         case 4:
             status = skipped(&f, WT_VARINT, 0);
@@ -714,7 +774,7 @@ static int event_of(Buf bytes, PyObject **out, Scan *scanning)
         if (name.p == NULL)
             status = UNUSUAL;
         else
-            status = bounded_name(name, &text_name);
+            status = bounded_name(st, name, &text_name);
     }
     if (status == OK) {
         time_obj = PyLong_FromUnsignedLongLong(time);
@@ -733,7 +793,7 @@ static int event_of(Buf bytes, PyObject **out, Scan *scanning)
 }
 
 /* Span.Link: (trace_id, span_id, attributes). */
-static int link_of(Buf bytes, PyObject **out, Scan *scanning)
+static int link_of(Decoder *st, Buf bytes, PyObject **out, Scan *scanning)
 {
     Field f = {0};
     uint32_t seen = 0;
@@ -760,7 +820,7 @@ static int link_of(Buf bytes, PyObject **out, Scan *scanning)
             status = skipped(&f, WT_LEN, 1);
             break;
         case 4:
-            status = attributes_field(&f, attributes, scanning);
+            status = attributes_field(st, &f, attributes, scanning);
             break;
         case 5:
             status = skipped(&f, WT_VARINT, 0);
@@ -814,14 +874,14 @@ static int status_texts(Buf bytes, uint64_t *code, Buf *message)
 }
 
 /* Status: (code, message). */
-static int status_of(Buf bytes, PyObject **code, PyObject **message, Scan *scanning)
+static int status_of(Decoder *st, Buf bytes, PyObject **code, PyObject **message, Scan *scanning)
 {
     uint64_t number;
     Buf text_bytes = NONE;
     int status = status_texts(bytes, &number, &text_bytes);
     if (status != OK)
         return status;
-    *code = cfg.statuses[number];
+    *code = STATUS_NAMES[number];
     scan_text(scanning, text_bytes);
     return text(text_bytes, message);
 }
@@ -895,24 +955,24 @@ static int span_fields(Buf bytes, SpanFields *out, Repeated repeated, void *cont
 }
 
 /* A SpanParts of its fields (borrowed), in its constructor's order. */
-static PyObject *new_parts(PyObject *const *fields)
+static PyObject *new_parts(Decoder *st, PyObject *const *fields)
 {
-    if (!cfg.slots_known)
-        return PyObject_Vectorcall(cfg.parts_type, fields, P_COUNT, NULL);
-    PyTypeObject *type = (PyTypeObject *)cfg.parts_type;
+    if (!st->cfg.slots_known)
+        return PyObject_Vectorcall(st->cfg.parts_type, fields, P_COUNT, NULL);
+    PyTypeObject *type = (PyTypeObject *)st->cfg.parts_type;
     PyObject *parts = type->tp_alloc(type, 0);
     if (parts == NULL)
         return NULL;
     for (int i = 0; i < P_COUNT; i++)
-        *(PyObject **)((char *)parts + cfg.slot[i]) = Py_NewRef(fields[i]);
+        *(PyObject **)((char *)parts + st->cfg.slot[i]) = Py_NewRef(fields[i]);
     return parts;
 }
 
 /* A field of a SpanParts (a new reference), NULL with AttributeError where it is unset. */
-static PyObject *part_field(PyObject *parts, int index, PyObject *name)
+static PyObject *part_field(Decoder *st, PyObject *parts, int index, PyObject *name)
 {
-    if (cfg.slots_known && Py_IS_TYPE(parts, (PyTypeObject *)cfg.parts_type)) {
-        PyObject *value = *(PyObject **)((char *)parts + cfg.slot[index]);
+    if (st->cfg.slots_known && Py_IS_TYPE(parts, (PyTypeObject *)st->cfg.parts_type)) {
+        PyObject *value = *(PyObject **)((char *)parts + st->cfg.slot[index]);
         if (value != NULL)
             return Py_NewRef(value);
     }
@@ -921,6 +981,7 @@ static PyObject *part_field(PyObject *parts, int index, PyObject *name)
 
 /* A Span's repeated fields, as SpanParts keeps them. */
 typedef struct {
+    Decoder *st;
     PyObject *attributes, *events, *links;
     Scan *scanning;
 } SpanLists;
@@ -928,13 +989,14 @@ typedef struct {
 static int span_lists(const Field *f, void *context)
 {
     SpanLists *lists = context;
+    Decoder *st = lists->st;
     PyObject *item = NULL;
     if (f->number == 9)
-        return attributes_field(f, lists->attributes, lists->scanning);
+        return attributes_field(st, f, lists->attributes, lists->scanning);
     if (f->wire != WT_LEN)
         return UNUSUAL;
-    int status = f->number == 11 ? event_of(f->bytes, &item, lists->scanning)
-                                 : link_of(f->bytes, &item, lists->scanning);
+    int status = f->number == 11 ? event_of(st, f->bytes, &item, lists->scanning)
+                                 : link_of(st, f->bytes, &item, lists->scanning);
     if (status == OK && PyList_Append(f->number == 11 ? lists->events : lists->links, item) < 0)
         status = ERROR;
     Py_XDECREF(item);
@@ -942,7 +1004,7 @@ static int span_lists(const Field *f, void *context)
 }
 
 /* One Span as SpanParts, appended to `out`. */
-static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *scope_version,
+static int span(Decoder *st, Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *scope_version,
                 PyObject *out, Scan *scanning)
 {
     SpanFields fields;
@@ -950,7 +1012,7 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
     PyObject *attributes = PyDict_New(), *events = PyList_New(0), *links = PyList_New(0);
     PyObject *trace_hex = NULL, *span_hex = NULL, *parent_hex = NULL, *text_name = NULL;
     PyObject *code = NULL, *message = NULL, *start_obj = NULL, *end_obj = NULL;
-    SpanLists lists = {attributes, events, links, scanning};
+    SpanLists lists = {st, attributes, events, links, scanning};
     if (attributes == NULL || events == NULL || links == NULL) {
         status = ERROR;
         goto done;
@@ -970,11 +1032,11 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
             status = hex_id(parent, 8, &parent_hex);
     }
     if (status == OK) {
-        status = bounded_name(name, &text_name);
+        status = bounded_name(st, name, &text_name);
         scan_text(scanning, name);
     }
     if (status == OK)
-        status = status_of(status_bytes, &code, &message, scanning);
+        status = status_of(st, status_bytes, &code, &message, scanning);
     if (status == OK) {
         start_obj = PyLong_FromUnsignedLongLong(start);
         end_obj = PyLong_FromUnsignedLongLong(end);
@@ -983,11 +1045,11 @@ static int span(Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *s
     }
     if (status == OK) {
         PyObject *args[15] = {
-            trace_hex, span_hex, parent_hex, text_name,  cfg.kinds[kind], start_obj,
+            trace_hex, span_hex, parent_hex, text_name,  KIND_NAMES[kind], start_obj,
             end_obj,   code,     message,    attributes, resource,        scope_name,
             scope_version, events, links,
         };
-        PyObject *parts = new_parts(args);
+        PyObject *parts = new_parts(st, args);
         if (parts == NULL || PyList_Append(out, parts) < 0)
             status = ERROR;
         Py_XDECREF(parts);
@@ -1077,7 +1139,7 @@ static int find_header(Buf bytes, const Layout *layout, Buf *header)
 static const Layout SCOPE_SPANS = {1, 2, 3};
 static const Layout RESOURCE_SPANS = {1, 2, 3};
 
-static int scope_spans(Buf bytes, PyObject *resource, PyObject *out, Scan *scanning)
+static int scope_spans(Decoder *st, Buf bytes, PyObject *resource, PyObject *out, Scan *scanning)
 {
     Buf header, rest = bytes;
     Field f = {0};
@@ -1090,13 +1152,13 @@ static int scope_spans(Buf bytes, PyObject *resource, PyObject *out, Scan *scann
         return status;
     while (status == OK && (more = next_field(&rest, &f)) == 1)
         if (f.number == SCOPE_SPANS.items)
-            status = span(f.bytes, resource, name, version, out, scanning);
+            status = span(st, f.bytes, resource, name, version, out, scanning);
     Py_DECREF(name);
     Py_DECREF(version);
     return status;
 }
 
-static int resource_spans(Buf bytes, PyObject *out, Scan *scanning)
+static int resource_spans(Decoder *st, Buf bytes, PyObject *out, Scan *scanning)
 {
     Buf header, rest = bytes;
     Field f = {0};
@@ -1110,7 +1172,7 @@ static int resource_spans(Buf bytes, PyObject *out, Scan *scanning)
         Buf attributes = header;
         while (status == OK && (more = next_field(&attributes, &f)) == 1) {
             if (f.number == 1)
-                status = attributes_field(&f, resource, scanning);
+                status = attributes_field(st, &f, resource, scanning);
             else if (f.number == 2)
                 status = skipped(&f, WT_VARINT, 0);
             else
@@ -1121,7 +1183,7 @@ static int resource_spans(Buf bytes, PyObject *out, Scan *scanning)
     }
     while (status == OK && (more = next_field(&rest, &f)) == 1)
         if (f.number == RESOURCE_SPANS.items)
-            status = scope_spans(f.bytes, resource, out, scanning);
+            status = scope_spans(st, f.bytes, resource, out, scanning);
     Py_DECREF(resource);
     return status;
 }
@@ -1154,7 +1216,7 @@ static int scan_setup(PyObject *gates, PyObject *digits, Scan *state)
     return 0;
 }
 
-static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *decode(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
     Field f = {0};
@@ -1164,7 +1226,7 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "decode(payload[, gates, digits])");
         return NULL;
     }
-    if (cfg.parts_type == NULL) {
+    if (st->cfg.parts_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
         return NULL;
     }
@@ -1186,7 +1248,7 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
             break;
         }
         found = 1;
-        status = resource_spans(f.bytes, out, scanning);
+        status = resource_spans(st, f.bytes, out, scanning);
     }
     if (status == OK && (more < 0 || !found))
         status = UNUSUAL;
@@ -1206,14 +1268,6 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 /* ---- span parts into store columns ---------------------------------------- */
 
-enum { K_STR = 0, K_INT = 1, K_FLOAT = 2, K_BOOL = 3, K_INT_LIST = 4, K_FLOAT_LIST = 5 };
-#define MAX_PROMOTED 64
-
-typedef struct {
-    PyObject *key;
-    Py_ssize_t column;
-    int kind;
-} PromotedSpec;
 
 /* ---- columns as Arrow buffers ------------------------------------------------
  * A Columns object holds one batch's rows the way Arrow lays them out: values,
@@ -1248,6 +1302,8 @@ typedef struct {
     Column *columns;
     Mark *marks;  /* where each column stood before the row being appended */
     Mark *record; /* and before the record being appended (append_record) */
+    PyObject *owner;          /* the Decoder whose columns() made them */
+    unsigned long generation; /* its configure_rows() they were made for */
 } ColumnsObject;
 
 static PyTypeObject ColumnsType;
@@ -1438,7 +1494,7 @@ static void columns_mark(ColumnsObject *self, Mark *marks)
 }
 
 /* Take back rows that failed part way: every column as it was at the mark, when the
- * columns held `row` rows. */
+ * columns held `row` st->rows. */
 static void columns_rollback(ColumnsObject *self, const Mark *marks, Py_ssize_t row)
 {
     PyObject *type, *value, *traceback;
@@ -1477,6 +1533,7 @@ static void columns_dealloc(ColumnsObject *self)
     }
     PyMem_Free(self->marks);
     PyMem_Free(self->record);
+    Py_XDECREF(self->owner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1554,41 +1611,10 @@ static const char *const ROW_COLUMNS[] = {
     "events",         "links",          "kafka_topic",         "kafka_partition",
     "kafka_offset",   "kafka_index",    "kafka_timestamp",     "reward_value",
 };
-enum {
-    C_REWARDS, C_MODEL, C_EPISODE, C_TRACE, C_SPAN, C_PARENT, C_NAME, C_KIND, C_START, C_END,
-    C_STATUS, C_MESSAGE, C_ATTRIBUTES, C_RESOURCE, C_SCOPE_NAME, C_SCOPE_VERSION, C_EVENTS,
-    C_LINKS, C_TOPIC, C_PARTITION, C_OFFSET, C_INDEX, C_TIMESTAMP, C_REWARD_VALUE, C_COUNT
-};
 
-static struct {
-    int ready;
-    Py_ssize_t width;
-    int *kinds; /* per column, A_* */
-    Py_ssize_t index[C_COUNT];
-    PromotedSpec promoted[MAX_PROMOTED];
-    Py_ssize_t promoted_count;
-    PromotedSpec resource[MAX_PROMOTED];
-    Py_ssize_t resource_count;
-    PyObject *fields[P_COUNT];
-    /* attribute keys: response model, request model, episode id, score value, reward name */
-    PyObject *response_model, *request_model, *episode_id, *score, *reward_name;
-    PyObject *reward_event;          /* the evaluation result event's name */
-    PyObject *rewards;               /* rewards(parts) -> list | None, in Python */
-    PyObject *encode;                /* encode(value) -> str: the store's JSON */
-    PyObject *k_name, *k_time, *k_attributes, *k_trace, *k_span; /* event and link keys */
-    int fused; /* the columns are laid out as append_record writes them */
-} rows;
 
-static struct {
-    PyObject *fallback; /* the keys the caller gave that send a record back to it */
-    PyObject *keeps;    /* keeps(key) -> bool: whether the attribute lists keep a key;
-                           None: they keep every key */
-    PyObject *classes;  /* key -> what it is to a row (R_* and a promoted index), for
-                           promoted, role and fallback keys; other keys are plain */
-    unsigned long generation; /* of classes and keeps, as the key cache's slots know them */
-} fused = {NULL, NULL, NULL, 1};
 
-static int fused_layout_ok(void);
+static int fused_layout_ok(Decoder *st);
 
 static int kind_matches(int kind, PyObject *value)
 {
@@ -1663,40 +1689,40 @@ static PyObject *interned(PyObject *text)
     return out;
 }
 
-static void clear_rows(void)
+static void clear_rows(Decoder *st)
 {
-    for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
-        Py_CLEAR(rows.promoted[i].key);
-    for (Py_ssize_t i = 0; i < rows.resource_count; i++)
-        Py_CLEAR(rows.resource[i].key);
+    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
+        Py_CLEAR(st->rows.promoted[i].key);
+    for (Py_ssize_t i = 0; i < st->rows.resource_count; i++)
+        Py_CLEAR(st->rows.resource[i].key);
     for (int i = 0; i < P_COUNT; i++)
-        Py_CLEAR(rows.fields[i]);
-    Py_CLEAR(rows.response_model);
-    Py_CLEAR(rows.request_model);
-    Py_CLEAR(rows.episode_id);
-    Py_CLEAR(rows.score);
-    Py_CLEAR(rows.reward_name);
-    Py_CLEAR(rows.reward_event);
-    Py_CLEAR(rows.rewards);
-    Py_CLEAR(rows.encode);
-    Py_CLEAR(rows.k_name);
-    Py_CLEAR(rows.k_time);
-    Py_CLEAR(rows.k_attributes);
-    Py_CLEAR(rows.k_trace);
-    Py_CLEAR(rows.k_span);
-    PyMem_Free(rows.kinds);
-    rows.kinds = NULL;
-    Py_CLEAR(fused.classes);
-    Py_CLEAR(fused.fallback);
-    Py_CLEAR(fused.keeps);
-    fused.generation++;
-    rows.promoted_count = rows.resource_count = 0;
-    rows.ready = 0;
+        Py_CLEAR(st->rows.fields[i]);
+    Py_CLEAR(st->rows.response_model);
+    Py_CLEAR(st->rows.request_model);
+    Py_CLEAR(st->rows.episode_id);
+    Py_CLEAR(st->rows.score);
+    Py_CLEAR(st->rows.reward_name);
+    Py_CLEAR(st->rows.reward_event);
+    Py_CLEAR(st->rows.rewards);
+    Py_CLEAR(st->rows.encode);
+    Py_CLEAR(st->rows.k_name);
+    Py_CLEAR(st->rows.k_time);
+    Py_CLEAR(st->rows.k_attributes);
+    Py_CLEAR(st->rows.k_trace);
+    Py_CLEAR(st->rows.k_span);
+    PyMem_Free(st->rows.kinds);
+    st->rows.kinds = NULL;
+    Py_CLEAR(st->fused.classes);
+    Py_CLEAR(st->fused.fallback);
+    Py_CLEAR(st->fused.keeps);
+    st->fused.generation++;
+    st->rows.promoted_count = st->rows.resource_count = 0;
+    st->rows.ready = 0;
 }
 
 /* configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, encode,
  *                kinds) */
-static PyObject *configure_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 8 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[3])
         || PyTuple_GET_SIZE(args[3]) != 5 || !PyTuple_Check(args[7])
@@ -1707,13 +1733,14 @@ static PyObject *configure_rows(PyObject *module, PyObject *const *args, Py_ssiz
                         "reward_event, rewards, encode, kinds): a kind per column");
         return NULL;
     }
-    clear_rows(); /* configured again (a module reloaded): the last call wins */
+    clear_rows(st); /* configured again: the last call wins, earlier Columns are refused */
+    st->rows.generation++;
     PyObject *names = args[0];
-    rows.width = PyTuple_GET_SIZE(names);
-    rows.kinds = PyMem_Calloc((size_t)rows.width, sizeof(int));
-    if (rows.kinds == NULL)
+    st->rows.width = PyTuple_GET_SIZE(names);
+    st->rows.kinds = PyMem_Calloc((size_t)st->rows.width, sizeof(int));
+    if (st->rows.kinds == NULL)
         return PyErr_NoMemory();
-    for (Py_ssize_t i = 0; i < rows.width; i++) {
+    for (Py_ssize_t i = 0; i < st->rows.width; i++) {
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(args[7], i));
         if (kind == -1 && PyErr_Occurred())
             return NULL;
@@ -1721,40 +1748,40 @@ static PyObject *configure_rows(PyObject *module, PyObject *const *args, Py_ssiz
             PyErr_SetString(PyExc_ValueError, "kinds: unknown column kind");
             return NULL;
         }
-        rows.kinds[i] = (int)kind;
+        st->rows.kinds[i] = (int)kind;
     }
     for (int i = 0; i < C_COUNT; i++) {
         PyObject *name = PyUnicode_FromString(ROW_COLUMNS[i]);
         if (name == NULL)
             return NULL;
-        rows.index[i] = PySequence_Index(names, name);
+        st->rows.index[i] = PySequence_Index(names, name);
         Py_DECREF(name);
-        if (rows.index[i] < 0)
+        if (st->rows.index[i] < 0)
             return NULL;
     }
-    if (parse_promoted(args[1], names, rows.promoted, &rows.promoted_count) < 0
-        || parse_promoted(args[2], names, rows.resource, &rows.resource_count) < 0)
+    if (parse_promoted(args[1], names, st->rows.promoted, &st->rows.promoted_count) < 0
+        || parse_promoted(args[2], names, st->rows.resource, &st->rows.resource_count) < 0)
         return NULL;
     for (int i = 0; i < P_COUNT; i++)
-        if ((rows.fields[i] = PyUnicode_InternFromString(PART_FIELDS[i])) == NULL)
+        if ((st->rows.fields[i] = PyUnicode_InternFromString(PART_FIELDS[i])) == NULL)
             return NULL;
-    PyObject **keys[5] = {&rows.response_model, &rows.request_model, &rows.episode_id,
-                          &rows.score, &rows.reward_name};
+    PyObject **keys[5] = {&st->rows.response_model, &st->rows.request_model, &st->rows.episode_id,
+                          &st->rows.score, &st->rows.reward_name};
     for (int i = 0; i < 5; i++)
         if ((*keys[i] = interned(PyTuple_GET_ITEM(args[3], i))) == NULL)
             return NULL;
-    if ((rows.reward_event = interned(args[4])) == NULL)
+    if ((st->rows.reward_event = interned(args[4])) == NULL)
         return NULL;
-    rows.rewards = Py_NewRef(args[5]);
-    rows.encode = Py_NewRef(args[6]);
-    if ((rows.k_name = PyUnicode_InternFromString("name")) == NULL
-        || (rows.k_time = PyUnicode_InternFromString("time_unix_nano")) == NULL
-        || (rows.k_attributes = PyUnicode_InternFromString("attributes")) == NULL
-        || (rows.k_trace = PyUnicode_InternFromString("trace_id")) == NULL
-        || (rows.k_span = PyUnicode_InternFromString("span_id")) == NULL)
+    st->rows.rewards = Py_NewRef(args[5]);
+    st->rows.encode = Py_NewRef(args[6]);
+    if ((st->rows.k_name = PyUnicode_InternFromString("name")) == NULL
+        || (st->rows.k_time = PyUnicode_InternFromString("time_unix_nano")) == NULL
+        || (st->rows.k_attributes = PyUnicode_InternFromString("attributes")) == NULL
+        || (st->rows.k_trace = PyUnicode_InternFromString("trace_id")) == NULL
+        || (st->rows.k_span = PyUnicode_InternFromString("span_id")) == NULL)
         return NULL;
-    rows.fused = fused_layout_ok();
-    rows.ready = 1;
+    st->rows.fused = fused_layout_ok(st);
+    st->rows.ready = 1;
     Py_RETURN_NONE;
 }
 
@@ -1768,15 +1795,15 @@ static PyObject *nonempty_str(PyObject *dict, PyObject *key)
 }
 
 /* The store's JSON of a non-empty container, or None. */
-static PyObject *json_or_none(PyObject *value, Py_ssize_t size)
+static PyObject *json_or_none(Decoder *st, PyObject *value, Py_ssize_t size)
 {
     if (size == 0)
         return Py_NewRef(Py_None);
-    return PyObject_CallOneArg(rows.encode, value);
+    return PyObject_CallOneArg(st->rows.encode, value);
 }
 
 /* [{"name": n, "time_unix_nano": t, "attributes": a}, ...] or the links' form, as JSON. */
-static PyObject *records_json(PyObject *items, PyObject *k0, PyObject *k1)
+static PyObject *records_json(Decoder *st, PyObject *items, PyObject *k0, PyObject *k1)
 {
     if (!PyList_Check(items)) {
         PyErr_SetString(PyExc_TypeError, "events and links must be lists");
@@ -1798,29 +1825,29 @@ static PyObject *records_json(PyObject *items, PyObject *k0, PyObject *k1)
         dict = PyDict_New();
         if (dict == NULL || PyDict_SetItem(dict, k0, PyTuple_GET_ITEM(item, 0)) < 0
             || PyDict_SetItem(dict, k1, PyTuple_GET_ITEM(item, 1)) < 0
-            || PyDict_SetItem(dict, rows.k_attributes, PyTuple_GET_ITEM(item, 2)) < 0) {
+            || PyDict_SetItem(dict, st->rows.k_attributes, PyTuple_GET_ITEM(item, 2)) < 0) {
             Py_XDECREF(dict);
             Py_DECREF(list);
             return NULL;
         }
         PyList_SET_ITEM(list, i, dict);
     }
-    PyObject *out = PyObject_CallOneArg(rows.encode, list);
+    PyObject *out = PyObject_CallOneArg(st->rows.encode, list);
     Py_DECREF(list);
     return out;
 }
 
 /* Whether the span may carry a reward: its own evaluation name, or an evaluation event. */
-static int may_reward(PyObject *attributes, PyObject *events)
+static int may_reward(Decoder *st, PyObject *attributes, PyObject *events)
 {
-    if (PyDict_GetItemWithError(attributes, rows.reward_name) != NULL)
+    if (PyDict_GetItemWithError(attributes, st->rows.reward_name) != NULL)
         return 1;
     if (PyErr_Occurred())
         return -1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
         PyObject *event = PyList_GET_ITEM(events, i);
         if (PyTuple_Check(event) && PyTuple_GET_SIZE(event) > 0) {
-            int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(event, 0), rows.reward_event, Py_EQ);
+            int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(event, 0), st->rows.reward_event, Py_EQ);
             if (same != 0)
                 return same;
         }
@@ -1839,26 +1866,37 @@ static int put_at(PyObject *columns, Py_ssize_t index, PyObject *value)
     return status;
 }
 
-static int put(PyObject *columns, int column, PyObject *value)
+static int put(Decoder *st, PyObject *columns, int column, PyObject *value)
 {
-    return put_at(columns, rows.index[column], value);
+    return put_at(columns, st->rows.index[column], value);
 }
 
 /* columns() -> Columns: an empty table's worth of columns, for append_row(). */
-static PyObject *new_columns(PyObject *module, PyObject *Py_UNUSED(ignored))
+/* Whether `columns` were made by this decoder for its configuration as it stands. */
+static int columns_of(Decoder *st, PyObject *columns)
 {
-    if (!rows.ready) {
+    return PyObject_TypeCheck(columns, &ColumnsType)
+           && ((ColumnsObject *)columns)->owner == (PyObject *)st
+           && ((ColumnsObject *)columns)->generation == st->rows.generation
+           && ((ColumnsObject *)columns)->width == st->rows.width;
+}
+
+static PyObject *new_columns(Decoder *st, PyObject *Py_UNUSED(ignored))
+{
+    if (!st->rows.ready) {
         PyErr_SetString(PyExc_RuntimeError, "configure_rows() was not called");
         return NULL;
     }
     ColumnsObject *self = PyObject_New(ColumnsObject, &ColumnsType);
     if (self == NULL)
         return NULL;
-    self->width = rows.width;
+    self->owner = Py_NewRef((PyObject *)st);
+    self->generation = st->rows.generation;
+    self->width = st->rows.width;
     self->rows = 0;
-    self->columns = PyMem_Calloc((size_t)rows.width, sizeof(Column));
-    self->marks = PyMem_Calloc((size_t)rows.width, sizeof(Mark));
-    self->record = PyMem_Calloc((size_t)rows.width, sizeof(Mark));
+    self->columns = PyMem_Calloc((size_t)st->rows.width, sizeof(Column));
+    self->marks = PyMem_Calloc((size_t)st->rows.width, sizeof(Mark));
+    self->record = PyMem_Calloc((size_t)st->rows.width, sizeof(Mark));
     if (self->columns == NULL || self->marks == NULL || self->record == NULL) {
         PyMem_Free(self->columns);
         self->columns = NULL;
@@ -1866,9 +1904,9 @@ static PyObject *new_columns(PyObject *module, PyObject *Py_UNUSED(ignored))
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
-    for (Py_ssize_t i = 0; i < rows.width; i++) {
+    for (Py_ssize_t i = 0; i < st->rows.width; i++) {
         Column *c = &self->columns[i];
-        c->kind = rows.kinds[i];
+        c->kind = st->rows.kinds[i];
         if (c->kind == A_OBJECT && (c->objects = PyList_New(0)) == NULL) {
             Py_DECREF(self);
             return NULL;
@@ -1885,26 +1923,25 @@ static PyObject *new_columns(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 /* append_row(columns, parts, topic, partition, offset, index, timestamp_ms) */
-static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *append_row(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *field[P_COUNT] = {NULL};
     PyObject *resource = NULL, *moved[MAX_PROMOTED] = {NULL};
     PyObject *result = NULL;
-    if (!rows.ready) {
+    if (!st->rows.ready) {
         PyErr_SetString(PyExc_RuntimeError, "configure_rows() was not called");
         return NULL;
     }
-    if (nargs != 7 || !PyObject_TypeCheck(args[0], &ColumnsType)
-        || ((ColumnsObject *)args[0])->width != rows.width) {
+    if (nargs != 7 || !columns_of(st, args[0])) {
         PyErr_SetString(PyExc_TypeError,
                         "append_row(columns, parts, topic, partition, offset, index, timestamp): "
-                        "columns from columns() since the last configure_rows()");
+                        "columns from this decoder's columns() since its last configure_rows()");
         return NULL;
     }
     PyObject *columns = args[0], *parts = args[1];
     columns_mark((ColumnsObject *)columns, ((ColumnsObject *)columns)->marks);
     for (int i = 0; i < P_COUNT; i++)
-        if ((field[i] = part_field(parts, i, rows.fields[i])) == NULL)
+        if ((field[i] = part_field(st, parts, i, st->rows.fields[i])) == NULL)
             goto done;
     PyObject *attributes = field[P_ATTRIBUTES], *events = field[P_EVENTS];
     if (!PyDict_CheckExact(attributes) || !PyDict_CheckExact(field[P_RESOURCE])
@@ -1913,26 +1950,26 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
         goto done;
     }
     /* Rewards, model and episode read the attributes before any is moved. */
-    int reward = may_reward(attributes, events);
+    int reward = may_reward(st, attributes, events);
     if (reward < 0)
         goto done;
-    if (put(columns, C_REWARDS,
-            reward ? PyObject_CallOneArg(rows.rewards, parts) : Py_NewRef(Py_None)) < 0)
+    if (put(st, columns, C_REWARDS,
+            reward ? PyObject_CallOneArg(st->rows.rewards, parts) : Py_NewRef(Py_None)) < 0)
         goto done;
-    PyObject *model = nonempty_str(attributes, rows.response_model);
+    PyObject *model = nonempty_str(attributes, st->rows.response_model);
     if (model == NULL && !PyErr_Occurred())
-        model = nonempty_str(attributes, rows.request_model);
-    if (PyErr_Occurred() || put(columns, C_MODEL, Py_NewRef(model ? model : Py_None)) < 0)
+        model = nonempty_str(attributes, st->rows.request_model);
+    if (PyErr_Occurred() || put(st, columns, C_MODEL, Py_NewRef(model ? model : Py_None)) < 0)
         goto done;
-    PyObject *episode = nonempty_str(attributes, rows.episode_id);
+    PyObject *episode = nonempty_str(attributes, st->rows.episode_id);
     if (PyErr_Occurred()
-        || put(columns, C_EPISODE, Py_NewRef(episode ? episode : field[P_TRACE])) < 0)
+        || put(st, columns, C_EPISODE, Py_NewRef(episode ? episode : field[P_TRACE])) < 0)
         goto done;
     /* Promoted attributes move to their columns when their value has the column's type. */
     int has_reward_value = 0;
     Py_ssize_t moving = 0;
-    for (Py_ssize_t i = 0; i < rows.promoted_count; i++) {
-        PromotedSpec *spec = &rows.promoted[i];
+    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++) {
+        PromotedSpec *spec = &st->rows.promoted[i];
         PyObject *value = PyDict_GetItemWithError(attributes, spec->key);
         if (value == NULL) {
             if (PyErr_Occurred())
@@ -1942,7 +1979,7 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
         if (value != Py_None && kind_matches(spec->kind, value)) {
             moved[i] = Py_NewRef(value);
             moving++;
-            if (spec->column == rows.index[C_REWARD_VALUE])
+            if (spec->column == st->rows.index[C_REWARD_VALUE])
                 has_reward_value = 1;
         }
     }
@@ -1951,16 +1988,16 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (moving > 0 && moving == PyDict_GET_SIZE(attributes)) {
         PyDict_Clear(attributes);
     } else {
-        for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
-            if (moved[i] != NULL && PyDict_DelItem(attributes, rows.promoted[i].key) < 0)
+        for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
+            if (moved[i] != NULL && PyDict_DelItem(attributes, st->rows.promoted[i].key) < 0)
                 goto done;
     }
-    PyObject *score = has_reward_value ? NULL : PyDict_GetItemWithError(attributes, rows.score);
+    PyObject *score = has_reward_value ? NULL : PyDict_GetItemWithError(attributes, st->rows.score);
     if (PyErr_Occurred())
         goto done;
-    for (Py_ssize_t i = 0; i < rows.promoted_count; i++) {
+    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++) {
         PyObject *value = moved[i];
-        if (value == NULL && rows.promoted[i].column == rows.index[C_REWARD_VALUE] && score
+        if (value == NULL && st->rows.promoted[i].column == st->rows.index[C_REWARD_VALUE] && score
             && PyLong_CheckExact(score)) {
             double number = PyLong_AsDouble(score);
             if (number == -1.0 && PyErr_Occurred())
@@ -1969,12 +2006,12 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
         } else {
             value = Py_NewRef(value ? value : Py_None);
         }
-        if (put_at(columns, rows.promoted[i].column, value) < 0)
+        if (put_at(columns, st->rows.promoted[i].column, value) < 0)
             goto done;
     }
     resource = Py_NewRef(field[P_RESOURCE]);
-    for (Py_ssize_t i = 0; i < rows.resource_count; i++) {
-        PromotedSpec *spec = &rows.resource[i];
+    for (Py_ssize_t i = 0; i < st->rows.resource_count; i++) {
+        PromotedSpec *spec = &st->rows.resource[i];
         PyObject *value = PyDict_GetItemWithError(resource, spec->key);
         if (value == NULL && PyErr_Occurred())
             goto done;
@@ -2002,15 +2039,15 @@ static PyObject *append_row(PyObject *module, PyObject *const *args, Py_ssize_t 
         {C_SCOPE_NAME, P_SCOPE_NAME}, {C_SCOPE_VERSION, P_SCOPE_VERSION},
     };
     for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
-        if (put(columns, plain[i].column, Py_NewRef(field[plain[i].part])) < 0)
+        if (put(st, columns, plain[i].column, Py_NewRef(field[plain[i].part])) < 0)
             goto done;
-    if (put(columns, C_ATTRIBUTES, json_or_none(attributes, PyDict_GET_SIZE(attributes))) < 0
-        || put(columns, C_RESOURCE, json_or_none(resource, PyDict_GET_SIZE(resource))) < 0
-        || put(columns, C_EVENTS, records_json(events, rows.k_name, rows.k_time)) < 0
-        || put(columns, C_LINKS, records_json(field[P_LINKS], rows.k_trace, rows.k_span)) < 0)
+    if (put(st, columns, C_ATTRIBUTES, json_or_none(st, attributes, PyDict_GET_SIZE(attributes))) < 0
+        || put(st, columns, C_RESOURCE, json_or_none(st, resource, PyDict_GET_SIZE(resource))) < 0
+        || put(st, columns, C_EVENTS, records_json(st, events, st->rows.k_name, st->rows.k_time)) < 0
+        || put(st, columns, C_LINKS, records_json(st, field[P_LINKS], st->rows.k_trace, st->rows.k_span)) < 0)
         goto done;
     for (int i = 0; i < 5; i++)
-        if (put(columns, C_TOPIC + i, Py_NewRef(args[2 + i])) < 0)
+        if (put(st, columns, C_TOPIC + i, Py_NewRef(args[2 + i])) < 0)
             goto done;
     ((ColumnsObject *)columns)->rows++;
     result = Py_NewRef(Py_None);
@@ -2020,7 +2057,7 @@ done:
                          ((ColumnsObject *)columns)->rows);
     for (int i = 0; i < P_COUNT; i++)
         Py_XDECREF(field[i]);
-    for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
+    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
         Py_XDECREF(moved[i]);
     Py_XDECREF(resource);
     return result;
@@ -2048,7 +2085,7 @@ enum { R_RESPONSE_MODEL = 1 << 8, R_REQUEST_MODEL = 1 << 9, R_EPISODE = 1 << 10,
 enum { KEPT = 2 }; /* a value whose kind is not its column's: it stays an attribute */
 
 /* Whether the schema's columns are laid out as append_record writes them. */
-static int fused_layout_ok(void)
+static int fused_layout_ok(Decoder *st)
 {
     static const int texts[] = {C_MODEL, C_EPISODE, C_TRACE, C_SPAN, C_PARENT, C_NAME, C_KIND,
                                 C_STATUS, C_MESSAGE, C_ATTRIBUTES, C_RESOURCE, C_SCOPE_NAME,
@@ -2057,18 +2094,18 @@ static int fused_layout_ok(void)
     /* K_STR, K_INT, K_FLOAT, K_BOOL, K_INT_LIST, K_FLOAT_LIST */
     static const int layout[] = {A_STR, A_I64, A_F64, A_BOOL, A_LIST_I64, A_LIST_F64};
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
-        if (rows.kinds[rows.index[texts[i]]] != A_STR)
+        if (st->rows.kinds[st->rows.index[texts[i]]] != A_STR)
             return 0;
     for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
-        int kind = rows.kinds[rows.index[numbers[i]]];
+        int kind = st->rows.kinds[st->rows.index[numbers[i]]];
         if (kind != A_I64 && kind != A_I32)
             return 0;
     }
-    for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
-        if (rows.kinds[rows.promoted[i].column] != layout[rows.promoted[i].kind])
+    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
+        if (st->rows.kinds[st->rows.promoted[i].column] != layout[st->rows.promoted[i].kind])
             return 0;
-    for (Py_ssize_t i = 0; i < rows.resource_count; i++)
-        if (rows.kinds[rows.resource[i].column] != layout[rows.resource[i].kind])
+    for (Py_ssize_t i = 0; i < st->rows.resource_count; i++)
+        if (st->rows.kinds[st->rows.resource[i].column] != layout[st->rows.resource[i].kind])
             return 0;
     return 1;
 }
@@ -2155,11 +2192,11 @@ static int value_fits(int column_kind, int kind, const Field *value, Py_ssize_t 
 }
 
 /* A value value_fits() took, checked (a text's size, UTF-8 and scan) ... */
-static int value_checked(int column_kind, const Field *value, Scan *scanning)
+static int value_checked(Decoder *st, int column_kind, const Field *value, Scan *scanning)
 {
     if (column_kind != K_STR)
         return OK;
-    if (value->bytes.end - value->bytes.p > cfg.max_value_bytes)
+    if (value->bytes.end - value->bytes.p > st->cfg.max_value_bytes)
         return UNUSUAL;
     return checked_text(value->bytes, scanning);
 }
@@ -2199,21 +2236,21 @@ static int value_written(Column *c, Py_ssize_t row, int column_kind, const Field
     }
 }
 
-/* A span attribute's key as a str, and what it is to a row (fused.classes). */
-static int span_key(Buf bytes, PyObject **name, long *what)
+/* A span attribute's key as a str, and what it is to a row (st->fused.classes). */
+static int span_key(Decoder *st, Buf bytes, PyObject **name, long *what)
 {
     KeySlot *slot;
-    int status = cached_key_slot(bytes, name, &slot);
-    if (status != OK || (status = key_in_limits(name)) != OK)
+    int status = cached_key_slot(st, bytes, name, &slot);
+    if (status != OK || (status = key_in_limits(st, name)) != OK)
         return status;
-    if (slot != NULL && slot->generation == fused.generation) {
+    if (slot != NULL && slot->generation == st->fused.generation) {
         *what = slot->what;
         return OK;
     }
-    PyObject *found = PyDict_GetItemWithError(fused.classes, *name);
+    PyObject *found = PyDict_GetItemWithError(st->fused.classes, *name);
     *what = found != NULL ? PyLong_AsLong(found) : 0;
-    if (!PyErr_Occurred() && fused.keeps != Py_None) {
-        PyObject *kept = PyObject_CallOneArg(fused.keeps, *name);
+    if (!PyErr_Occurred() && st->fused.keeps != Py_None) {
+        PyObject *kept = PyObject_CallOneArg(st->fused.keeps, *name);
         int keep = kept != NULL ? PyObject_IsTrue(kept) : -1;
         Py_XDECREF(kept);
         if (keep == 0)
@@ -2227,27 +2264,27 @@ static int span_key(Buf bytes, PyObject **name, long *what)
      * the slot for another key. */
     if (slot != NULL && slot->key == *name) {
         slot->what = *what;
-        slot->generation = fused.generation;
+        slot->generation = st->fused.generation;
     }
     return OK;
 }
 
 /* key -> class, for the promoted keys, the keys append_row reads, and `fallback`;
  * and the attribute lists' judge. */
-static int fused_classes(PyObject *fallback, PyObject *keeps)
+static int fused_classes(Decoder *st, PyObject *fallback, PyObject *keeps)
 {
-    if (keeps != fused.keeps) {
-        Py_XSETREF(fused.keeps, Py_NewRef(keeps));
-        fused.generation++;
+    if (keeps != st->fused.keeps) {
+        Py_XSETREF(st->fused.keeps, Py_NewRef(keeps));
+        st->fused.generation++;
     }
-    if (fused.classes != NULL && fallback == fused.fallback)
+    if (st->fused.classes != NULL && fallback == st->fused.fallback)
         return 0;
     PyObject *classes = PyDict_New();
     if (classes == NULL)
         return -1;
-    for (Py_ssize_t i = 0; i < rows.promoted_count; i++) {
+    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++) {
         PyObject *code = PyLong_FromSsize_t(i + 1);
-        int failed = code == NULL || PyDict_SetItem(classes, rows.promoted[i].key, code) < 0;
+        int failed = code == NULL || PyDict_SetItem(classes, st->rows.promoted[i].key, code) < 0;
         Py_XDECREF(code);
         if (failed)
             goto error;
@@ -2256,8 +2293,8 @@ static int fused_classes(PyObject *fallback, PyObject *keeps)
         PyObject *key;
         long role;
     } roles[] = {
-        {rows.response_model, R_RESPONSE_MODEL}, {rows.request_model, R_REQUEST_MODEL},
-        {rows.episode_id, R_EPISODE}, {rows.reward_name, R_FALLBACK}, {rows.score, R_FALLBACK},
+        {st->rows.response_model, R_RESPONSE_MODEL}, {st->rows.request_model, R_REQUEST_MODEL},
+        {st->rows.episode_id, R_EPISODE}, {st->rows.reward_name, R_FALLBACK}, {st->rows.score, R_FALLBACK},
     };
     PyObject *iterator = PyObject_GetIter(fallback), *key;
     if (iterator == NULL)
@@ -2288,9 +2325,9 @@ static int fused_classes(PyObject *fallback, PyObject *keeps)
     Py_DECREF(iterator);
     if (PyErr_Occurred())
         goto error;
-    Py_XSETREF(fused.classes, classes);
-    Py_XSETREF(fused.fallback, Py_NewRef(fallback));
-    fused.generation++;
+    Py_XSETREF(st->fused.classes, classes);
+    Py_XSETREF(st->fused.fallback, Py_NewRef(fallback));
+    st->fused.generation++;
     return 0;
 error:
     Py_DECREF(classes);
@@ -2319,7 +2356,7 @@ typedef struct {
     Py_ssize_t spans;        /* appended so far: the next span's index in the record */
 } Record;
 
-static int resource_of(Buf header, Resource *out, Scan *scanning)
+static int resource_of(Decoder *st, Buf header, Resource *out, Scan *scanning)
 {
     Field f = {0}, value = {0};
     PyObject *kept = NULL;
@@ -2340,7 +2377,7 @@ static int resource_of(Buf header, Resource *out, Scan *scanning)
         PyObject *name = NULL;
         long what;
         if ((status = key_and_value(f.bytes, &key, &value, &kind)) != OK
-            || (status = span_key(key, &name, &what)) != OK)
+            || (status = span_key(st, key, &name, &what)) != OK)
             break;
         if (what & R_DROPPED) { /* the attribute lists drop it: redaction's to do */
             Py_DECREF(name);
@@ -2348,8 +2385,8 @@ static int resource_of(Buf header, Resource *out, Scan *scanning)
             break;
         }
         Py_ssize_t which = -1;
-        for (Py_ssize_t i = 0; i < rows.resource_count && which < 0; i++) {
-            int same = PyUnicode_Compare(name, rows.resource[i].key);
+        for (Py_ssize_t i = 0; i < st->rows.resource_count && which < 0; i++) {
+            int same = PyUnicode_Compare(name, st->rows.resource[i].key);
             if (same == 0)
                 which = i;
         }
@@ -2359,9 +2396,9 @@ static int resource_of(Buf header, Resource *out, Scan *scanning)
                 status = UNUSUAL; /* given twice: decode()'s dict knows which stands */
             } else {
                 seen |= 1ULL << which;
-                status = value_fits(rows.resource[which].kind, kind, &value, &out->items[which]);
+                status = value_fits(st->rows.resource[which].kind, kind, &value, &out->items[which]);
                 if (status == OK)
-                    status = value_checked(rows.resource[which].kind, &value, scanning);
+                    status = value_checked(st, st->rows.resource[which].kind, &value, scanning);
                 if (status == OK) {
                     out->value[which] = value;
                     out->present |= 1ULL << which;
@@ -2369,19 +2406,21 @@ static int resource_of(Buf header, Resource *out, Scan *scanning)
             }
         }
         if (status == KEPT)
-            status = kept_value(&kept, name, kind, &value, scanning);
+            status = kept_value(st, &kept, name, kind, &value, scanning);
         Py_DECREF(name);
     }
     if (status == OK && more < 0)
         status = UNUSUAL;
     if (status == OK)
-        status = (out->json = json_or_none(kept, kept ? PyDict_GET_SIZE(kept) : 0)) ? OK : ERROR;
+        status = (out->json = json_or_none(st, kept, kept ? PyDict_GET_SIZE(kept) : 0)) ? OK : ERROR;
     Py_XDECREF(kept);
     return status;
 }
 
 /* The record's hour's columns: found or made for its first span; the same for the rest. */
-static int record_columns(Record *record, uint64_t hour)
+static int columns_of(Decoder *st, PyObject *columns);
+
+static int record_columns(Decoder *st, Record *record, uint64_t hour)
 {
     if (record->columns != NULL)
         return hour == record->hour ? OK : UNUSUAL;
@@ -2396,10 +2435,11 @@ static int record_columns(Record *record, uint64_t hour)
     Py_DECREF(key);
     if (columns == NULL)
         return ERROR;
-    if (!PyObject_TypeCheck(columns, &ColumnsType)
-        || ((ColumnsObject *)columns)->width != rows.width) {
+    if (!columns_of(st, columns)) {
         Py_DECREF(columns);
-        PyErr_SetString(PyExc_TypeError, "hours must give Columns from columns()");
+        PyErr_SetString(PyExc_TypeError,
+                        "hours must give Columns from this decoder's columns() since its last "
+                        "configure_rows()");
         return ERROR;
     }
     record->columns = (ColumnsObject *)columns;
@@ -2417,7 +2457,7 @@ typedef struct {
     PyObject *kept;         /* the attributes without a column, or NULL */
 } SpanAttributes;
 
-static int span_attribute(Buf bytes, ColumnsObject *columns, SpanAttributes *span,
+static int span_attribute(Decoder *st, Buf bytes, ColumnsObject *columns, SpanAttributes *span,
                           Scan *scanning)
 {
     Field value = {0};
@@ -2425,7 +2465,7 @@ static int span_attribute(Buf bytes, ColumnsObject *columns, SpanAttributes *spa
     int kind, status = key_and_value(bytes, &key, &value, &kind);
     PyObject *name = NULL;
     long what;
-    if (status != OK || (status = span_key(key, &name, &what)) != OK)
+    if (status != OK || (status = span_key(st, key, &name, &what)) != OK)
         return status;
     if (what & (R_FALLBACK | R_DROPPED)) {
         Py_DECREF(name);
@@ -2438,14 +2478,14 @@ static int span_attribute(Buf bytes, ColumnsObject *columns, SpanAttributes *spa
     status = KEPT;
     Py_ssize_t index = (what & 0xFF) - 1, items = 0;
     if (index >= 0) {
-        const PromotedSpec *spec = &rows.promoted[index];
+        const PromotedSpec *spec = &st->rows.promoted[index];
         if (span->seen & (1ULL << index)) {
             status = UNUSUAL; /* given twice: decode()'s dict knows which stands */
         } else {
             span->seen |= 1ULL << index;
             status = value_fits(spec->kind, kind, &value, &items);
             if (status == OK)
-                status = value_checked(spec->kind, &value, scanning);
+                status = value_checked(st, spec->kind, &value, scanning);
             if (status == OK) {
                 status = value_written(&columns->columns[spec->column], columns->rows,
                                        spec->kind, &value, items) < 0 ? ERROR : OK;
@@ -2454,7 +2494,7 @@ static int span_attribute(Buf bytes, ColumnsObject *columns, SpanAttributes *spa
         }
     }
     if (status == KEPT)
-        status = kept_value(&span->kept, name, kind, &value, scanning);
+        status = kept_value(st, &span->kept, name, kind, &value, scanning);
     Py_DECREF(name);
     return status;
 }
@@ -2466,7 +2506,7 @@ static int attributes_later(const Field *f, void *context)
 }
 
 /* One Span as one row of its hour's columns. */
-static int fused_span(Buf bytes, Record *record)
+static int fused_span(Decoder *st, Buf bytes, Record *record)
 {
     SpanFields fields;
     Field f = {0};
@@ -2482,7 +2522,7 @@ static int fused_span(Buf bytes, Record *record)
     /* The record's rules (decode), then the store's: an end it can hold (check_storable). */
     if (end > (uint64_t)INT64_MAX || !id_ok(trace, 16) || !id_ok(span_id, 8)
         || (parent.p != parent.end && !id_ok(parent, 8))
-        || !utf8_valid(name, &name_chars) || name_chars == 0 || name_chars > cfg.max_name_chars)
+        || !utf8_valid(name, &name_chars) || name_chars == 0 || name_chars > st->cfg.max_name_chars)
         return UNUSUAL;
     scan_text(record->scanning, name);
     if ((status = status_texts(status_bytes, &code, &message)) != OK
@@ -2490,7 +2530,7 @@ static int fused_span(Buf bytes, Record *record)
         return status;
     if (record->scanning != NULL && record->scanning->found)
         return UNUSUAL;
-    if ((status = record_columns(record, start / NS_PER_HOUR)) != OK)
+    if ((status = record_columns(st, record, start / NS_PER_HOUR)) != OK)
         return status;
 
     ColumnsObject *columns = record->columns;
@@ -2499,21 +2539,21 @@ static int fused_span(Buf bytes, Record *record)
     SpanAttributes attributes = {{NONE, NONE, NONE}, 0, 0, NULL};
     while (status == OK && next_field(&all, &f) == 1)
         if (f.number == 9)
-            status = span_attribute(f.bytes, columns, &attributes, record->scanning);
+            status = span_attribute(st, f.bytes, columns, &attributes, record->scanning);
     if (status == OK && record->scanning != NULL && record->scanning->found)
         status = UNUSUAL; /* a text without a column holds what redaction looks for */
     if (status != OK)
         goto done;
     status = ERROR; /* from here on, only a failing write stops the row */
-    for (Py_ssize_t i = 0; i < rows.promoted_count; i++)
+    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
         if (!(attributes.written & (1ULL << i))
-            && column_append(&c[rows.promoted[i].column], row, Py_None) < 0)
+            && column_append(&c[st->rows.promoted[i].column], row, Py_None) < 0)
             goto done;
-    for (Py_ssize_t i = 0; i < rows.resource_count; i++) {
+    for (Py_ssize_t i = 0; i < st->rows.resource_count; i++) {
         const Resource *resource = record->resource;
-        Column *column = &c[rows.resource[i].column];
+        Column *column = &c[st->rows.resource[i].column];
         if (resource->present & (1ULL << i)
-                ? value_written(column, row, rows.resource[i].kind, &resource->value[i],
+                ? value_written(column, row, st->rows.resource[i].kind, &resource->value[i],
                                 resource->items[i]) < 0
                 : column_append(column, row, Py_None) < 0)
             goto done;
@@ -2522,42 +2562,42 @@ static int fused_span(Buf bytes, Record *record)
                  : attributes.role[1].p != attributes.role[1].end ? &attributes.role[1]
                                                                   : NULL;
     Buf episode = attributes.role[2];
-    PyObject *json = json_or_none(attributes.kept,
+    PyObject *json = json_or_none(st, attributes.kept,
                                   attributes.kept ? PyDict_GET_SIZE(attributes.kept) : 0);
     if (json == NULL)
         goto done;
-    int failed = column_append(&c[rows.index[C_ATTRIBUTES]], row, json);
+    int failed = column_append(&c[st->rows.index[C_ATTRIBUTES]], row, json);
     Py_DECREF(json);
     if (failed < 0
-        || column_append(&c[rows.index[C_REWARDS]], row, Py_None) < 0
-        || (model ? col_bytes(&c[rows.index[C_MODEL]], row, model->p, model->end - model->p)
-                  : column_append(&c[rows.index[C_MODEL]], row, Py_None)) < 0
+        || column_append(&c[st->rows.index[C_REWARDS]], row, Py_None) < 0
+        || (model ? col_bytes(&c[st->rows.index[C_MODEL]], row, model->p, model->end - model->p)
+                  : column_append(&c[st->rows.index[C_MODEL]], row, Py_None)) < 0
         || (episode.p != episode.end
-                ? col_bytes(&c[rows.index[C_EPISODE]], row, episode.p, episode.end - episode.p)
-                : col_hex(&c[rows.index[C_EPISODE]], row, trace)) < 0
-        || col_hex(&c[rows.index[C_TRACE]], row, trace) < 0
-        || col_hex(&c[rows.index[C_SPAN]], row, span_id) < 0
-        || (parent.p != parent.end ? col_hex(&c[rows.index[C_PARENT]], row, parent)
-                                   : column_append(&c[rows.index[C_PARENT]], row, Py_None)) < 0
-        || col_bytes(&c[rows.index[C_NAME]], row, name.p, name.end - name.p) < 0
-        || column_append(&c[rows.index[C_KIND]], row, cfg.kinds[kind]) < 0
-        || col_int(&c[rows.index[C_START]], row, (int64_t)start) < 0
-        || col_int(&c[rows.index[C_END]], row, (int64_t)end) < 0
-        || column_append(&c[rows.index[C_STATUS]], row, cfg.statuses[code]) < 0
-        || col_bytes(&c[rows.index[C_MESSAGE]], row, message.p, message.end - message.p) < 0
-        || column_append(&c[rows.index[C_RESOURCE]], row, record->resource->json) < 0
-        || col_bytes(&c[rows.index[C_SCOPE_NAME]], row, record->scope_name.p,
+                ? col_bytes(&c[st->rows.index[C_EPISODE]], row, episode.p, episode.end - episode.p)
+                : col_hex(&c[st->rows.index[C_EPISODE]], row, trace)) < 0
+        || col_hex(&c[st->rows.index[C_TRACE]], row, trace) < 0
+        || col_hex(&c[st->rows.index[C_SPAN]], row, span_id) < 0
+        || (parent.p != parent.end ? col_hex(&c[st->rows.index[C_PARENT]], row, parent)
+                                   : column_append(&c[st->rows.index[C_PARENT]], row, Py_None)) < 0
+        || col_bytes(&c[st->rows.index[C_NAME]], row, name.p, name.end - name.p) < 0
+        || column_append(&c[st->rows.index[C_KIND]], row, KIND_NAMES[kind]) < 0
+        || col_int(&c[st->rows.index[C_START]], row, (int64_t)start) < 0
+        || col_int(&c[st->rows.index[C_END]], row, (int64_t)end) < 0
+        || column_append(&c[st->rows.index[C_STATUS]], row, STATUS_NAMES[code]) < 0
+        || col_bytes(&c[st->rows.index[C_MESSAGE]], row, message.p, message.end - message.p) < 0
+        || column_append(&c[st->rows.index[C_RESOURCE]], row, record->resource->json) < 0
+        || col_bytes(&c[st->rows.index[C_SCOPE_NAME]], row, record->scope_name.p,
                      record->scope_name.end - record->scope_name.p) < 0
-        || col_bytes(&c[rows.index[C_SCOPE_VERSION]], row, record->scope_version.p,
+        || col_bytes(&c[st->rows.index[C_SCOPE_VERSION]], row, record->scope_version.p,
                      record->scope_version.end - record->scope_version.p) < 0
-        || column_append(&c[rows.index[C_EVENTS]], row, Py_None) < 0
-        || column_append(&c[rows.index[C_LINKS]], row, Py_None) < 0
-        || col_bytes(&c[rows.index[C_TOPIC]], row, record->topic.p,
+        || column_append(&c[st->rows.index[C_EVENTS]], row, Py_None) < 0
+        || column_append(&c[st->rows.index[C_LINKS]], row, Py_None) < 0
+        || col_bytes(&c[st->rows.index[C_TOPIC]], row, record->topic.p,
                      record->topic.end - record->topic.p) < 0
-        || col_int(&c[rows.index[C_PARTITION]], row, record->partition) < 0
-        || col_int(&c[rows.index[C_OFFSET]], row, record->offset) < 0
-        || col_int(&c[rows.index[C_INDEX]], row, record->spans) < 0
-        || col_int(&c[rows.index[C_TIMESTAMP]], row, record->timestamp) < 0)
+        || col_int(&c[st->rows.index[C_PARTITION]], row, record->partition) < 0
+        || col_int(&c[st->rows.index[C_OFFSET]], row, record->offset) < 0
+        || col_int(&c[st->rows.index[C_INDEX]], row, record->spans) < 0
+        || col_int(&c[st->rows.index[C_TIMESTAMP]], row, record->timestamp) < 0)
         goto done;
     columns->rows++;
     record->spans++;
@@ -2567,7 +2607,7 @@ done:
     return status;
 }
 
-static int fused_scope_spans(Buf bytes, Record *record)
+static int fused_scope_spans(Decoder *st, Buf bytes, Record *record)
 {
     Buf header, rest = bytes;
     Field f = {0};
@@ -2580,24 +2620,24 @@ static int fused_scope_spans(Buf bytes, Record *record)
         status = UNUSUAL;
     while (status == OK && (more = next_field(&rest, &f)) == 1)
         if (f.number == SCOPE_SPANS.items)
-            status = fused_span(f.bytes, record);
+            status = fused_span(st, f.bytes, record);
     return status;
 }
 
-static int fused_resource_spans(Buf bytes, Record *record)
+static int fused_resource_spans(Decoder *st, Buf bytes, Record *record)
 {
     Buf header, rest = bytes;
     Field f = {0};
     Resource resource;
     int status = find_header(bytes, &RESOURCE_SPANS, &header), more;
-    if (status != OK || (status = resource_of(header, &resource, record->scanning)) != OK)
+    if (status != OK || (status = resource_of(st, header, &resource, record->scanning)) != OK)
         return status;
     if (record->scanning != NULL && record->scanning->found)
         status = UNUSUAL;
     record->resource = &resource;
     while (status == OK && (more = next_field(&rest, &f)) == 1)
         if (f.number == RESOURCE_SPANS.items)
-            status = fused_scope_spans(f.bytes, record);
+            status = fused_scope_spans(st, f.bytes, record);
     record->resource = NULL;
     Py_DECREF(resource.json);
     return status;
@@ -2614,18 +2654,18 @@ static int int64_arg(PyObject *value, int64_t *out)
 
 /* append_record(hours, make, payload, gates, digits, fallback, keeps, topic, partition,
  *               offset, timestamp_ms) -> int | None */
-static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *append_record(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
     Field f = {0};
     Scan scan_state;
     Record record = {0};
     int more = 0, status = OK, found = 0;
-    if (!rows.ready || cfg.parts_type == NULL) {
+    if (!st->rows.ready || st->cfg.parts_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "configure() and configure_rows() were not called");
         return NULL;
     }
-    if (!rows.fused) /* the store's columns are not laid out as it writes them */
+    if (!st->rows.fused) /* the store's columns are not laid out as it writes them */
         Py_RETURN_NONE;
     if (nargs != 11 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1])
         || (args[6] != Py_None && !PyCallable_Check(args[6])) || !PyUnicode_Check(args[7])) {
@@ -2642,7 +2682,7 @@ static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize
     }
     Py_ssize_t topic_size;
     const char *topic = PyUnicode_AsUTF8AndSize(args[7], &topic_size);
-    if (topic == NULL || fused_classes(args[5], args[6]) < 0
+    if (topic == NULL || fused_classes(st, args[5], args[6]) < 0
         || int64_arg(args[8], &record.partition) < 0 || int64_arg(args[9], &record.offset) < 0
         || int64_arg(args[10], &record.timestamp) < 0)
         return NULL;
@@ -2658,7 +2698,7 @@ static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize
             break;
         }
         found = 1;
-        status = fused_resource_spans(f.bytes, &record);
+        status = fused_resource_spans(st, f.bytes, &record);
     }
     if (status == OK && (more < 0 || !found))
         status = UNUSUAL;
@@ -2673,10 +2713,10 @@ static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize
     return PyLong_FromSsize_t(record.spans);
 }
 
-/* cfg.slot from the parts type's member descriptors, where the type says its
+/* st->cfg.slot from the parts type's member descriptors, where the type says its
  * __init__ only stores its arguments (configure's fill_slots) and itself defines
  * each field as a plain, writable object slot; otherwise the type is called. */
-static void find_slots(PyObject *type)
+static void find_slots(Decoder *st, PyObject *type)
 {
     if (!PyType_Check(type) || !PyType_HasFeature((PyTypeObject *)type, Py_TPFLAGS_HEAPTYPE))
         return;
@@ -2690,16 +2730,16 @@ static void find_slots(PyObject *type)
         if (plain) {
             PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
             plain = member->type == T_OBJECT_EX && !(member->flags & READONLY);
-            cfg.slot[i] = member->offset;
+            st->cfg.slot[i] = member->offset;
         }
         Py_DECREF(descr);
         if (!plain)
             return;
     }
-    cfg.slots_known = 1;
+    st->cfg.slots_known = 1;
 }
 
-static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *configure(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4 && nargs != 5) {
         PyErr_SetString(PyExc_TypeError,
@@ -2716,17 +2756,17 @@ static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t n
         if (limits[i] == -1 && PyErr_Occurred())
             return NULL;
     }
-    Py_XSETREF(cfg.parts_type, Py_NewRef(args[0]));
-    cfg.slots_known = 0;
+    Py_XSETREF(st->cfg.parts_type, Py_NewRef(args[0]));
+    st->cfg.slots_known = 0;
     if (fill)
-        find_slots(args[0]);
-    cfg.max_name_chars = limits[0];
-    cfg.max_key_chars = limits[1];
-    cfg.max_value_bytes = limits[2];
+        find_slots(st, args[0]);
+    st->cfg.max_name_chars = limits[0];
+    st->cfg.max_key_chars = limits[1];
+    st->cfg.max_value_bytes = limits[2];
     Py_RETURN_NONE;
 }
 
-static PyMethodDef methods[] = {
+static PyMethodDef decoder_methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(payload) -> list[SpanParts] | None: an OTLP trace export's spans, or None "
      "when the authority must decide.\n"
@@ -2756,8 +2796,43 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    if (PyTuple_GET_SIZE(args) != 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Decoder() takes no arguments: configure() and configure_rows() it");
+        return NULL;
+    }
+    Decoder *st = (Decoder *)type->tp_alloc(type, 0); /* zeroed */
+    if (st == NULL)
+        return NULL;
+    st->fused.generation = 1;
+    return (PyObject *)st;
+}
+
+static void decoder_dealloc(Decoder *st)
+{
+    clear_rows(st);
+    Py_XDECREF(st->cfg.parts_type);
+    for (int i = 0; i < KEY_SLOTS; i++)
+        Py_XDECREF(st->key_cache[i].key);
+    Py_TYPE(st)->tp_free((PyObject *)st);
+}
+
+static PyTypeObject DecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "spanmill._native.Decoder",
+    .tp_basicsize = sizeof(Decoder),
+    .tp_dealloc = (destructor)decoder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The collector's native decoder and row builder: its settings (configure(), "
+              "configure_rows()), its key cache and its Columns belong to it alone.",
+    .tp_methods = decoder_methods,
+    .tp_new = decoder_new,
+};
+
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_native", "The collector's hot paths, natively.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_native", "The collector's hot paths, natively.", -1, NULL,
     NULL, NULL, NULL, NULL,
 };
 
@@ -2767,12 +2842,20 @@ PyMODINIT_FUNC PyInit__native(void)
                                    "client",   "producer", "consumer"};
     static const char *statuses[3] = {"unset", "ok", "error"};
     for (int i = 0; i < 6; i++)
-        if ((cfg.kinds[i] = PyUnicode_InternFromString(kinds[i])) == NULL)
+        if (KIND_NAMES[i] == NULL && (KIND_NAMES[i] = PyUnicode_InternFromString(kinds[i])) == NULL)
             return NULL;
     for (int i = 0; i < 3; i++)
-        if ((cfg.statuses[i] = PyUnicode_InternFromString(statuses[i])) == NULL)
+        if (STATUS_NAMES[i] == NULL
+            && (STATUS_NAMES[i] = PyUnicode_InternFromString(statuses[i])) == NULL)
             return NULL;
-    if (PyType_Ready(&ColumnsType) < 0)
+    if (PyType_Ready(&ColumnsType) < 0 || PyType_Ready(&DecoderType) < 0)
         return NULL;
-    return PyModule_Create(&module_def);
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddType(module, &DecoderType) < 0 || PyModule_AddType(module, &ColumnsType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

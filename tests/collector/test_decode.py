@@ -15,11 +15,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from spanmill import semconv as sc
 from spanmill.collector import decode
-from spanmill.collector.decode import decode_record, decode_spans
+from spanmill.collector.decode import decode_spans
 from spanmill.collector.receiver import varint
 from spanmill.collector.redact import Redactor
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
-from spanmill.store.rows import SpanParts
+from spanmill.store.rows import SpanParts, native_decoder
 
 MAX = 1024 * 1024
 hex_id = st.integers(min_value=1, max_value=2**64 - 1).map(lambda n: f"{n:016x}")
@@ -94,11 +94,14 @@ def authority(payload: bytes, content_type: str | None = None) -> list[SpanParts
 PREFILTER = Redactor().prefilter
 
 
+DECODER = native_decoder()
+
+
 def native_path(payload: bytes) -> list[SpanParts] | None:
-    assert decode.NATIVE_FAST_PATH is not None, (
+    assert DECODER is not None, (
         "the C extension spanmill._native is not built: reinstall with a C compiler"
     )
-    spans: list[SpanParts] | None = decode.NATIVE_FAST_PATH(payload)
+    spans: list[SpanParts] | None = DECODER.decode(payload)
     return spans
 
 
@@ -114,12 +117,12 @@ def test_fast_path_matches_the_authority(batch: list[Span]) -> None:
     got = native_path(payload)
     assert got is not None, "the native path deferred a plain export"
     assert exact(got) == expected
-    assert exact(decode_spans(payload, None, MAX).spans) == expected
-    assert exact(decode_spans(payload, None, MAX, PREFILTER).spans) == expected
-    labelled = decode_record(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF, MAX)
+    assert exact(decode_spans(payload, None, MAX, decoder=DECODER).spans) == expected
+    assert exact(decode_spans(payload, None, MAX, PREFILTER, decoder=DECODER).spans) == expected
+    labelled = decode_spans(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF, MAX, decoder=DECODER).spans
     assert exact(labelled) == expected
     assert [p.to_span() for p in labelled] == batch
-    oracle = decode_spans(payload, None, MAX, PREFILTER, native_path=False)
+    oracle = decode_spans(payload, None, MAX, PREFILTER)
     assert exact(oracle.spans) == expected and oracle.may_match
 
 
@@ -184,7 +187,7 @@ def test_long_arrays_match_the_authority(
         raise AssertionError("the fast path deferred a plain array to the authority")
 
     monkeypatch.setattr("spanmill.collector.decode.detect_and_decode", no_fallback)
-    got = decode_record(payload, None, MAX)
+    got = decode_spans(payload, None, MAX, decoder=DECODER).spans
     assert exact(got) == exact(expected)
     assert got[0].attributes["array"] == values
 
@@ -252,7 +255,7 @@ def _empty(pb: Any) -> None:
 def test_unusual_values_defer_to_the_authority(mutate: Any) -> None:
     payload = _request(mutate)
     assert native_path(payload) is None
-    got = decode_spans(payload, None, MAX)
+    got = decode_spans(payload, None, MAX, decoder=DECODER)
     assert exact(got.spans) == exact(authority(payload))
 
 
@@ -288,7 +291,7 @@ def test_invalid_spans_get_the_authoritys_error(mutate: Any) -> None:
     with pytest.raises(SpanDecodeError) as expected:
         detect_and_decode(payload)
     with pytest.raises(SpanDecodeError) as got:
-        decode_record(payload, None, MAX)
+        decode_spans(payload, None, MAX, decoder=DECODER)
     assert (got.value.reason, got.value.detail) == (expected.value.reason, expected.value.detail)
 
 
@@ -342,7 +345,7 @@ def test_wire_forms_the_parser_accepts() -> None:
         expected = exact(authority(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF))
         got = native_path(payload)
         assert got is None or exact(got) == expected
-        assert exact(decode_record(payload, None, MAX)) == expected
+        assert exact(decode_spans(payload, None, MAX, decoder=DECODER).spans) == expected
 
 
 @pytest.mark.parametrize("field", ["trace_state", "schema_url"])
@@ -362,7 +365,7 @@ def test_a_text_field_not_kept_must_still_be_utf8(field: str) -> None:
         detect_and_decode(payload)
     assert native_path(payload) is None
     with pytest.raises(SpanDecodeError) as got:
-        decode_record(payload, None, MAX)
+        decode_spans(payload, None, MAX, decoder=DECODER)
     assert got.value.reason == expected.value.reason
 
 
@@ -374,9 +377,8 @@ def test_json_that_starts_like_protobuf_is_read_as_json(lead: bytes) -> None:
 
     span = _span({"note": "hello", "n": 3})
     for payload in (lead + encode_otlp_json([span]), lead + encode_span(span)):
-        assert decode.NATIVE_FAST_PATH is not None
-        assert decode.NATIVE_FAST_PATH(payload) is None
-        got = decode_spans(payload, None, MAX, PREFILTER)
+        assert native_path(payload) is None
+        got = decode_spans(payload, None, MAX, PREFILTER, decoder=DECODER)
         assert got.may_match
         assert [p.to_span() for p in got.spans] == [span]
 
@@ -390,7 +392,7 @@ def test_an_overlong_tag_is_left_to_the_parser() -> None:
     with pytest.raises(SpanDecodeError):
         detect_and_decode(overlong, sc.CONTENT_TYPE_OTLP_PROTOBUF)
     with pytest.raises(SpanDecodeError):
-        decode_record(overlong, None, MAX)
+        decode_spans(overlong, None, MAX, decoder=DECODER)
 
 
 def test_concurrent_decodes_keep_their_own_scan() -> None:
@@ -409,7 +411,7 @@ def test_concurrent_decodes_keep_their_own_scan() -> None:
     def work(first: bytes, second: bytes, expected: tuple[bool, bool]) -> None:
         for _ in range(1500):
             for payload, want in zip((first, second), expected, strict=True):
-                got = decode_spans(payload, None, MAX, PREFILTER)
+                got = decode_spans(payload, None, MAX, PREFILTER, decoder=DECODER)
                 if got.may_match != want:
                     wrong.append(f"{want} expected")
                 decode_native(payload)  # a plain decode in between: it scans nothing
@@ -433,14 +435,14 @@ def test_concurrent_decodes_keep_their_own_scan() -> None:
 
 def test_parts_made_slot_by_slot_equal_parts_made_by_their_constructor() -> None:
     from spanmill import native
-    from spanmill.collector.decode import (
+    from spanmill.spans.record import (
         MAX_ATTRIBUTE_KEY_CHARS,
         MAX_ATTRIBUTE_VALUE_BYTES,
         MAX_NAME_CHARS,
     )
 
     module = native.module
-    assert module is not None
+    assert module is not None and DECODER is not None
 
     class Parts(SpanParts):
         """A subclass with a slot of its own: not made slot by slot, called instead."""
@@ -461,16 +463,16 @@ def test_parts_made_slot_by_slot_equal_parts_made_by_their_constructor() -> None
         resource_attributes={sc.SERVICE_NAME: "agent"},
     )
     payload = encode_otlp_protobuf([span])
-    direct = module.decode(payload)
+    direct = DECODER.decode(payload)
     assert type(direct[0]) is SpanParts
     limits = (MAX_NAME_CHARS, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES)
-    try:
-        # Even said to, a type whose slots are not all its own is called.
-        module.configure(Parts, *limits, True)
-        called = module.decode(payload)
-        module.configure(SpanParts, *limits, False)
-        plain = module.decode(payload)
-    finally:
-        module.configure(SpanParts, *limits, True)
+    # Even said to, a type whose slots are not all its own is called.
+    by_init, by_constructor = module.Decoder(), module.Decoder()
+    by_init.configure(Parts, *limits, True)
+    by_constructor.configure(SpanParts, *limits, False)
+    called = by_init.decode(payload)
+    plain = by_constructor.decode(payload)
     assert type(called[0]) is Parts and called[0].made_by_init
+    # Each decoder keeps its own settings: the shared one still makes SpanParts.
+    assert type(DECODER.decode(payload)[0]) is SpanParts
     assert exact(direct) == exact(called) == exact(plain) == exact([SpanParts.from_span(span)])

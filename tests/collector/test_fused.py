@@ -188,7 +188,8 @@ def _append(hourly: HourlyColumns, payload: bytes, fallback: frozenset[str] = fr
         processor = BatchProcessor(ProcessingConfig(store_url=store))
     assert processor._fused is not None
     _, gates, digits, _, _ = processor._fused
-    return native.module.append_record(
+    assert hourly.decoder is not None
+    return hourly.decoder.append_record(
         hourly.native_hours, hourly.native_columns, payload, gates, digits, fallback, None,
         "spans", 0, 7, 1_750_000_000_000,
     )  # fmt: skip

@@ -8,10 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spanmill.collector.decode import NATIVE_FAST_PATH, decode_spans
+from spanmill.collector.decode import decode_spans
 from spanmill.collector.redact import Redactor, luhn_valid
 from spanmill.spans import Span, encode_otlp_protobuf
-from spanmill.store.rows import SpanParts
+from spanmill.store.rows import SpanParts, native_decoder
+
+DECODER = native_decoder()
 
 
 def parts(**attributes: object) -> SpanParts:
@@ -137,10 +139,10 @@ def test_luhn() -> None:
 
 
 def may_match(redactor: Redactor, payload: bytes) -> bool:
-    assert NATIVE_FAST_PATH is not None and NATIVE_FAST_PATH(payload) is not None, (
+    assert DECODER is not None and DECODER.decode(payload) is not None, (
         "the native path must read this payload for its scan to count"
     )
-    return decode_spans(payload, None, 1 << 20, redactor.prefilter).may_match
+    return decode_spans(payload, None, 1 << 20, redactor.prefilter, decoder=DECODER).may_match
 
 
 def _payload(text: str, where: str) -> bytes:

@@ -63,7 +63,8 @@ def parts(draw: Any) -> SpanParts:
 
 
 def test_the_native_appender_is_in_use() -> None:
-    assert rows._native_append is not None, "the C extension spanmill._native is not built"
+    assert rows.NATIVE_ROWS, "the C extension spanmill._native is not built"
+    assert ColumnBuilder().native_columns is not None
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -182,3 +183,60 @@ def test_attributes_that_all_have_columns_leave_an_empty_dict_and_no_json() -> N
     table = native.to_table()
     assert table.column("attributes").to_pylist() == [None, '{"server.port":8000}']
     assert table.column("input_tokens").to_pylist() == [12, 12]
+
+
+# -- each decoder owns its state --------------------------------------------------------
+
+
+def _parts(name: str = "chat") -> SpanParts:
+    return SpanParts(
+        "1" * 32, "2" * 16, None, name, "internal", 1, 2, "unset", None,
+        {"n": 1}, {sc.SERVICE_NAME: "agent"}, "scope", None, [], [],
+    )  # fmt: skip
+
+
+def test_columns_belong_to_the_decoder_that_made_them() -> None:
+    first, second = rows.native_decoder(), rows.native_decoder()
+    assert first is not None and second is not None
+    mine = first.columns()
+    first.append_row(mine, _parts(), "spans", 0, 1, 0, 0)
+    assert mine.rows == 1
+    # Another decoder's columns, even laid out the same, are refused, and stay as they were.
+    with pytest.raises(TypeError, match="this decoder's columns"):
+        second.append_row(mine, _parts(), "spans", 0, 2, 0, 0)
+    assert mine.rows == 1
+    from spanmill.spans import Span, encode_otlp_protobuf
+
+    payload = encode_otlp_protobuf([Span(
+        trace_id="1" * 32, span_id="2" * 16, name="chat", start_time_unix_nano=1,
+        end_time_unix_nano=2,
+    )])  # fmt: skip
+    with pytest.raises(TypeError, match="this decoder's columns"):
+        second.append_record({0: mine}, lambda hour: mine, payload, None, 0, (), None,
+                             "spans", 0, 3, 0)  # fmt: skip
+    assert mine.rows == 1
+    # Configured again, a decoder refuses the columns it made before.
+    first.configure_rows(*rows._rows_settings())
+    with pytest.raises(TypeError, match="since its last configure_rows"):
+        first.append_row(mine, _parts(), "spans", 0, 4, 0, 0)
+    first.append_row(first.columns(), _parts(), "spans", 0, 4, 0, 0)
+
+
+def test_decoders_keep_their_own_settings() -> None:
+    from spanmill.spans import Span, encode_otlp_protobuf
+
+    module = rows.native.module
+    assert module is not None
+    with pytest.raises(TypeError, match="no arguments"):
+        module.Decoder(SpanParts)
+    strict, usual = module.Decoder(), rows.native_decoder()
+    strict.configure(SpanParts, 4, 64, 1024, True)  # names of at most 4 characters
+    payload = encode_otlp_protobuf([Span(
+        trace_id="1" * 32, span_id="2" * 16, name="a longer name", start_time_unix_nano=1,
+        end_time_unix_nano=2,
+    )])  # fmt: skip
+    # The strict decoder leaves the long name to the authority; the usual one reads it,
+    # before and after the strict one was set up and used.
+    assert strict.decode(payload) is None
+    assert usual is not None and usual.decode(payload)[0].name == "a longer name"
+    assert strict.decode(payload) is None

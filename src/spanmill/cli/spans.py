@@ -59,7 +59,7 @@ def tail(
     from kafka.errors import KafkaError
 
     from spanmill import semconv as sc
-    from spanmill.collector.decode import decode_record
+    from spanmill.collector.decode import decode_spans
     from spanmill.spans import SpanDecodeError
 
     settings = load_settings(CollectorSettings)
@@ -93,11 +93,11 @@ def tail(
                         continue
                     content_type = headers.get(sc.CONTENT_TYPE_HEADER)
                     try:
-                        spans = decode_record(
+                        spans = decode_spans(
                             record.value or b"",
                             content_type.decode(errors="replace") if content_type else None,
                             settings.kafka.max_message_bytes,
-                        )
+                        ).spans
                     except SpanDecodeError as exc:
                         console.print(f"{where} [red]✗ {exc.reason}[/] {_short(exc.detail, 120)}")
                         shown += 1

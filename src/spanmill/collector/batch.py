@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any, Protocol
 
-from spanmill import native
 from spanmill.collector.decode import decode_spans, native_may_read
 from spanmill.collector.redact import Redactor
 from spanmill.collector.translate import Translation
@@ -34,7 +33,7 @@ from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings
 from spanmill.spans.errors import SpanDecodeError
 from spanmill.store.layout import BatchId
-from spanmill.store.rows import NATIVE_ROWS, HourlyColumns, SpanParts, check_storable
+from spanmill.store.rows import HourlyColumns, SpanParts, check_storable, native_decoder
 from spanmill.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -125,7 +124,9 @@ class BatchProcessor:
             config.attributes_deny,
         )
         self.translation = Translation(config.conventions)
-        self._fused = self._fused_arguments() if fused and native else None
+        # The native decoder this processor owns (its settings, key cache and columns).
+        self.decoder = native_decoder() if native else None
+        self._fused = self._fused_arguments() if fused else None
 
     def _fused_arguments(self) -> tuple[Any, Any, int, frozenset[str], Any] | None:
         """``append_record`` and what it needs to know of redaction and translation.
@@ -135,15 +136,15 @@ class BatchProcessor:
         drop or that translation looks for. It is not used where a pattern has nothing
         to scan for.
         """
-        module, redactor = native.module, self.redactor
-        if module is None or not NATIVE_ROWS:
+        decoder, redactor = self.decoder, self.redactor
+        if decoder is None:
             return None
         prefilter = redactor.prefilter
         if prefilter is None and redactor.rules:
             return None
         gates, digits = prefilter if prefilter is not None else (None, 0)
         keeps = redactor.keeps if redactor.filters_keys else None
-        return module.append_record, gates, digits, self.translation.signature, keeps
+        return decoder.append_record, gates, digits, self.translation.signature, keeps
 
     def spans_of(
         self,
@@ -158,7 +159,7 @@ class BatchProcessor:
             content_type,
             self.config.max_message_bytes,
             self.redactor.prefilter,
-            native_path=self.native,
+            decoder=self.decoder,
         )
         for index, parts in enumerate(spans):
             check_storable(parts, index)
@@ -176,7 +177,7 @@ class BatchProcessor:
     def _process(self, job: BatchJob) -> BatchOutcome:
         started = time.perf_counter()
         batch = job.batch
-        hourly = HourlyColumns(native=self.native)
+        hourly = HourlyColumns(native=False, decoder=self.decoder)
         dead: list[tuple[int, str, str]] = []
         redactions: dict[str, int] = {}
         translations: dict[str, int] = {}

@@ -18,13 +18,11 @@ There is one fast path, and the authority is both the fallback and the tests' or
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from spanmill import native
 from spanmill.collector.redact import Prefilter
 from spanmill.spans import SpanFormat, detect_and_decode, format_from_content_type
-from spanmill.spans.record import MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES, MAX_NAME_CHARS
 from spanmill.store.rows import SpanParts
 
 
@@ -33,13 +31,7 @@ def _looks_like_json(payload: bytes) -> bool:
     return start[:1] in (b"{", b"[") or start.startswith(b"\xef\xbb\xbf")
 
 
-if native.module is not None:
-    # SpanParts.__init__ only stores its arguments: instances are made slot by slot.
-    native.module.configure(
-        SpanParts, MAX_NAME_CHARS, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES, True
-    )
-NATIVE_FAST_PATH: Final[Callable[..., Any] | None] = native.module.decode if native.module else None
-FAST_PATH: Final = "native" if NATIVE_FAST_PATH is not None else "authority only"
+FAST_PATH: Final = "native" if native.module is not None else "authority only"
 
 
 class Decoded(NamedTuple):
@@ -59,15 +51,15 @@ def decode_spans(
     max_bytes: int,
     prefilter: Prefilter | None = None,
     *,
-    native_path: bool = True,
+    decoder: Any = None,
 ) -> Decoded:
     """The spans of one record's value; raises SpanDecodeError with the reason it is refused.
 
     ``prefilter``: the gates and digit run of :attr:`Redactor.prefilter`, to scan for.
-    ``native_path``: False sends every record to the authority (the oracle the
-    native path is held to).
+    ``decoder``: the native decoder to try first (:func:`spanmill.store.rows.native_decoder`);
+    None sends every record to the authority (the oracle the native path is held to).
     """
-    fast = NATIVE_FAST_PATH if native_path else None
+    fast = decoder.decode if decoder is not None else None
     if fast is not None and native_may_read(payload, content_type, max_bytes):
         if prefilter is not None:
             scanned = fast(payload, *prefilter)
@@ -98,12 +90,7 @@ def _fast_path_may_read(payload: bytes, content_type: str | None) -> bool:
 def native_may_read(payload: bytes, content_type: str | None, max_bytes: int) -> bool:
     """Whether the native decoder may read this record's value (it then reads or defers)."""
     return (
-        NATIVE_FAST_PATH is not None
+        native.module is not None
         and 0 < len(payload) <= max_bytes
         and _fast_path_may_read(payload, content_type)
     )
-
-
-def decode_record(payload: bytes, content_type: str | None, max_bytes: int) -> list[SpanParts]:
-    """The spans of one record's value; raises SpanDecodeError with the reason it is refused."""
-    return decode_spans(payload, content_type, max_bytes).spans

@@ -19,6 +19,11 @@ from spanmill import semconv as sc
 from spanmill.rewards import rewards_of
 from spanmill.spans import Span
 from spanmill.spans.errors import SCHEMA, SpanDecodeError
+from spanmill.spans.record import (
+    MAX_ATTRIBUTE_KEY_CHARS,
+    MAX_ATTRIBUTE_VALUE_BYTES,
+    MAX_NAME_CHARS,
+)
 from spanmill.store.layout import hour_key
 from spanmill.store.schema import PROMOTED, PROMOTED_RESOURCE, SPAN_SCHEMA, Promoted
 
@@ -174,8 +179,11 @@ class ColumnBuilder:
     buffers; otherwise into a list per column (:attr:`columns`), converted at the end.
     """
 
-    def __init__(self, *, native: bool = True) -> None:
-        self._native = _native_columns() if native else None
+    def __init__(self, *, native: bool = True, decoder: Any = None) -> None:
+        if decoder is None and native:
+            decoder = native_decoder()
+        self._decoder = decoder
+        self._native = decoder.columns() if decoder is not None else None
         self.columns: dict[str, list[Any]] = (
             {name: [] for name in SPAN_SCHEMA.names} if self._native is None else {}
         )
@@ -204,7 +212,9 @@ class ColumnBuilder:
     ) -> None:
         """Add one span's row; ``parts.attributes`` loses the attributes moved to columns."""
         if self._native is not None:
-            _native_append(self._native, parts, topic, partition, offset, index, timestamp_ms)
+            self._decoder.append_row(
+                self._native, parts, topic, partition, offset, index, timestamp_ms
+            )
         else:
             self.append_python(parts, topic, partition, offset, index, timestamp_ms)
 
@@ -340,10 +350,23 @@ def _column_kind(kind: pa.DataType) -> int:
     return 7
 
 
-def _configure_native() -> Any:
+def native_decoder() -> Any:
+    """A new native decoder, set up for SpanParts and the store's schema; None without the
+    C extension. It owns its settings, key cache and columns: one per batch processor."""
     if native.module is None:
         return None
-    native.module.configure_rows(
+    decoder = native.module.Decoder()
+    # SpanParts.__init__ only stores its arguments: instances are made slot by slot.
+    decoder.configure(
+        SpanParts, MAX_NAME_CHARS, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES, True
+    )
+    decoder.configure_rows(*_rows_settings())
+    return decoder
+
+
+def _rows_settings() -> tuple[Any, ...]:
+    """configure_rows' arguments: the store schema's columns, kinds and promoted keys."""
+    return (
         tuple(SPAN_SCHEMA.names),
         tuple((p.key, p.column, _KIND_CODES[p.kind]) for p in PROMOTED),
         tuple((p.key, p.column, _KIND_CODES[p.kind]) for p in PROMOTED_RESOURCE),
@@ -359,25 +382,22 @@ def _configure_native() -> Any:
         _JSON.encode,
         tuple(_column_kind(field.type) for field in SPAN_SCHEMA),
     )
-    return native.module.append_row
 
 
-def _native_columns() -> Any:
-    module = native.module
-    return module.columns() if module is not None and _native_append is not None else None
-
-
-# ColumnBuilder.append in C, where the package has its extension.
-_native_append = _configure_native()
-# Whether ColumnBuilder's rows go to native columns (HourlyColumns.native_hours).
-NATIVE_ROWS: Final = _native_append is not None
+# Whether rows can go to native columns (the package has its C extension).
+NATIVE_ROWS: Final = native.module is not None
 
 
 class HourlyColumns:
     """Rows split by the hour of their span's start time: one table per hour folder."""
 
-    def __init__(self, *, native: bool = True) -> None:
-        self.native = native
+    def __init__(self, *, native: bool = True, decoder: Any = None) -> None:
+        """``decoder``: the native decoder whose columns the rows go to (made here where
+        ``native`` and none is given); the collector's fused decoder must be the same."""
+        if decoder is None and native:
+            decoder = native_decoder()
+        self.native = decoder is not None
+        self.decoder = decoder
         self.hours: dict[int, ColumnBuilder] = {}
         # Each hour's native columns, for the collector's fused decoder (which adds rows
         # itself, and counts them into ``rows``).
@@ -388,7 +408,7 @@ class HourlyColumns:
         """The hour's builder, made if new."""
         builder = self.hours.get(hour)
         if builder is None:
-            builder = self.hours[hour] = ColumnBuilder(native=self.native)
+            builder = self.hours[hour] = ColumnBuilder(native=False, decoder=self.decoder)
             if builder.native_columns is not None:
                 self.native_hours[hour] = builder.native_columns
         return builder
