@@ -4,8 +4,12 @@ Any OpenTelemetry-instrumented service can send spans here with its standard
 OTLP/HTTP exporter (protobuf or JSON, gzip or not), without Kafka client code.
 Each request is decoded and validated in full, then split by trace: every trace
 becomes one OTLP protobuf message keyed by its trace id, so one trace stays on
-one partition, in order. The reply waits until Kafka has acknowledged every
-message, so a 200 means the spans are on the topic.
+one partition, in order. A protobuf request the native decoder reads whole is
+forwarded as it came, its spans' bytes kept and only the framing written again
+(:mod:`spanmill.collector.forward`); any other (JSON, or values the native decoder
+leaves to the authority) is encoded again from its decoded spans. The reply waits
+until Kafka has acknowledged every message, so a 200 means the spans are on the
+topic.
 
 Replies follow the OTLP/HTTP specification: 200 with an empty
 ``ExportTraceServiceResponse``, 400 with a ``google.rpc.Status`` naming what is
@@ -22,18 +26,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from spanmill import feedback
 from spanmill import semconv as sc
 from spanmill import topic as span_topic
+from spanmill.collector import forward
+from spanmill.collector.decode import native_may_read
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.keys import ANONYMOUS
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
+from spanmill.store.rows import native_decoder
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +112,7 @@ class OtlpReceiver:
         self.topic = topic
         self.metrics = metrics
         self.max_bytes = max_bytes
+        self._local = threading.local()
 
     def _reply(self, status: int, body: bytes, as_json: bool, **headers: str) -> Reply:
         self.metrics.receiver_requests.labels(str(status)).inc()
@@ -144,11 +153,7 @@ class OtlpReceiver:
                     ),
                     as_json,
                 )
-            spans = [
-                span.model_copy(update={"resource_attributes": {
-                    **span.resource_attributes, sc.SPANMILL_PRODUCER: producer}})
-                for span in detect_and_decode(body, content_type or None, max_bytes=self.max_bytes)
-            ]  # fmt: skip
+            traces, count = self._traces(body, content_type, producer)
         except SpanDecodeError as exc:
             self.metrics.receiver_spans.labels("rejected").inc()
             return self._reply(
@@ -157,16 +162,16 @@ class OtlpReceiver:
                 as_json,
             )
         records = []
-        for trace_id, trace in split_by_trace(spans).items():
-            payloads, over = span_topic.fit(trace, encode_otlp_protobuf, self.max_bytes)
+        for trace_id, (trace, encode) in traces.items():
+            payloads, over = span_topic.fit(trace, encode, self.max_bytes)
             if over:
-                self.metrics.receiver_spans.labels("rejected").inc(len(spans))
+                self.metrics.receiver_spans.labels("rejected").inc(count)
                 return self._reply(
                     413,
                     status_message(
                         _INVALID_ARGUMENT,
-                        f"span {over[0].span_id} of trace {trace_id} is over {self.max_bytes} "
-                        "bytes once encoded; keep large payloads out of span attributes",
+                        f"a span of trace {trace_id} is over {self.max_bytes} bytes once "
+                        "encoded; keep large payloads out of span attributes",
                         as_json,
                     ),
                     as_json,
@@ -180,15 +185,49 @@ class OtlpReceiver:
                 future.get(timeout=_SEND_TIMEOUT_S)
         except KafkaError as exc:
             log.warning("OTLP export not forwarded to Kafka: %s", exc)
-            self.metrics.receiver_spans.labels("unavailable").inc(len(spans))
+            self.metrics.receiver_spans.labels("unavailable").inc(count)
             return self._reply(
                 503,
                 status_message(_UNAVAILABLE, f"Kafka is unavailable: {exc}", as_json),
                 as_json,
                 **{"Retry-After": "5"},
             )
-        self.metrics.receiver_spans.labels("accepted").inc(len(spans))
+        self.metrics.receiver_spans.labels("accepted").inc(count)
         return self._reply(200, b"{}" if as_json else b"", as_json)
+
+    def _traces(
+        self, body: bytes, content_type: str | None, producer: str
+    ) -> tuple[dict[str, tuple[Sequence[Any], Callable[[Any], bytes]]], int]:
+        """Each trace's spans and how to encode some of them, and how many spans there
+        are; raises SpanDecodeError for a request the collector would refuse."""
+        decoder = self._decoder()
+        if decoder is not None and native_may_read(body, content_type, self.max_bytes):
+            parts = decoder.decode(body)
+            if parts is not None:  # valid, read whole: forwarded as it came
+                try:
+                    wire = forward.split(body, sc.SPANMILL_PRODUCER, producer)
+                except ValueError as exc:  # what the decoder read, framed: not expected
+                    raise SpanDecodeError("bad_protobuf", str(exc)) from None
+                traces: dict[str, tuple[Sequence[Any], Callable[[Any], bytes]]] = {
+                    t: (spans, wire.encode) for t, spans in wire.traces().items()
+                }
+                return traces, len(parts)
+        spans = [
+            span.model_copy(update={"resource_attributes": {
+                **span.resource_attributes, sc.SPANMILL_PRODUCER: producer}})
+            for span in detect_and_decode(body, content_type or None, max_bytes=self.max_bytes)
+        ]  # fmt: skip
+        decoded: dict[str, tuple[Sequence[Any], Callable[[Any], bytes]]] = {
+            t: (trace, encode_otlp_protobuf) for t, trace in split_by_trace(spans).items()
+        }
+        return decoded, len(spans)
+
+    def _decoder(self) -> Any:
+        """This thread's native decoder (requests are answered on several threads)."""
+        decoder = getattr(self._local, "decoder", None)
+        if decoder is None:
+            decoder = self._local.decoder = native_decoder()
+        return decoder
 
     def feedback(self, body: bytes, caller: feedback.Caller) -> Reply:
         """Feedback items as reward spans, answered once Kafka acknowledged each."""
