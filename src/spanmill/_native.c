@@ -1004,8 +1004,8 @@ static int span_lists(const Field *f, void *context)
 }
 
 /* One Span as SpanParts, appended to `out`. */
-static int span(Decoder *st, Buf bytes, PyObject *resource, PyObject *scope_name, PyObject *scope_version,
-                PyObject *out, Scan *scanning)
+static int span(Decoder *st, Buf bytes, PyObject *resource, PyObject *scope_name,
+                PyObject *scope_version, PyObject *out, Scan *scanning)
 {
     SpanFields fields;
     int status = OK;
@@ -1847,7 +1847,8 @@ static int may_reward(Decoder *st, PyObject *attributes, PyObject *events)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
         PyObject *event = PyList_GET_ITEM(events, i);
         if (PyTuple_Check(event) && PyTuple_GET_SIZE(event) > 0) {
-            int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(event, 0), st->rows.reward_event, Py_EQ);
+            int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(event, 0),
+                                                st->rows.reward_event, Py_EQ);
             if (same != 0)
                 return same;
         }
@@ -1923,49 +1924,33 @@ static PyObject *new_columns(Decoder *st, PyObject *Py_UNUSED(ignored))
 }
 
 /* append_row(columns, parts, topic, partition, offset, index, timestamp_ms) */
-static PyObject *append_row(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
+/* The rewards, model and episode columns: each reads the attributes before any moves. */
+static int row_roles(Decoder *st, PyObject *columns, PyObject *parts, PyObject **field)
 {
-    PyObject *field[P_COUNT] = {NULL};
-    PyObject *resource = NULL, *moved[MAX_PROMOTED] = {NULL};
-    PyObject *result = NULL;
-    if (!st->rows.ready) {
-        PyErr_SetString(PyExc_RuntimeError, "configure_rows() was not called");
-        return NULL;
-    }
-    if (nargs != 7 || !columns_of(st, args[0])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "append_row(columns, parts, topic, partition, offset, index, timestamp): "
-                        "columns from this decoder's columns() since its last configure_rows()");
-        return NULL;
-    }
-    PyObject *columns = args[0], *parts = args[1];
-    columns_mark((ColumnsObject *)columns, ((ColumnsObject *)columns)->marks);
-    for (int i = 0; i < P_COUNT; i++)
-        if ((field[i] = part_field(st, parts, i, st->rows.fields[i])) == NULL)
-            goto done;
-    PyObject *attributes = field[P_ATTRIBUTES], *events = field[P_EVENTS];
-    if (!PyDict_CheckExact(attributes) || !PyDict_CheckExact(field[P_RESOURCE])
-        || !PyList_Check(events)) {
-        PyErr_SetString(PyExc_TypeError, "attributes must be dicts, events a list");
-        goto done;
-    }
-    /* Rewards, model and episode read the attributes before any is moved. */
-    int reward = may_reward(st, attributes, events);
+    PyObject *attributes = field[P_ATTRIBUTES];
+    int reward = may_reward(st, attributes, field[P_EVENTS]);
     if (reward < 0)
-        goto done;
+        return -1;
     if (put(st, columns, C_REWARDS,
             reward ? PyObject_CallOneArg(st->rows.rewards, parts) : Py_NewRef(Py_None)) < 0)
-        goto done;
+        return -1;
     PyObject *model = nonempty_str(attributes, st->rows.response_model);
     if (model == NULL && !PyErr_Occurred())
         model = nonempty_str(attributes, st->rows.request_model);
     if (PyErr_Occurred() || put(st, columns, C_MODEL, Py_NewRef(model ? model : Py_None)) < 0)
-        goto done;
+        return -1;
     PyObject *episode = nonempty_str(attributes, st->rows.episode_id);
     if (PyErr_Occurred()
         || put(st, columns, C_EPISODE, Py_NewRef(episode ? episode : field[P_TRACE])) < 0)
-        goto done;
-    /* Promoted attributes move to their columns when their value has the column's type. */
+        return -1;
+    return 0;
+}
+
+/* Promoted attributes move to their columns when their value has the column's type
+ * (moved[i]: a new reference, for the caller to release); an integer score fills the
+ * reward value where no float did. */
+static int row_promoted(Decoder *st, PyObject *columns, PyObject *attributes, PyObject **moved)
+{
     int has_reward_value = 0;
     Py_ssize_t moving = 0;
     for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++) {
@@ -1973,7 +1958,7 @@ static PyObject *append_row(Decoder *st, PyObject *const *args, Py_ssize_t nargs
         PyObject *value = PyDict_GetItemWithError(attributes, spec->key);
         if (value == NULL) {
             if (PyErr_Occurred())
-                goto done;
+                return -1;
             continue;
         }
         if (value != Py_None && kind_matches(spec->kind, value)) {
@@ -1990,46 +1975,60 @@ static PyObject *append_row(Decoder *st, PyObject *const *args, Py_ssize_t nargs
     } else {
         for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
             if (moved[i] != NULL && PyDict_DelItem(attributes, st->rows.promoted[i].key) < 0)
-                goto done;
+                return -1;
     }
     PyObject *score = has_reward_value ? NULL : PyDict_GetItemWithError(attributes, st->rows.score);
     if (PyErr_Occurred())
-        goto done;
+        return -1;
     for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++) {
         PyObject *value = moved[i];
-        if (value == NULL && st->rows.promoted[i].column == st->rows.index[C_REWARD_VALUE] && score
-            && PyLong_CheckExact(score)) {
+        if (value == NULL && st->rows.promoted[i].column == st->rows.index[C_REWARD_VALUE]
+            && score && PyLong_CheckExact(score)) {
             double number = PyLong_AsDouble(score);
             if (number == -1.0 && PyErr_Occurred())
-                goto done;
+                return -1;
             value = PyFloat_FromDouble(number);
         } else {
             value = Py_NewRef(value ? value : Py_None);
         }
         if (put_at(columns, st->rows.promoted[i].column, value) < 0)
-            goto done;
+            return -1;
     }
-    resource = Py_NewRef(field[P_RESOURCE]);
+    return 0;
+}
+
+/* Promoted resource attributes to their columns; *resource (a new reference) becomes a
+ * copy without them where any moves, the resource being shared by a record's spans. */
+static int row_resource(Decoder *st, PyObject *columns, PyObject **resource)
+{
     for (Py_ssize_t i = 0; i < st->rows.resource_count; i++) {
         PromotedSpec *spec = &st->rows.resource[i];
-        PyObject *value = PyDict_GetItemWithError(resource, spec->key);
+        PyObject *value = PyDict_GetItemWithError(*resource, spec->key);
         if (value == NULL && PyErr_Occurred())
-            goto done;
-        if (value != NULL && value != Py_None && kind_matches(spec->kind, value)) {
-            Py_INCREF(value);
-            PyObject *copy = PyDict_Copy(resource); /* shared by the spans of a record */
-            if (copy == NULL || PyDict_DelItem(copy, spec->key) < 0) {
-                Py_XDECREF(copy);
-                Py_DECREF(value);
-                goto done;
-            }
-            Py_SETREF(resource, copy);
-            if (put_at(columns, spec->column, value) < 0)
-                goto done;
-        } else if (put_at(columns, spec->column, Py_NewRef(Py_None)) < 0) {
-            goto done;
+            return -1;
+        if (value == NULL || value == Py_None || !kind_matches(spec->kind, value)) {
+            if (put_at(columns, spec->column, Py_NewRef(Py_None)) < 0)
+                return -1;
+            continue;
         }
+        Py_INCREF(value);
+        PyObject *copy = PyDict_Copy(*resource);
+        if (copy == NULL || PyDict_DelItem(copy, spec->key) < 0) {
+            Py_XDECREF(copy);
+            Py_DECREF(value);
+            return -1;
+        }
+        Py_SETREF(*resource, copy);
+        if (put_at(columns, spec->column, value) < 0)
+            return -1;
     }
+    return 0;
+}
+
+/* The columns a span's parts give as they are, the JSON ones and the Kafka record's. */
+static int row_rest(Decoder *st, PyObject *columns, PyObject **field, PyObject *attributes,
+                    PyObject *resource, PyObject *const *kafka)
+{
     static const struct {
         int column, part;
     } plain[] = {
@@ -2040,21 +2039,59 @@ static PyObject *append_row(Decoder *st, PyObject *const *args, Py_ssize_t nargs
     };
     for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
         if (put(st, columns, plain[i].column, Py_NewRef(field[plain[i].part])) < 0)
-            goto done;
-    if (put(st, columns, C_ATTRIBUTES, json_or_none(st, attributes, PyDict_GET_SIZE(attributes))) < 0
+            return -1;
+    RowsConfig *rows = &st->rows;
+    if (put(st, columns, C_ATTRIBUTES, json_or_none(st, attributes, PyDict_GET_SIZE(attributes)))
+            < 0
         || put(st, columns, C_RESOURCE, json_or_none(st, resource, PyDict_GET_SIZE(resource))) < 0
-        || put(st, columns, C_EVENTS, records_json(st, events, st->rows.k_name, st->rows.k_time)) < 0
-        || put(st, columns, C_LINKS, records_json(st, field[P_LINKS], st->rows.k_trace, st->rows.k_span)) < 0)
-        goto done;
-    for (int i = 0; i < 5; i++)
-        if (put(st, columns, C_TOPIC + i, Py_NewRef(args[2 + i])) < 0)
+        || put(st, columns, C_EVENTS, records_json(st, field[P_EVENTS], rows->k_name, rows->k_time))
+               < 0
+        || put(st, columns, C_LINKS, records_json(st, field[P_LINKS], rows->k_trace, rows->k_span))
+               < 0)
+        return -1;
+    for (int i = 0; i < 5; i++) /* topic, partition, offset, index, timestamp */
+        if (put(st, columns, C_TOPIC + i, Py_NewRef(kafka[i])) < 0)
+            return -1;
+    return 0;
+}
+
+static PyObject *append_row(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *field[P_COUNT] = {NULL};
+    PyObject *resource = NULL, *moved[MAX_PROMOTED] = {NULL};
+    PyObject *result = NULL;
+    if (!st->rows.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_rows() was not called");
+        return NULL;
+    }
+    if (nargs != 7 || !columns_of(st, args[0])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "append_row(columns, parts, topic, partition, offset, index, timestamp): "
+                        "columns from this decoder's columns() since its last configure_rows()");
+        return NULL;
+    }
+    PyObject *columns = args[0], *parts = args[1];
+    ColumnsObject *table = (ColumnsObject *)columns;
+    columns_mark(table, table->marks);
+    for (int i = 0; i < P_COUNT; i++)
+        if ((field[i] = part_field(st, parts, i, st->rows.fields[i])) == NULL)
             goto done;
-    ((ColumnsObject *)columns)->rows++;
+    PyObject *attributes = field[P_ATTRIBUTES];
+    if (!PyDict_CheckExact(attributes) || !PyDict_CheckExact(field[P_RESOURCE])
+        || !PyList_Check(field[P_EVENTS])) {
+        PyErr_SetString(PyExc_TypeError, "attributes must be dicts, events a list");
+        goto done;
+    }
+    resource = Py_NewRef(field[P_RESOURCE]);
+    if (row_roles(st, columns, parts, field) < 0 || row_promoted(st, columns, attributes, moved) < 0
+        || row_resource(st, columns, &resource) < 0
+        || row_rest(st, columns, field, attributes, resource, args + 2) < 0)
+        goto done;
+    table->rows++;
     result = Py_NewRef(Py_None);
 done:
     if (result == NULL) /* no half rows: the columns stay as they were */
-        columns_rollback((ColumnsObject *)columns, ((ColumnsObject *)columns)->marks,
-                         ((ColumnsObject *)columns)->rows);
+        columns_rollback(table, table->marks, table->rows);
     for (int i = 0; i < P_COUNT; i++)
         Py_XDECREF(field[i]);
     for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
@@ -2293,8 +2330,11 @@ static int fused_classes(Decoder *st, PyObject *fallback, PyObject *keeps)
         PyObject *key;
         long role;
     } roles[] = {
-        {st->rows.response_model, R_RESPONSE_MODEL}, {st->rows.request_model, R_REQUEST_MODEL},
-        {st->rows.episode_id, R_EPISODE}, {st->rows.reward_name, R_FALLBACK}, {st->rows.score, R_FALLBACK},
+        {st->rows.response_model, R_RESPONSE_MODEL},
+        {st->rows.request_model, R_REQUEST_MODEL},
+        {st->rows.episode_id, R_EPISODE},
+        {st->rows.reward_name, R_FALLBACK},
+        {st->rows.score, R_FALLBACK},
     };
     PyObject *iterator = PyObject_GetIter(fallback), *key;
     if (iterator == NULL)
@@ -2396,7 +2436,8 @@ static int resource_of(Decoder *st, Buf header, Resource *out, Scan *scanning)
                 status = UNUSUAL; /* given twice: decode()'s dict knows which stands */
             } else {
                 seen |= 1ULL << which;
-                status = value_fits(st->rows.resource[which].kind, kind, &value, &out->items[which]);
+                status = value_fits(st->rows.resource[which].kind, kind, &value,
+                                    &out->items[which]);
                 if (status == OK)
                     status = value_checked(st, st->rows.resource[which].kind, &value, scanning);
                 if (status == OK) {
@@ -2412,7 +2453,9 @@ static int resource_of(Decoder *st, Buf header, Resource *out, Scan *scanning)
     if (status == OK && more < 0)
         status = UNUSUAL;
     if (status == OK)
-        status = (out->json = json_or_none(st, kept, kept ? PyDict_GET_SIZE(kept) : 0)) ? OK : ERROR;
+        status = (out->json = json_or_none(st, kept, kept ? PyDict_GET_SIZE(kept) : 0)) != NULL
+                     ? OK
+                     : ERROR;
     Py_XDECREF(kept);
     return status;
 }
@@ -2505,6 +2548,75 @@ static int attributes_later(const Field *f, void *context)
     return f->number == 9 && f->wire == WT_LEN ? OK : UNUSUAL;
 }
 
+/* The promoted columns a span's attributes did not fill, and its resource's columns. */
+static int fused_promoted_rest(Decoder *st, const Record *record, const SpanAttributes *span,
+                               Column *c, Py_ssize_t row)
+{
+    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
+        if (!(span->written & (1ULL << i))
+            && column_append(&c[st->rows.promoted[i].column], row, Py_None) < 0)
+            return -1;
+    for (Py_ssize_t i = 0; i < st->rows.resource_count; i++) {
+        const Resource *resource = record->resource;
+        Column *column = &c[st->rows.resource[i].column];
+        if (resource->present & (1ULL << i)
+                ? value_written(column, row, st->rows.resource[i].kind, &resource->value[i],
+                                resource->items[i]) < 0
+                : column_append(column, row, Py_None) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Every other column of a span's row: its fields, roles, JSON and Kafka record. */
+static int fused_columns(Decoder *st, const Record *record, const SpanFields *fields,
+                         const SpanAttributes *span, uint64_t code, Buf message, Column *c,
+                         Py_ssize_t row)
+{
+    const Py_ssize_t *at = st->rows.index;
+    Buf trace = fields->trace, parent = fields->parent, name = fields->name;
+    const Buf *model = span->role[0].p != span->role[0].end   ? &span->role[0]
+                       : span->role[1].p != span->role[1].end ? &span->role[1]
+                                                              : NULL;
+    Buf episode = span->role[2];
+    PyObject *json = json_or_none(st, span->kept, span->kept ? PyDict_GET_SIZE(span->kept) : 0);
+    if (json == NULL)
+        return -1;
+    int failed = column_append(&c[at[C_ATTRIBUTES]], row, json);
+    Py_DECREF(json);
+    if (failed < 0 || column_append(&c[at[C_REWARDS]], row, Py_None) < 0
+        || (model ? col_bytes(&c[at[C_MODEL]], row, model->p, model->end - model->p)
+                  : column_append(&c[at[C_MODEL]], row, Py_None)) < 0
+        || (episode.p != episode.end
+                ? col_bytes(&c[at[C_EPISODE]], row, episode.p, episode.end - episode.p)
+                : col_hex(&c[at[C_EPISODE]], row, trace)) < 0
+        || col_hex(&c[at[C_TRACE]], row, trace) < 0
+        || col_hex(&c[at[C_SPAN]], row, fields->span_id) < 0
+        || (parent.p != parent.end ? col_hex(&c[at[C_PARENT]], row, parent)
+                                   : column_append(&c[at[C_PARENT]], row, Py_None)) < 0
+        || col_bytes(&c[at[C_NAME]], row, name.p, name.end - name.p) < 0
+        || column_append(&c[at[C_KIND]], row, KIND_NAMES[fields->kind]) < 0
+        || col_int(&c[at[C_START]], row, (int64_t)fields->start) < 0
+        || col_int(&c[at[C_END]], row, (int64_t)fields->end) < 0
+        || column_append(&c[at[C_STATUS]], row, STATUS_NAMES[code]) < 0
+        || col_bytes(&c[at[C_MESSAGE]], row, message.p, message.end - message.p) < 0
+        || column_append(&c[at[C_RESOURCE]], row, record->resource->json) < 0
+        || col_bytes(&c[at[C_SCOPE_NAME]], row, record->scope_name.p,
+                     record->scope_name.end - record->scope_name.p) < 0
+        || col_bytes(&c[at[C_SCOPE_VERSION]], row, record->scope_version.p,
+                     record->scope_version.end - record->scope_version.p) < 0
+        || column_append(&c[at[C_EVENTS]], row, Py_None) < 0
+        || column_append(&c[at[C_LINKS]], row, Py_None) < 0
+        || col_bytes(&c[at[C_TOPIC]], row, record->topic.p, record->topic.end - record->topic.p)
+               < 0
+        || col_int(&c[at[C_PARTITION]], row, record->partition) < 0
+        || col_int(&c[at[C_OFFSET]], row, record->offset) < 0
+        || col_int(&c[at[C_INDEX]], row, record->spans) < 0
+        || col_int(&c[at[C_TIMESTAMP]], row, record->timestamp) < 0)
+        return -1;
+    return 0;
+}
+
 /* One Span as one row of its hour's columns. */
 static int fused_span(Decoder *st, Buf bytes, Record *record)
 {
@@ -2516,93 +2628,38 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
     int status = span_fields(bytes, &fields, attributes_later, NULL);
     if (status != OK)
         return status;
-    Buf trace = fields.trace, span_id = fields.span_id, parent = fields.parent;
-    Buf name = fields.name, status_bytes = fields.status;
-    uint64_t kind = fields.kind, start = fields.start, end = fields.end;
     /* The record's rules (decode), then the store's: an end it can hold (check_storable). */
-    if (end > (uint64_t)INT64_MAX || !id_ok(trace, 16) || !id_ok(span_id, 8)
-        || (parent.p != parent.end && !id_ok(parent, 8))
-        || !utf8_valid(name, &name_chars) || name_chars == 0 || name_chars > st->cfg.max_name_chars)
+    if (fields.end > (uint64_t)INT64_MAX || !id_ok(fields.trace, 16) || !id_ok(fields.span_id, 8)
+        || (fields.parent.p != fields.parent.end && !id_ok(fields.parent, 8))
+        || !utf8_valid(fields.name, &name_chars) || name_chars == 0
+        || name_chars > st->cfg.max_name_chars)
         return UNUSUAL;
-    scan_text(record->scanning, name);
-    if ((status = status_texts(status_bytes, &code, &message)) != OK
+    scan_text(record->scanning, fields.name);
+    if ((status = status_texts(fields.status, &code, &message)) != OK
         || (status = checked_text(message, record->scanning)) != OK)
         return status;
     if (record->scanning != NULL && record->scanning->found)
         return UNUSUAL;
-    if ((status = record_columns(st, record, start / NS_PER_HOUR)) != OK)
+    if ((status = record_columns(st, record, fields.start / NS_PER_HOUR)) != OK)
         return status;
 
     ColumnsObject *columns = record->columns;
-    Column *c = columns->columns;
-    Py_ssize_t row = columns->rows;
     SpanAttributes attributes = {{NONE, NONE, NONE}, 0, 0, NULL};
     while (status == OK && next_field(&all, &f) == 1)
         if (f.number == 9)
             status = span_attribute(st, f.bytes, columns, &attributes, record->scanning);
     if (status == OK && record->scanning != NULL && record->scanning->found)
         status = UNUSUAL; /* a text without a column holds what redaction looks for */
-    if (status != OK)
-        goto done;
-    status = ERROR; /* from here on, only a failing write stops the row */
-    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
-        if (!(attributes.written & (1ULL << i))
-            && column_append(&c[st->rows.promoted[i].column], row, Py_None) < 0)
-            goto done;
-    for (Py_ssize_t i = 0; i < st->rows.resource_count; i++) {
-        const Resource *resource = record->resource;
-        Column *column = &c[st->rows.resource[i].column];
-        if (resource->present & (1ULL << i)
-                ? value_written(column, row, st->rows.resource[i].kind, &resource->value[i],
-                                resource->items[i]) < 0
-                : column_append(column, row, Py_None) < 0)
-            goto done;
+    if (status == OK) /* from here on, only a failing write stops the row */
+        status = fused_promoted_rest(st, record, &attributes, columns->columns, columns->rows) < 0
+                         || fused_columns(st, record, &fields, &attributes, code, message,
+                                          columns->columns, columns->rows) < 0
+                     ? ERROR
+                     : OK;
+    if (status == OK) {
+        columns->rows++;
+        record->spans++;
     }
-    Buf *model = attributes.role[0].p != attributes.role[0].end ? &attributes.role[0]
-                 : attributes.role[1].p != attributes.role[1].end ? &attributes.role[1]
-                                                                  : NULL;
-    Buf episode = attributes.role[2];
-    PyObject *json = json_or_none(st, attributes.kept,
-                                  attributes.kept ? PyDict_GET_SIZE(attributes.kept) : 0);
-    if (json == NULL)
-        goto done;
-    int failed = column_append(&c[st->rows.index[C_ATTRIBUTES]], row, json);
-    Py_DECREF(json);
-    if (failed < 0
-        || column_append(&c[st->rows.index[C_REWARDS]], row, Py_None) < 0
-        || (model ? col_bytes(&c[st->rows.index[C_MODEL]], row, model->p, model->end - model->p)
-                  : column_append(&c[st->rows.index[C_MODEL]], row, Py_None)) < 0
-        || (episode.p != episode.end
-                ? col_bytes(&c[st->rows.index[C_EPISODE]], row, episode.p, episode.end - episode.p)
-                : col_hex(&c[st->rows.index[C_EPISODE]], row, trace)) < 0
-        || col_hex(&c[st->rows.index[C_TRACE]], row, trace) < 0
-        || col_hex(&c[st->rows.index[C_SPAN]], row, span_id) < 0
-        || (parent.p != parent.end ? col_hex(&c[st->rows.index[C_PARENT]], row, parent)
-                                   : column_append(&c[st->rows.index[C_PARENT]], row, Py_None)) < 0
-        || col_bytes(&c[st->rows.index[C_NAME]], row, name.p, name.end - name.p) < 0
-        || column_append(&c[st->rows.index[C_KIND]], row, KIND_NAMES[kind]) < 0
-        || col_int(&c[st->rows.index[C_START]], row, (int64_t)start) < 0
-        || col_int(&c[st->rows.index[C_END]], row, (int64_t)end) < 0
-        || column_append(&c[st->rows.index[C_STATUS]], row, STATUS_NAMES[code]) < 0
-        || col_bytes(&c[st->rows.index[C_MESSAGE]], row, message.p, message.end - message.p) < 0
-        || column_append(&c[st->rows.index[C_RESOURCE]], row, record->resource->json) < 0
-        || col_bytes(&c[st->rows.index[C_SCOPE_NAME]], row, record->scope_name.p,
-                     record->scope_name.end - record->scope_name.p) < 0
-        || col_bytes(&c[st->rows.index[C_SCOPE_VERSION]], row, record->scope_version.p,
-                     record->scope_version.end - record->scope_version.p) < 0
-        || column_append(&c[st->rows.index[C_EVENTS]], row, Py_None) < 0
-        || column_append(&c[st->rows.index[C_LINKS]], row, Py_None) < 0
-        || col_bytes(&c[st->rows.index[C_TOPIC]], row, record->topic.p,
-                     record->topic.end - record->topic.p) < 0
-        || col_int(&c[st->rows.index[C_PARTITION]], row, record->partition) < 0
-        || col_int(&c[st->rows.index[C_OFFSET]], row, record->offset) < 0
-        || col_int(&c[st->rows.index[C_INDEX]], row, record->spans) < 0
-        || col_int(&c[st->rows.index[C_TIMESTAMP]], row, record->timestamp) < 0)
-        goto done;
-    columns->rows++;
-    record->spans++;
-    status = OK;
-done:
     Py_XDECREF(attributes.kept);
     return status;
 }
