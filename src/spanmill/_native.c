@@ -2110,8 +2110,9 @@ done:
  * treat otherwise: what decode() defers; a scan that finds what redaction looks
  * for; an attribute the attribute lists drop, that translation looks for or that
  * carries a reward; a key given twice where the columns would have to know which
- * value stands; events or links; spans of more than one hour; an end time past what
- * the store holds. The caller then takes those steps.
+ * value stands; events or links; spans of more than RECORD_HOURS hours; an end time
+ * past what the store holds. The caller then takes those steps. Spans of several
+ * hours go to each hour's columns, all of them taken back together.
  */
 #define NS_PER_HOUR 3600000000000ULL
 
@@ -2383,11 +2384,17 @@ typedef struct {
     PyObject *json;   /* a str, or None */
 } Resource;
 
+/* The hours one record's spans may fall in; a record over more takes the steps. */
+#define RECORD_HOURS 8
+
 typedef struct {
     PyObject *hours, *make;  /* hour -> Columns; make(hour) adds and gives one */
-    ColumnsObject *columns;  /* the record's hour's, once its first span is read */
-    uint64_t hour;
-    Py_ssize_t rows;         /* theirs, before the record */
+    ColumnsObject *columns;  /* the hour's of the span being read */
+    /* each hour the record's spans fall in, its Columns and their rows before the record */
+    ColumnsObject *held[RECORD_HOURS];
+    uint64_t hour[RECORD_HOURS];
+    Py_ssize_t rows[RECORD_HOURS];
+    int held_count;
     Scan *scanning;
     const Resource *resource;
     Buf scope_name, scope_version;
@@ -2465,8 +2472,13 @@ static int columns_of(Decoder *st, PyObject *columns);
 
 static int record_columns(Decoder *st, Record *record, uint64_t hour)
 {
-    if (record->columns != NULL)
-        return hour == record->hour ? OK : UNUSUAL;
+    for (int i = 0; i < record->held_count; i++)
+        if (record->hour[i] == hour) {
+            record->columns = record->held[i];
+            return OK;
+        }
+    if (record->held_count == RECORD_HOURS)
+        return UNUSUAL;
     PyObject *key = PyLong_FromUnsignedLongLong(hour), *columns;
     if (key == NULL)
         return ERROR;
@@ -2485,9 +2497,10 @@ static int record_columns(Decoder *st, Record *record, uint64_t hour)
                         "configure_rows()");
         return ERROR;
     }
-    record->columns = (ColumnsObject *)columns;
-    record->hour = hour;
-    record->rows = record->columns->rows;
+    int at = record->held_count++;
+    record->held[at] = record->columns = (ColumnsObject *)columns;
+    record->hour[at] = hour;
+    record->rows[at] = record->columns->rows;
     columns_mark(record->columns, record->columns->record);
     return OK;
 }
@@ -2760,9 +2773,11 @@ static PyObject *append_record(Decoder *st, PyObject *const *args, Py_ssize_t na
     if (status == OK && (more < 0 || !found))
         status = UNUSUAL;
     PyBuffer_Release(&view);
-    if (status != OK && record.columns != NULL) /* no rows of a record taken back */
-        columns_rollback(record.columns, record.columns->record, record.rows);
-    Py_XDECREF(record.columns);
+    for (int i = 0; i < record.held_count; i++) {
+        if (status != OK) /* no rows of a record taken back */
+            columns_rollback(record.held[i], record.held[i]->record, record.rows[i]);
+        Py_DECREF(record.held[i]);
+    }
     if (status == ERROR)
         return NULL;
     if (status != OK)

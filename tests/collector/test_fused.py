@@ -216,7 +216,6 @@ def test_a_plain_record_is_fused() -> None:
     ("second", "fallback"),
     [
         (_span(note="write to ops@example.com"), frozenset()),  # redaction's to run
-        (_span(start=START + HOUR), frozenset()),  # another hour
         (_span(**{"gen_ai.system": "openai"}), frozenset({"gen_ai.system"})),  # translation's
         (_span(**{sc.GEN_AI_EVALUATION_NAME: "exact"}), frozenset()),  # a reward
     ],
@@ -234,3 +233,34 @@ def test_a_record_given_back_leaves_every_column_as_it_was(
     assert columns.finish() == before
     # An hour made for a record given back holds no rows and gets no file.
     assert list(hourly.tables()) == [START // HOUR]
+
+
+def test_a_record_over_two_hours_is_fused_into_both() -> None:
+    hourly = HourlyColumns()
+    payload = encode_otlp_protobuf([_span(x=1), _span(start=START + HOUR, y=2), _span(z=3)])
+    assert _append(hourly, payload) == 3
+    tables = hourly.tables()
+    assert list(tables) == [START // HOUR, START // HOUR + 1]
+    assert tables[START // HOUR].column("kafka_index").to_pylist() == [0, 2]
+    assert tables[START // HOUR + 1].column("kafka_index").to_pylist() == [1]
+
+
+def test_a_record_given_back_takes_back_its_rows_from_every_hour() -> None:
+    hourly = HourlyColumns()
+    assert _append(hourly, encode_otlp_protobuf([_span(x=1), _span(start=START + HOUR)])) == 2
+    before = {hour: columns.finish() for hour, columns in hourly.native_hours.items()}
+    # Two hours written, then the third span has what redaction looks for.
+    payload = encode_otlp_protobuf(
+        [_span(y=1), _span(start=START + HOUR, y=2), _span(note="write to ops@example.com")]
+    )
+    assert _append(hourly, payload) is None
+    assert {hour: columns.rows for hour, columns in hourly.native_hours.items()} == {
+        START // HOUR: 1, START // HOUR + 1: 1}  # fmt: skip
+    assert {hour: columns.finish() for hour, columns in hourly.native_hours.items()} == before
+
+
+def test_a_record_over_more_hours_than_it_holds_takes_the_steps() -> None:
+    hours = [_span(start=START + i * HOUR, n=i) for i in range(9)]
+    assert _append(HourlyColumns(), encode_otlp_protobuf(hours)) is None
+    assert _append(HourlyColumns(), encode_otlp_protobuf(hours[:8])) == 8
+    _same_rows([encode_otlp_protobuf(hours), encode_otlp_protobuf(hours[:8])])
