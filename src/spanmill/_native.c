@@ -2110,8 +2110,9 @@ done:
  * treat otherwise: what decode() defers; a scan that finds what redaction looks
  * for; an attribute the attribute lists drop, that translation looks for or that
  * carries a reward; a key given twice where the columns would have to know which
- * value stands; events or links; spans of more than RECORD_HOURS hours; an end time
- * past what the store holds. The caller then takes those steps. Spans of several
+ * value stands; an evaluation event (a reward); events or links where the attribute
+ * lists filter keys; spans of more than RECORD_HOURS hours; an end time past what the
+ * store holds. The caller then takes those steps. Spans of several
  * hours go to each hour's columns, all of them taken back together.
  */
 #define NS_PER_HOUR 3600000000000ULL
@@ -2555,10 +2556,54 @@ static int span_attribute(Decoder *st, Buf bytes, ColumnsObject *columns, SpanAt
     return status;
 }
 
-/* Attributes are read once the span's hour is known; events and links go back. */
-static int attributes_later(const Field *f, void *context)
+/* A span's events and links on the fused path, built as decode() builds them (made at
+ * the first of each); its attributes are read once its hour is known. */
+typedef struct {
+    Decoder *st;
+    PyObject *events, *links;
+    Scan *scanning;
+} FusedLists;
+
+static int fused_lists(const Field *f, void *context)
 {
-    return f->number == 9 && f->wire == WT_LEN ? OK : UNUSUAL;
+    FusedLists *lists = context;
+    if (f->wire != WT_LEN)
+        return UNUSUAL;
+    if (f->number == 9)
+        return OK;
+    PyObject **list = f->number == 11 ? &lists->events : &lists->links, *item = NULL;
+    if (*list == NULL && (*list = PyList_New(0)) == NULL)
+        return ERROR;
+    int status = f->number == 11 ? event_of(lists->st, f->bytes, &item, lists->scanning)
+                                 : link_of(lists->st, f->bytes, &item, lists->scanning);
+    if (status == OK && PyList_Append(*list, item) < 0)
+        status = ERROR;
+    Py_XDECREF(item);
+    return status;
+}
+
+/* Whether the steps must take a span's events and links: where the attribute lists
+ * filter keys (theirs too), or where an event is an evaluation (a reward, read in
+ * Python). Otherwise their JSON goes to its columns (*events and *links: new
+ * references, None where the span has none). */
+static int fused_lists_json(Decoder *st, const FusedLists *lists, PyObject **events,
+                            PyObject **links)
+{
+    if ((lists->events || lists->links) && st->fused.keeps != NULL && st->fused.keeps != Py_None)
+        return UNUSUAL;
+    Py_ssize_t count = lists->events ? PyList_GET_SIZE(lists->events) : 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PyTuple_GET_ITEM(PyList_GET_ITEM(lists->events, i), 0);
+        int same = PyObject_RichCompareBool(name, st->rows.reward_event, Py_EQ);
+        if (same != 0)
+            return same < 0 ? ERROR : UNUSUAL;
+    }
+    RowsConfig *rows = &st->rows;
+    *events = lists->events ? records_json(st, lists->events, rows->k_name, rows->k_time)
+                            : Py_NewRef(Py_None);
+    *links = lists->links ? records_json(st, lists->links, rows->k_trace, rows->k_span)
+                          : Py_NewRef(Py_None);
+    return *events != NULL && *links != NULL ? OK : ERROR;
 }
 
 /* The promoted columns a span's attributes did not fill, and its resource's columns. */
@@ -2583,8 +2628,8 @@ static int fused_promoted_rest(Decoder *st, const Record *record, const SpanAttr
 
 /* Every other column of a span's row: its fields, roles, JSON and Kafka record. */
 static int fused_columns(Decoder *st, const Record *record, const SpanFields *fields,
-                         const SpanAttributes *span, uint64_t code, Buf message, Column *c,
-                         Py_ssize_t row)
+                         const SpanAttributes *span, uint64_t code, Buf message,
+                         PyObject *const *lists, Column *c, Py_ssize_t row)
 {
     const Py_ssize_t *at = st->rows.index;
     Buf trace = fields->trace, parent = fields->parent, name = fields->name;
@@ -2618,8 +2663,8 @@ static int fused_columns(Decoder *st, const Record *record, const SpanFields *fi
                      record->scope_name.end - record->scope_name.p) < 0
         || col_bytes(&c[at[C_SCOPE_VERSION]], row, record->scope_version.p,
                      record->scope_version.end - record->scope_version.p) < 0
-        || column_append(&c[at[C_EVENTS]], row, Py_None) < 0
-        || column_append(&c[at[C_LINKS]], row, Py_None) < 0
+        || column_append(&c[at[C_EVENTS]], row, lists[0]) < 0
+        || column_append(&c[at[C_LINKS]], row, lists[1]) < 0
         || col_bytes(&c[at[C_TOPIC]], row, record->topic.p, record->topic.end - record->topic.p)
                < 0
         || col_int(&c[at[C_PARTITION]], row, record->partition) < 0
@@ -2638,26 +2683,30 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
     uint64_t code = 0;
     Buf all = bytes, message = NONE;
     Py_ssize_t name_chars = 0;
-    int status = span_fields(bytes, &fields, attributes_later, NULL);
-    if (status != OK)
-        return status;
-    /* The record's rules (decode), then the store's: an end it can hold (check_storable). */
-    if (fields.end > (uint64_t)INT64_MAX || !id_ok(fields.trace, 16) || !id_ok(fields.span_id, 8)
-        || (fields.parent.p != fields.parent.end && !id_ok(fields.parent, 8))
-        || !utf8_valid(fields.name, &name_chars) || name_chars == 0
-        || name_chars > st->cfg.max_name_chars)
-        return UNUSUAL;
-    scan_text(record->scanning, fields.name);
-    if ((status = status_texts(fields.status, &code, &message)) != OK
-        || (status = checked_text(message, record->scanning)) != OK)
-        return status;
-    if (record->scanning != NULL && record->scanning->found)
-        return UNUSUAL;
-    if ((status = record_columns(st, record, fields.start / NS_PER_HOUR)) != OK)
-        return status;
-
-    ColumnsObject *columns = record->columns;
+    FusedLists lists = {st, NULL, NULL, record->scanning};
+    PyObject *json[2] = {NULL, NULL}; /* the events' and the links' */
     SpanAttributes attributes = {{NONE, NONE, NONE}, 0, 0, NULL};
+    int status = span_fields(bytes, &fields, fused_lists, &lists);
+    /* The record's rules (decode), then the store's: an end it can hold (check_storable). */
+    if (status == OK
+        && (fields.end > (uint64_t)INT64_MAX || !id_ok(fields.trace, 16)
+            || !id_ok(fields.span_id, 8)
+            || (fields.parent.p != fields.parent.end && !id_ok(fields.parent, 8))
+            || !utf8_valid(fields.name, &name_chars) || name_chars == 0
+            || name_chars > st->cfg.max_name_chars))
+        status = UNUSUAL;
+    if (status == OK) {
+        scan_text(record->scanning, fields.name);
+        if ((status = status_texts(fields.status, &code, &message)) == OK)
+            status = checked_text(message, record->scanning);
+    }
+    if (status == OK && record->scanning != NULL && record->scanning->found)
+        status = UNUSUAL; /* a text of the span, its events or links has what redaction seeks */
+    if (status == OK)
+        status = fused_lists_json(st, &lists, &json[0], &json[1]);
+    if (status == OK)
+        status = record_columns(st, record, fields.start / NS_PER_HOUR);
+    ColumnsObject *columns = record->columns;
     while (status == OK && next_field(&all, &f) == 1)
         if (f.number == 9)
             status = span_attribute(st, f.bytes, columns, &attributes, record->scanning);
@@ -2665,7 +2714,7 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
         status = UNUSUAL; /* a text without a column holds what redaction looks for */
     if (status == OK) /* from here on, only a failing write stops the row */
         status = fused_promoted_rest(st, record, &attributes, columns->columns, columns->rows) < 0
-                         || fused_columns(st, record, &fields, &attributes, code, message,
+                         || fused_columns(st, record, &fields, &attributes, code, message, json,
                                           columns->columns, columns->rows) < 0
                      ? ERROR
                      : OK;
@@ -2674,6 +2723,10 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
         record->spans++;
     }
     Py_XDECREF(attributes.kept);
+    Py_XDECREF(lists.events);
+    Py_XDECREF(lists.links);
+    Py_XDECREF(json[0]);
+    Py_XDECREF(json[1]);
     return status;
 }
 

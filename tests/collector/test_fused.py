@@ -8,6 +8,7 @@ record. Their Parquet files, dead letters and counts must be the same.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from typing import Any
 
@@ -78,15 +79,30 @@ def spans(draw: Any) -> Span:
             st.lists(
                 st.fixed_dictionaries(
                     {
-                        "name": st.just("log"),
+                        # now and then an evaluation, which carries a reward
+                        "name": st.sampled_from(["log", "log", sc.GEN_AI_EVALUATION_RESULT_EVENT]),
                         "time_unix_nano": st.just(START),
                         "attributes": attributes,
                     }
                 ),
-                max_size=1,
+                max_size=2,
             )
         )
-        if draw(st.integers(0, 4)) == 0
+        if draw(st.integers(0, 3)) == 0
+        else [],
+        links=draw(
+            st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "trace_id": hex16.map(lambda h: h * 2),
+                        "span_id": hex16,
+                        "attributes": attributes,
+                    }
+                ),
+                max_size=2,
+            )
+        )
+        if draw(st.integers(0, 3)) == 0
         else [],
     )
 
@@ -264,3 +280,26 @@ def test_a_record_over_more_hours_than_it_holds_takes_the_steps() -> None:
     assert _append(HourlyColumns(), encode_otlp_protobuf(hours)) is None
     assert _append(HourlyColumns(), encode_otlp_protobuf(hours[:8])) == 8
     _same_rows([encode_otlp_protobuf(hours), encode_otlp_protobuf(hours[:8])])
+
+
+def test_events_and_links_are_fused_unless_an_event_is_a_reward() -> None:
+    from spanmill.spans.record import SpanEvent, SpanLink
+
+    event = SpanEvent(name="retry", time_unix_nano=START, attributes={"attempt": 2})
+    link = SpanLink(trace_id="3" * 32, span_id="4" * 16, attributes={"why": "follows"})
+    plain = _span(x=1).model_copy(update={"events": (event,), "links": (link,)})
+    hourly = HourlyColumns()
+    assert _append(hourly, encode_otlp_protobuf([plain])) == 1
+    (table,) = hourly.tables().values()
+    assert json.loads(table.column("events")[0].as_py()) == [
+        {"name": "retry", "time_unix_nano": START, "attributes": {"attempt": 2}}]  # fmt: skip
+    assert json.loads(table.column("links")[0].as_py()) == [
+        {"trace_id": "3" * 32, "span_id": "4" * 16, "attributes": {"why": "follows"}}]  # fmt: skip
+    judged = _span(x=1).model_copy(update={"events": (event.model_copy(
+        update={"name": sc.GEN_AI_EVALUATION_RESULT_EVENT,
+                "attributes": {sc.GEN_AI_EVALUATION_NAME: "exact"}}),)})  # fmt: skip
+    assert _append(HourlyColumns(), encode_otlp_protobuf([judged])) is None
+    # The same rows as the steps, with attribute lists that filter event keys too.
+    records = [encode_otlp_protobuf([plain]), encode_otlp_protobuf([judged, plain])]
+    _same_rows(records)
+    _same_rows(records, {"attributes_deny": ("why",)})
