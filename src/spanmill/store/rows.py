@@ -177,6 +177,8 @@ class ColumnBuilder:
 
     With the C extension (and ``native`` left true) the rows go straight into Arrow
     buffers; otherwise into a list per column (:attr:`columns`), converted at the end.
+    ``decoder``: the native decoder whose columns they are (one is made where none is
+    given and ``native``).
     """
 
     def __init__(self, *, native: bool = True, decoder: Any = None) -> None:
