@@ -979,7 +979,9 @@ static PyObject *part_field(Decoder *st, PyObject *parts, int index, PyObject *n
     return PyObject_GetAttr(parts, name);
 }
 
-/* A Span's repeated fields, as SpanParts keeps them. */
+/* A Span's repeated fields, as SpanParts keeps them. attributes NULL: they are read
+ * later (the fused path, once the span's hour is known); events and links NULL: made
+ * at the first of each. */
 typedef struct {
     Decoder *st;
     PyObject *attributes, *events, *links;
@@ -990,14 +992,18 @@ static int span_lists(const Field *f, void *context)
 {
     SpanLists *lists = context;
     Decoder *st = lists->st;
-    PyObject *item = NULL;
+    if (f->number == 9 && lists->attributes == NULL)
+        return f->wire == WT_LEN ? OK : UNUSUAL;
     if (f->number == 9)
         return attributes_field(st, f, lists->attributes, lists->scanning);
     if (f->wire != WT_LEN)
         return UNUSUAL;
+    PyObject **list = f->number == 11 ? &lists->events : &lists->links, *item = NULL;
+    if (*list == NULL && (*list = PyList_New(0)) == NULL)
+        return ERROR;
     int status = f->number == 11 ? event_of(st, f->bytes, &item, lists->scanning)
                                  : link_of(st, f->bytes, &item, lists->scanning);
-    if (status == OK && PyList_Append(f->number == 11 ? lists->events : lists->links, item) < 0)
+    if (status == OK && PyList_Append(*list, item) < 0)
         status = ERROR;
     Py_XDECREF(item);
     return status;
@@ -1837,13 +1843,10 @@ static PyObject *records_json(Decoder *st, PyObject *items, PyObject *k0, PyObje
     return out;
 }
 
-/* Whether the span may carry a reward: its own evaluation name, or an evaluation event. */
-static int may_reward(Decoder *st, PyObject *attributes, PyObject *events)
+/* Whether a list of events (name, time, attributes) holds an evaluation: 1, 0, or -1
+ * with an exception set. */
+static int evaluation_event(Decoder *st, PyObject *events)
 {
-    if (PyDict_GetItemWithError(attributes, st->rows.reward_name) != NULL)
-        return 1;
-    if (PyErr_Occurred())
-        return -1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
         PyObject *event = PyList_GET_ITEM(events, i);
         if (PyTuple_Check(event) && PyTuple_GET_SIZE(event) > 0) {
@@ -1854,6 +1857,16 @@ static int may_reward(Decoder *st, PyObject *attributes, PyObject *events)
         }
     }
     return 0;
+}
+
+/* Whether the span may carry a reward: its own evaluation name, or an evaluation event. */
+static int may_reward(Decoder *st, PyObject *attributes, PyObject *events)
+{
+    if (PyDict_GetItemWithError(attributes, st->rows.reward_name) != NULL)
+        return 1;
+    if (PyErr_Occurred())
+        return -1;
+    return evaluation_event(st, events);
 }
 
 /* Append `value` (a new reference, stolen; NULL means an error is set) to a column. */
@@ -2556,48 +2569,18 @@ static int span_attribute(Decoder *st, Buf bytes, ColumnsObject *columns, SpanAt
     return status;
 }
 
-/* A span's events and links on the fused path, built as decode() builds them (made at
- * the first of each); its attributes are read once its hour is known. */
-typedef struct {
-    Decoder *st;
-    PyObject *events, *links;
-    Scan *scanning;
-} FusedLists;
-
-static int fused_lists(const Field *f, void *context)
-{
-    FusedLists *lists = context;
-    if (f->wire != WT_LEN)
-        return UNUSUAL;
-    if (f->number == 9)
-        return OK;
-    PyObject **list = f->number == 11 ? &lists->events : &lists->links, *item = NULL;
-    if (*list == NULL && (*list = PyList_New(0)) == NULL)
-        return ERROR;
-    int status = f->number == 11 ? event_of(lists->st, f->bytes, &item, lists->scanning)
-                                 : link_of(lists->st, f->bytes, &item, lists->scanning);
-    if (status == OK && PyList_Append(*list, item) < 0)
-        status = ERROR;
-    Py_XDECREF(item);
-    return status;
-}
-
 /* Whether the steps must take a span's events and links: where the attribute lists
  * filter keys (theirs too), or where an event is an evaluation (a reward, read in
  * Python). Otherwise their JSON goes to its columns (*events and *links: new
  * references, None where the span has none). */
-static int fused_lists_json(Decoder *st, const FusedLists *lists, PyObject **events,
+static int fused_lists_json(Decoder *st, const SpanLists *lists, PyObject **events,
                             PyObject **links)
 {
     if ((lists->events || lists->links) && st->fused.keeps != NULL && st->fused.keeps != Py_None)
         return UNUSUAL;
-    Py_ssize_t count = lists->events ? PyList_GET_SIZE(lists->events) : 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *name = PyTuple_GET_ITEM(PyList_GET_ITEM(lists->events, i), 0);
-        int same = PyObject_RichCompareBool(name, st->rows.reward_event, Py_EQ);
-        if (same != 0)
-            return same < 0 ? ERROR : UNUSUAL;
-    }
+    int evaluation = lists->events ? evaluation_event(st, lists->events) : 0;
+    if (evaluation != 0)
+        return evaluation < 0 ? ERROR : UNUSUAL;
     RowsConfig *rows = &st->rows;
     *events = lists->events ? records_json(st, lists->events, rows->k_name, rows->k_time)
                             : Py_NewRef(Py_None);
@@ -2683,10 +2666,10 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
     uint64_t code = 0;
     Buf all = bytes, message = NONE;
     Py_ssize_t name_chars = 0;
-    FusedLists lists = {st, NULL, NULL, record->scanning};
+    SpanLists lists = {st, NULL, NULL, NULL, record->scanning}; /* attributes: later */
     PyObject *json[2] = {NULL, NULL}; /* the events' and the links' */
     SpanAttributes attributes = {{NONE, NONE, NONE}, 0, 0, NULL};
-    int status = span_fields(bytes, &fields, fused_lists, &lists);
+    int status = span_fields(bytes, &fields, span_lists, &lists);
     /* The record's rules (decode), then the store's: an end it can hold (check_storable). */
     if (status == OK
         && (fields.end > (uint64_t)INT64_MAX || !id_ok(fields.trace, 16)

@@ -16,9 +16,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from spanmill import semconv as sc
 from spanmill.collector import decode
 from spanmill.collector.decode import decode_spans
-from spanmill.collector.receiver import varint
 from spanmill.collector.redact import Redactor
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
+from spanmill.spans.protowire import varint
 from spanmill.store.rows import SpanParts, native_decoder
 
 MAX = 1024 * 1024

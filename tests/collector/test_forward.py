@@ -184,3 +184,11 @@ def test_the_receiver_forwards_protobuf_as_it_came_and_json_encoded_again() -> N
     assert sorted((s for _, v in kept.sent for s in detect_and_decode(v)), key=_key) == sorted(
         (s for _, v in producer.sent for s in detect_and_decode(v)), key=_key
     )
+
+
+def test_a_span_too_large_once_stamped_is_refused_by_name() -> None:
+    (span,) = [llm_span(1, trace_id="d" * 32)]
+    body = encode_otlp_protobuf([span])
+    reply = _post(KeptProducer(), body, len(body) + 2, "application/x-protobuf")
+    assert reply.status_code == 413
+    assert f"span {span.span_id} of trace {'d' * 32}".encode() in reply.content

@@ -70,7 +70,7 @@ def test_the_native_appender_is_in_use() -> None:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(parts(), min_size=1, max_size=4))
 def test_native_rows_match_python_rows(batch: list[SpanParts]) -> None:
-    native, python = ColumnBuilder(), ColumnBuilder(native=False)
+    native, python = ColumnBuilder(), ColumnBuilder(decoder=None)
     shared = batch[0].resource_attributes
     for index, span in enumerate(batch):
         if index % 2:
@@ -92,7 +92,7 @@ def test_native_rows_match_python_rows(batch: list[SpanParts]) -> None:
 
 
 def _same_tables(batch: list[SpanParts]) -> None:
-    native, python = ColumnBuilder(), ColumnBuilder(native=False)
+    native, python = ColumnBuilder(), ColumnBuilder(decoder=None)
     for index, span in enumerate(batch):
         twin = copy.deepcopy(span)
         native.append(span, "spans", 3, 7 + index, index, 1_750_000_000_000 + index)
@@ -156,7 +156,7 @@ def test_a_row_that_fails_part_way_leaves_the_columns_as_they_were() -> None:
         native.append(bad, "spans", 3, 99, 0, 1_750_000_000_000)
     for index, span in enumerate(copy.deepcopy(good[9:]), start=9):
         native.append(span, "spans", 3, 7 + index, index, 1_750_000_000_000 + index)
-    python = ColumnBuilder(native=False)
+    python = ColumnBuilder(decoder=None)
     for index, span in enumerate(copy.deepcopy(good)):
         python.append(span, "spans", 3, 7 + index, index, 1_750_000_000_000 + index)
     assert native.rows == python.rows == len(good)

@@ -110,7 +110,6 @@ class BatchProcessor:
         self, config: ProcessingConfig, *, fused: bool = True, native: bool = True
     ) -> None:
         self.config = config
-        self.native = native
         self.writer = StoreWriter(
             config.store_url,
             config.storage_options,
@@ -177,7 +176,7 @@ class BatchProcessor:
     def _process(self, job: BatchJob) -> BatchOutcome:
         started = time.perf_counter()
         batch = job.batch
-        hourly = HourlyColumns(native=False, decoder=self.decoder)
+        hourly = HourlyColumns(decoder=self.decoder)
         dead: list[tuple[int, str, str]] = []
         redactions: dict[str, int] = {}
         translations: dict[str, int] = {}

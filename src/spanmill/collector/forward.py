@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from spanmill.spans.protowire import read_varint, varint
+
 _LEN = 2
 
 
 @dataclass(frozen=True, slots=True)
 class WireSpan:
     trace_id: str  # 32 lowercase hex characters
+    span_id: str  # 16 lowercase hex characters
     scope: int  # which of the request's scopes holds it
     data: bytes  # the Span message
 
@@ -55,9 +58,9 @@ class WireRequest:
             for scope, datas in scopes.items():
                 inner = bytearray(self.scopes[scope][1])
                 for data in datas:
-                    inner += _len_field(2, data)
-                body += _len_field(2, bytes(inner))
-            out += _len_field(1, bytes(body))
+                    inner += len_field(2, data)
+                body += len_field(2, bytes(inner))
+            out += len_field(1, bytes(body))
         return bytes(out)
 
 
@@ -65,7 +68,7 @@ def split(payload: bytes, producer_key: str, producer: str) -> WireRequest:
     """Take an ExportTraceServiceRequest apart; each resource gains the attribute
     ``producer_key`` = ``producer`` (the request's own values of it left out)."""
     request = WireRequest()
-    stamp = _len_field(1, _key_value(producer_key, producer))
+    stamp = len_field(1, _key_value(producer_key, producer))
     for number, wire, _, value, end in _fields(payload):
         if number != 1 or wire != _LEN:
             raise ValueError(f"field {number} is not in an export request")
@@ -75,14 +78,14 @@ def split(payload: bytes, producer_key: str, producer: str) -> WireRequest:
         for n, w, s, v, e in _fields(payload, value, end):
             if n == 1 and w == _LEN:
                 resource = _without_key(payload, v, e, producer_key) + stamp
-                own += _len_field(1, resource)
+                own += len_field(1, resource)
                 stamped = True
             elif n == 2 and w == _LEN:
                 _scope_spans(payload, v, e, index, request)
             else:
                 own += payload[s:e]
         if not stamped:
-            own += _len_field(1, stamp)
+            own += len_field(1, stamp)
         request.resources.append(bytes(own))
     return request
 
@@ -92,19 +95,21 @@ def _scope_spans(payload: bytes, start: int, end: int, resource: int, out: WireR
     own = bytearray()
     for n, w, s, v, e in _fields(payload, start, end):
         if n == 2 and w == _LEN:
-            out.spans.append(WireSpan(_trace_id(payload, v, e), scope, payload[v:e]))
+            out.spans.append(WireSpan(*_ids(payload, v, e), scope, payload[v:e]))
         else:
             own += payload[s:e]
     out.scopes.append((resource, bytes(own)))
 
 
-def _trace_id(payload: bytes, start: int, end: int) -> str:
+def _ids(payload: bytes, start: int, end: int) -> tuple[str, str]:
+    """A span's trace and span ids, in hex."""
+    ids: dict[int, str] = {}
     for n, w, _, v, e in _fields(payload, start, end):
-        if n == 1 and w == _LEN:
-            if e - v != 16:
-                raise ValueError("a span's trace id is not 16 bytes")
-            return payload[v:e].hex()
-    raise ValueError("a span has no trace id")
+        if n in (1, 2) and w == _LEN:
+            ids[n] = payload[v:e].hex()
+    if len(ids.get(1, "")) != 32:
+        raise ValueError("a span has no trace id of 16 bytes")
+    return ids[1], ids.get(2, "")
 
 
 def _without_key(payload: bytes, start: int, end: int, key: str) -> bytes:
@@ -127,32 +132,12 @@ def _key_of(payload: bytes, start: int, end: int) -> bytes | None:
 
 def _key_value(key: str, text: str) -> bytes:
     """A KeyValue of a string value."""
-    return _len_field(1, key.encode()) + _len_field(2, _len_field(1, text.encode()))
+    return len_field(1, key.encode()) + len_field(2, len_field(1, text.encode()))
 
 
-def _len_field(number: int, data: bytes) -> bytes:
-    return _varint(number << 3 | _LEN) + _varint(len(data)) + data
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while pos < end and shift < 64:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise ValueError("a varint runs past its message")
+def len_field(number: int, data: bytes) -> bytes:
+    """A length-delimited field: its tag, its length and ``data``."""
+    return varint(number << 3 | _LEN) + varint(len(data)) + data
 
 
 def _fields(
@@ -163,14 +148,14 @@ def _fields(
     byte) and where it ends."""
     pos, end = start, len(data) if end is None else end
     while pos < end:
-        tag, value = _read_varint(data, pos, end)
+        tag, value = read_varint(data, pos, end)
         number, wire = tag >> 3, tag & 7
         if wire == 0:
-            _, after = _read_varint(data, value, end)
+            _, after = read_varint(data, value, end)
         elif wire == 1:
             after = value + 8
         elif wire == _LEN:
-            size, value = _read_varint(data, value, end)
+            size, value = read_varint(data, value, end)
             after = value + size
         elif wire == 5:
             after = value + 4

@@ -41,6 +41,8 @@ from spanmill.collector.decode import native_may_read
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.keys import ANONYMOUS
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
+from spanmill.spans.errors import BAD_PROTOBUF
+from spanmill.spans.protowire import varint
 from spanmill.store.rows import native_decoder
 
 log = logging.getLogger(__name__)
@@ -64,24 +66,11 @@ class Reply:
     headers: dict[str, str]
 
 
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def status_message(code: int, message: str, as_json: bool) -> bytes:
     """A ``google.rpc.Status``: written by hand, it is two fields."""
     if as_json:
         return json.dumps({"code": code, "message": message}).encode()
-    text = message.encode()
-    return b"\x08" + varint(code) + b"\x12" + varint(len(text)) + text
+    return b"\x08" + varint(code) + forward.len_field(2, message.encode())
 
 
 def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
@@ -170,8 +159,8 @@ class OtlpReceiver:
                     413,
                     status_message(
                         _INVALID_ARGUMENT,
-                        f"a span of trace {trace_id} is over {self.max_bytes} bytes once "
-                        "encoded; keep large payloads out of span attributes",
+                        f"span {over[0].span_id} of trace {trace_id} is over {self.max_bytes} "
+                        "bytes once encoded; keep large payloads out of span attributes",
                         as_json,
                     ),
                     as_json,
@@ -207,7 +196,7 @@ class OtlpReceiver:
                 try:
                     wire = forward.split(body, sc.SPANMILL_PRODUCER, producer)
                 except ValueError as exc:  # what the decoder read, framed: not expected
-                    raise SpanDecodeError("bad_protobuf", str(exc)) from None
+                    raise SpanDecodeError(BAD_PROTOBUF, str(exc)) from None
                 traces: dict[str, tuple[Sequence[Any], Callable[[Any], bytes]]] = {
                     t: (spans, wire.encode) for t, spans in wire.traces().items()
                 }

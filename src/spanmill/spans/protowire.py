@@ -1,9 +1,11 @@
-"""Saying where a protobuf payload is broken, once the parser has refused it.
+"""The protobuf wire format by hand: varints, and saying where a payload is broken.
 
 The protobuf runtime reports any failure as one generic "Error parsing message".
 A producer needs more: which field holds invalid UTF-8, or where the bytes end
-early. This walks the wire format against the message descriptor and finds the
-first fault. It runs only on the error path, so it is plain Python.
+early. :func:`diagnose` walks the wire format against the message descriptor and
+finds the first fault. It runs only on the error path, so it is plain Python.
+:func:`read_varint` and :func:`varint` also serve the receiver's forwarding
+(:mod:`spanmill.collector.forward`) and its replies.
 """
 
 from __future__ import annotations
@@ -57,7 +59,16 @@ def _expected_wire(field: FieldDescriptor) -> int:
     return _VARINT
 
 
-def _varint(data: bytes, pos: int, end: int, where: str) -> tuple[int, int]:
+class VarintError(ValueError):
+    """A varint that runs past its message or over 64 bits; ``at``: where reading stopped."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(f"a varint runs past its message or over 64 bits at byte {at}")
+        self.at = at
+
+
+def read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The varint at ``data[pos:end]`` and where it ends; VarintError where it cannot."""
     result = shift = 0
     while pos < end and shift < 64:
         byte = data[pos]
@@ -66,7 +77,26 @@ def _varint(data: bytes, pos: int, end: int, where: str) -> tuple[int, int]:
         if not byte & 0x80:
             return result, pos
         shift += 7
-    raise _Fault(BAD_PROTOBUF, f"{where}: truncated or overlong varint ending at byte {pos}")
+    raise VarintError(pos)
+
+
+def varint(value: int) -> bytes:
+    """``value`` (not negative) as a varint."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _varint(data: bytes, pos: int, end: int, where: str) -> tuple[int, int]:
+    try:
+        return read_varint(data, pos, end)
+    except VarintError as exc:
+        raise _Fault(
+            BAD_PROTOBUF, f"{where}: truncated or overlong varint ending at byte {exc.at}"
+        ) from None
 
 
 def _walk(data: bytes, pos: int, end: int, descriptor: Descriptor, path: str) -> None:

@@ -168,6 +168,9 @@ def _json_or_none(value: Any) -> str | None:
     return _JSON.encode(value) if value else None
 
 
+# ColumnBuilder's and HourlyColumns' default: a native decoder of their own.
+NEW_DECODER: Final = object()
+
 _PROMOTED_BY_KEY: Final = {promoted.key: promoted for promoted in PROMOTED}
 _PROMOTED_KEYS: Final = frozenset(_PROMOTED_BY_KEY)
 
@@ -175,14 +178,13 @@ _PROMOTED_KEYS: Final = frozenset(_PROMOTED_BY_KEY)
 class ColumnBuilder:
     """Rows of one Arrow table, gathered column by column.
 
-    With the C extension (and ``native`` left true) the rows go straight into Arrow
-    buffers; otherwise into a list per column (:attr:`columns`), converted at the end.
-    ``decoder``: the native decoder whose columns they are (one is made where none is
-    given and ``native``).
+    With a native decoder (``decoder``; by default a new one, where the package has
+    its C extension) the rows go straight into Arrow buffers; with None, into a list
+    per column (:attr:`columns`), converted at the end.
     """
 
-    def __init__(self, *, native: bool = True, decoder: Any = None) -> None:
-        if decoder is None and native:
+    def __init__(self, *, decoder: Any = NEW_DECODER) -> None:
+        if decoder is NEW_DECODER:
             decoder = native_decoder()
         self._decoder = decoder
         self._native = decoder.columns() if decoder is not None else None
@@ -393,13 +395,10 @@ NATIVE_ROWS: Final = native.module is not None
 class HourlyColumns:
     """Rows split by the hour of their span's start time: one table per hour folder."""
 
-    def __init__(self, *, native: bool = True, decoder: Any = None) -> None:
-        """``decoder``: the native decoder whose columns the rows go to (made here where
-        ``native`` and none is given); the collector's fused decoder must be the same."""
-        if decoder is None and native:
-            decoder = native_decoder()
-        self.native = decoder is not None
-        self.decoder = decoder
+    def __init__(self, *, decoder: Any = NEW_DECODER) -> None:
+        """``decoder``: the native decoder whose columns the rows go to (by default a new
+        one; None: rows in Python); the collector's fused decoder must be the same."""
+        self.decoder = native_decoder() if decoder is NEW_DECODER else decoder
         self.hours: dict[int, ColumnBuilder] = {}
         # Each hour's native columns, for the collector's fused decoder (which adds rows
         # itself, and counts them into ``rows``).
@@ -410,7 +409,7 @@ class HourlyColumns:
         """The hour's builder, made if new."""
         builder = self.hours.get(hour)
         if builder is None:
-            builder = self.hours[hour] = ColumnBuilder(native=False, decoder=self.decoder)
+            builder = self.hours[hour] = ColumnBuilder(decoder=self.decoder)
             if builder.native_columns is not None:
                 self.native_hours[hour] = builder.native_columns
         return builder
