@@ -42,6 +42,15 @@ def _compact(url: str) -> subprocess.Popen[bytes]:
     )
 
 
+def _work_begun(url: str, before: set[str], job: subprocess.Popen[bytes]) -> None:
+    """Wait until ``job`` writes its first compacted part (a name not in ``before``) or
+    ends: a slow start (imports, the calls' join) must not use up the time to the kill."""
+    while job.poll() is None:
+        if any(p.name not in before for p in Path(url).rglob("compacted-*.parquet")):
+            return
+        time.sleep(0.01)
+
+
 def _midway(url: str, first: int, hours: int) -> int:
     """1 when a killed run left work half done: some earlier hours compacted and some
     not, or parts of a generation that never completed."""
@@ -112,9 +121,11 @@ def test_readers_count_exactly_while_compaction_is_killed_and_the_collector_writ
     kills = midway = 0
     try:
         for _ in range(10):
+            before = {p.name for p in Path(url).rglob("compacted-*.parquet")}
             job = _compact(url)
+            _work_begun(url, before, job)
             try:
-                job.wait(timeout=rng.uniform(0.6, 2.2))
+                job.wait(timeout=rng.uniform(0.0, 1.2))
             except subprocess.TimeoutExpired:
                 os.killpg(job.pid, signal.SIGKILL)
                 job.wait()
