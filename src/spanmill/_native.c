@@ -108,6 +108,9 @@ typedef struct {
     PyObject *k_name, *k_time, *k_attributes, *k_trace, *k_span; /* event and link keys */
     int fused; /* the columns are laid out as append_record writes them */
     unsigned long generation; /* counts configure_rows() calls; Columns carry theirs */
+    /* per column, the largest values, offsets and validity a finished Columns held: what
+     * new Columns reserve, so that a batch's buffers are not copied as they grow */
+    Py_ssize_t (*sizes)[3];
 } RowsConfig;
 
 typedef struct {
@@ -1310,6 +1313,7 @@ typedef struct {
     Mark *record; /* and before the record being appended (append_record) */
     PyObject *owner;          /* the Decoder whose columns() made them */
     unsigned long generation; /* its configure_rows() they were made for */
+    int finished;             /* finish() took their buffers: no more rows */
 } ColumnsObject;
 
 static PyTypeObject ColumnsType;
@@ -1334,6 +1338,21 @@ static int reserve(Bytes *b, Py_ssize_t more)
     }
     b->data = data;
     b->capacity = capacity;
+    return 0;
+}
+
+/* Room for `size` bytes in all, allocated now. */
+static int presize(Bytes *b, Py_ssize_t size)
+{
+    if (size <= b->capacity)
+        return 0;
+    char *data = PyMem_Realloc(b->data, (size_t)size);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->capacity = size;
     return 0;
 }
 
@@ -1543,27 +1562,81 @@ static void columns_dealloc(ColumnsObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *bytes_of(const Bytes *b)
+/* A column's buffer handed over to Arrow by finish(): its memory, not a copy of it,
+ * read through the buffer protocol and freed when Arrow lets go of it. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t size;
+} BufferObject;
+
+static int buffer_get(BufferObject *self, Py_buffer *view, int flags)
 {
-    return PyBytes_FromStringAndSize(b->data ? b->data : "", b->size);
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data ? self->data : (char *)NOTHING,
+                             self->size, 1, flags);
 }
 
-/* finish() -> [list | (nulls, validity | None, offsets | None, values, items)] per column */
+static void buffer_dealloc(BufferObject *self)
+{
+    PyMem_Free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyBufferProcs buffer_procs = {(getbufferproc)buffer_get, NULL};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "spanmill._native.Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_dealloc = (destructor)buffer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A finished column's buffer, read-only, through the buffer protocol.",
+    .tp_as_buffer = &buffer_procs,
+};
+
+/* The buffer's memory as a Buffer; the column holds none after. */
+static PyObject *handed_over(Bytes *b)
+{
+    BufferObject *out = PyObject_New(BufferObject, &BufferType);
+    if (out == NULL)
+        return NULL;
+    out->data = b->data;
+    out->size = b->size;
+    *b = (Bytes){NULL, 0, 0};
+    return (PyObject *)out;
+}
+
+/* finish() -> [list | (nulls, validity | None, offsets | None, values, items)] per column:
+ * the buffers themselves, not copies; the Columns take no rows after. */
 static PyObject *columns_finish(ColumnsObject *self, PyObject *Py_UNUSED(ignored))
 {
+    if (self->finished) {
+        PyErr_SetString(PyExc_RuntimeError, "these Columns were finished already");
+        return NULL;
+    }
     PyObject *out = PyList_New(self->width);
     if (out == NULL)
         return NULL;
+    self->finished = 1;
+    Decoder *owner = (Decoder *)self->owner;
+    if (owner->rows.sizes != NULL && owner->rows.generation == self->generation)
+        for (Py_ssize_t i = 0; i < self->width; i++) {
+            const Column *c = &self->columns[i];
+            Py_ssize_t *size = owner->rows.sizes[i];
+            size[0] = Py_MAX(size[0], c->values.size);
+            size[1] = Py_MAX(size[1], c->offsets.size);
+            size[2] = Py_MAX(size[2], c->validity.size);
+        }
     for (Py_ssize_t i = 0; i < self->width; i++) {
         Column *c = &self->columns[i];
         PyObject *item;
         if (c->kind == A_OBJECT) {
             item = PyList_GetSlice(c->objects, 0, PyList_GET_SIZE(c->objects));
         } else {
-            PyObject *validity = c->nulls ? bytes_of(&c->validity) : Py_NewRef(Py_None);
+            PyObject *validity = c->nulls ? handed_over(&c->validity) : Py_NewRef(Py_None);
             PyObject *offset_bytes =
-                has_offsets(c->kind) ? bytes_of(&c->offsets) : Py_NewRef(Py_None);
-            PyObject *values = bytes_of(&c->values);
+                has_offsets(c->kind) ? handed_over(&c->offsets) : Py_NewRef(Py_None);
+            PyObject *values = handed_over(&c->values);
             item = validity && offset_bytes && values
                        ? Py_BuildValue("(nOOOn)", c->nulls, validity, offset_bytes, values, c->items)
                        : NULL;
@@ -1718,6 +1791,8 @@ static void clear_rows(Decoder *st)
     Py_CLEAR(st->rows.k_span);
     PyMem_Free(st->rows.kinds);
     st->rows.kinds = NULL;
+    PyMem_Free(st->rows.sizes);
+    st->rows.sizes = NULL;
     Py_CLEAR(st->fused.classes);
     Py_CLEAR(st->fused.fallback);
     Py_CLEAR(st->fused.keeps);
@@ -1744,7 +1819,8 @@ static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t n
     PyObject *names = args[0];
     st->rows.width = PyTuple_GET_SIZE(names);
     st->rows.kinds = PyMem_Calloc((size_t)st->rows.width, sizeof(int));
-    if (st->rows.kinds == NULL)
+    st->rows.sizes = PyMem_Calloc((size_t)st->rows.width, sizeof *st->rows.sizes);
+    if (st->rows.kinds == NULL || st->rows.sizes == NULL)
         return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < st->rows.width; i++) {
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(args[7], i));
@@ -1892,7 +1968,8 @@ static int columns_of(Decoder *st, PyObject *columns)
     return PyObject_TypeCheck(columns, &ColumnsType)
            && ((ColumnsObject *)columns)->owner == (PyObject *)st
            && ((ColumnsObject *)columns)->generation == st->rows.generation
-           && ((ColumnsObject *)columns)->width == st->rows.width;
+           && ((ColumnsObject *)columns)->width == st->rows.width
+           && !((ColumnsObject *)columns)->finished;
 }
 
 static PyObject *new_columns(Decoder *st, PyObject *Py_UNUSED(ignored))
@@ -1908,6 +1985,7 @@ static PyObject *new_columns(Decoder *st, PyObject *Py_UNUSED(ignored))
     self->generation = st->rows.generation;
     self->width = st->rows.width;
     self->rows = 0;
+    self->finished = 0;
     self->columns = PyMem_Calloc((size_t)st->rows.width, sizeof(Column));
     self->marks = PyMem_Calloc((size_t)st->rows.width, sizeof(Mark));
     self->record = PyMem_Calloc((size_t)st->rows.width, sizeof(Mark));
@@ -1922,6 +2000,12 @@ static PyObject *new_columns(Decoder *st, PyObject *Py_UNUSED(ignored))
         Column *c = &self->columns[i];
         c->kind = st->rows.kinds[i];
         if (c->kind == A_OBJECT && (c->objects = PyList_New(0)) == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        const Py_ssize_t *size = st->rows.sizes[i];
+        if (presize(&c->values, size[0]) < 0 || presize(&c->offsets, size[1]) < 0
+            || presize(&c->validity, size[2]) < 0) {
             Py_DECREF(self);
             return NULL;
         }
@@ -2080,7 +2164,8 @@ static PyObject *append_row(Decoder *st, PyObject *const *args, Py_ssize_t nargs
     if (nargs != 7 || !columns_of(st, args[0])) {
         PyErr_SetString(PyExc_TypeError,
                         "append_row(columns, parts, topic, partition, offset, index, timestamp): "
-                        "columns from this decoder's columns() since its last configure_rows()");
+                        "unfinished columns from this decoder's columns() since its last "
+                        "configure_rows()");
         return NULL;
     }
     PyObject *columns = args[0], *parts = args[1];
@@ -2507,8 +2592,8 @@ static int record_columns(Decoder *st, Record *record, uint64_t hour)
     if (!columns_of(st, columns)) {
         Py_DECREF(columns);
         PyErr_SetString(PyExc_TypeError,
-                        "hours must give Columns from this decoder's columns() since its last "
-                        "configure_rows()");
+                        "hours must give unfinished Columns from this decoder's columns() since "
+                        "its last configure_rows()");
         return ERROR;
     }
     int at = record->held_count++;
@@ -2956,7 +3041,8 @@ PyMODINIT_FUNC PyInit__native(void)
         if (STATUS_NAMES[i] == NULL
             && (STATUS_NAMES[i] = PyUnicode_InternFromString(statuses[i])) == NULL)
             return NULL;
-    if (PyType_Ready(&ColumnsType) < 0 || PyType_Ready(&DecoderType) < 0)
+    if (PyType_Ready(&ColumnsType) < 0 || PyType_Ready(&DecoderType) < 0
+        || PyType_Ready(&BufferType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)

@@ -228,6 +228,21 @@ def test_a_plain_record_is_fused() -> None:
     assert table.column("kafka_index").to_pylist() == [0, 1]
 
 
+def _finished(hourly: HourlyColumns) -> dict[int, list[Any]]:
+    """Each hour's finished columns, their buffers' bytes read out."""
+
+    def plain(column: Any) -> Any:
+        if isinstance(column, list):
+            return column
+        return tuple(bytes(memoryview(part)) if part is not None and not isinstance(part, int)
+                     else part for part in column)  # fmt: skip
+
+    return {
+        hour: [plain(column) for column in columns.finish()]
+        for hour, columns in hourly.native_hours.items()
+    }
+
+
 @pytest.mark.parametrize(
     ("second", "fallback"),
     [
@@ -239,16 +254,14 @@ def test_a_plain_record_is_fused() -> None:
 def test_a_record_given_back_leaves_every_column_as_it_was(
     second: Span, fallback: frozenset[str]
 ) -> None:
-    hourly = HourlyColumns()
-    assert _append(hourly, encode_otlp_protobuf([_span(x=1)]), fallback) == 1
+    hourly, twin = HourlyColumns(), HourlyColumns()
+    first = encode_otlp_protobuf([_span(x=1)])
+    assert _append(hourly, first, fallback) == 1 and _append(twin, first, fallback) == 1
     (columns,) = hourly.native_hours.values()
-    before = columns.finish()
     # The first span of the record is written before the second sends it back.
     assert _append(hourly, encode_otlp_protobuf([_span(y=2), second]), fallback) is None
     assert columns.rows == 1
-    assert columns.finish() == before
-    # An hour made for a record given back holds no rows and gets no file.
-    assert list(hourly.tables()) == [START // HOUR]
+    assert _finished(hourly) == _finished(twin)
 
 
 def test_a_record_over_two_hours_is_fused_into_both() -> None:
@@ -262,9 +275,9 @@ def test_a_record_over_two_hours_is_fused_into_both() -> None:
 
 
 def test_a_record_given_back_takes_back_its_rows_from_every_hour() -> None:
-    hourly = HourlyColumns()
-    assert _append(hourly, encode_otlp_protobuf([_span(x=1), _span(start=START + HOUR)])) == 2
-    before = {hour: columns.finish() for hour, columns in hourly.native_hours.items()}
+    hourly, twin = HourlyColumns(), HourlyColumns()
+    first = encode_otlp_protobuf([_span(x=1), _span(start=START + HOUR)])
+    assert _append(hourly, first) == 2 and _append(twin, first) == 2
     # Two hours written, then the third span has what redaction looks for.
     payload = encode_otlp_protobuf(
         [_span(y=1), _span(start=START + HOUR, y=2), _span(note="write to ops@example.com")]
@@ -272,7 +285,20 @@ def test_a_record_given_back_takes_back_its_rows_from_every_hour() -> None:
     assert _append(hourly, payload) is None
     assert {hour: columns.rows for hour, columns in hourly.native_hours.items()} == {
         START // HOUR: 1, START // HOUR + 1: 1}  # fmt: skip
-    assert {hour: columns.finish() for hour, columns in hourly.native_hours.items()} == before
+    assert _finished(hourly) == _finished(twin)
+
+
+def test_finished_columns_hand_over_their_buffers_and_take_no_more_rows() -> None:
+    hourly = HourlyColumns()
+    assert _append(hourly, encode_otlp_protobuf([_span(x=1)])) == 1
+    (columns,) = hourly.native_hours.values()
+    finished = columns.finish()
+    names = [column for column in finished if not isinstance(column, list)][0]
+    assert type(names[3]).__name__ == "Buffer" and memoryview(names[3]).readonly
+    with pytest.raises(RuntimeError, match="finished already"):
+        columns.finish()
+    with pytest.raises(TypeError, match="unfinished Columns"):
+        _append(hourly, encode_otlp_protobuf([_span(x=2)]))
 
 
 def test_a_record_over_more_hours_than_it_holds_takes_the_steps() -> None:
