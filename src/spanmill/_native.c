@@ -1324,23 +1324,6 @@ static int has_offsets(int kind)
     return kind == A_STR || kind == A_LIST_I64 || kind == A_LIST_F64;
 }
 
-static int reserve(Bytes *b, Py_ssize_t more)
-{
-    if (b->size + more <= b->capacity)
-        return 0;
-    Py_ssize_t capacity = b->capacity ? b->capacity : 256;
-    while (capacity < b->size + more)
-        capacity *= 2;
-    char *data = PyMem_Realloc(b->data, (size_t)capacity);
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    b->data = data;
-    b->capacity = capacity;
-    return 0;
-}
-
 /* Room for `size` bytes in all, allocated now. */
 static int presize(Bytes *b, Py_ssize_t size)
 {
@@ -1354,6 +1337,17 @@ static int presize(Bytes *b, Py_ssize_t size)
     b->data = data;
     b->capacity = size;
     return 0;
+}
+
+/* Room for `more` bytes past the end: the capacity doubles until they fit. */
+static int reserve(Bytes *b, Py_ssize_t more)
+{
+    if (b->size + more <= b->capacity)
+        return 0;
+    Py_ssize_t capacity = b->capacity ? b->capacity : 256;
+    while (capacity < b->size + more)
+        capacity *= 2;
+    return presize(b, capacity);
 }
 
 static int push(Bytes *b, const void *data, Py_ssize_t size)
