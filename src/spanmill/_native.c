@@ -30,6 +30,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <string.h>
 
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
@@ -134,6 +135,30 @@ typedef struct {
     uint8_t bytes[KEY_MAX_BYTES];
 } KeySlot;
 
+typedef struct {
+    const uint8_t *literal;
+    Py_ssize_t length;
+    const uint8_t *allowed; /* 256 flags: the bytes that may follow the literal */
+    Py_ssize_t need;        /* how many of them must */
+} Gate;
+
+#define MAX_GATES 64
+
+enum { PLAIN = 0, START = 1, DIGIT = 2, SEPARATOR = 4, WIDE = 8 };
+
+/* The texts of the spans being decoded that redaction would read, and what is sought:
+ * gates, each byte's kind, and by first byte the gates that begin with it (first[c]:
+ * a gate's index plus one, 0 for none; then next[] along the gates that share it). */
+typedef struct {
+    Py_ssize_t count;
+    Py_ssize_t need;
+    uint8_t kind[256];
+    uint8_t first[256];
+    uint8_t next[MAX_GATES];
+    int found;
+    Gate gates[MAX_GATES]; /* last: a copy takes the `count` in use */
+} Scan;
+
 /* Everything a decoder knows and remembers, owned by a Decoder object: the module itself
  * keeps nothing that changes after it loads, so two decoders never see each other's
  * settings, key caches or Columns. */
@@ -143,6 +168,8 @@ typedef struct {
     RowsConfig rows;
     FusedState fused;
     KeySlot key_cache[KEY_SLOTS];
+    PyObject *gates; /* the gates last parsed, into scan: a record's scan starts as a copy */
+    Scan scan;
 } Decoder;
 
 static inline int read_varint(Buf *b, uint64_t *out)
@@ -347,14 +374,6 @@ static int hex_id(Buf bytes, Py_ssize_t size, PyObject **out)
     return OK;
 }
 
-typedef struct {
-    const uint8_t *literal;
-    Py_ssize_t length;
-    const uint8_t *allowed; /* 256 flags: the bytes that may follow the literal */
-    Py_ssize_t need;        /* how many of them must */
-} Gate;
-
-#define MAX_GATES 64
 
 static int parse_gates(PyObject *gates, Gate *out, Py_ssize_t *count)
 {
@@ -399,20 +418,6 @@ static int gate_here(const Gate *gate, const uint8_t *p, const uint8_t *end)
     return run >= gate->need;
 }
 
-enum { PLAIN = 0, START = 1, DIGIT = 2, SEPARATOR = 4, WIDE = 8 };
-
-/* The texts of the spans being decoded that redaction would read, and what is sought:
- * gates, each byte's kind, and by first byte the gates that begin with it (first[c]:
- * a gate's index plus one, 0 for none; then next[] along the gates that share it). */
-typedef struct {
-    Gate gates[MAX_GATES];
-    Py_ssize_t count;
-    Py_ssize_t need;
-    uint8_t kind[256];
-    uint8_t first[256];
-    uint8_t next[MAX_GATES];
-    int found;
-} Scan;
 
 /* What each byte may begin (a literal, a digit, a separator, a longer character), and
  * the gates each byte begins. */
@@ -1199,10 +1204,8 @@ static int resource_spans(Decoder *st, Buf bytes, PyObject *out, Scan *scanning)
 
 /* A call's scan state for these gates and digit run. The same gates come with every
  * call: they are parsed once and kept, with a reference, for the calls after. */
-static int scan_setup(PyObject *gates, PyObject *digits, Scan *state)
+static int scan_setup(Decoder *st, PyObject *gates, PyObject *digits, Scan *state)
 {
-    static PyObject *parsed_gates = NULL;
-    static Scan parsed;
     if (!PyTuple_Check(gates)) {
         PyErr_SetString(PyExc_TypeError, "gates must be a tuple");
         return -1;
@@ -1210,15 +1213,15 @@ static int scan_setup(PyObject *gates, PyObject *digits, Scan *state)
     Py_ssize_t need = PyLong_AsSsize_t(digits);
     if (need == -1 && PyErr_Occurred())
         return -1;
-    if (gates == parsed_gates) {
-        memcpy(state, &parsed, sizeof *state);
+    if (gates == st->gates) {
+        memcpy(state, &st->scan, offsetof(Scan, gates) + (size_t)st->scan.count * sizeof(Gate));
     } else {
         /* Parsed into this call's own state first: parsing may run Python code. */
         if (parse_gates(gates, state->gates, &state->count) < 0)
             return -1;
         byte_kinds(state);
-        memcpy(&parsed, state, sizeof parsed);
-        Py_XSETREF(parsed_gates, Py_NewRef(gates));
+        memcpy(&st->scan, state, sizeof st->scan);
+        Py_XSETREF(st->gates, Py_NewRef(gates)); /* keeps the literals and tables alive */
     }
     state->need = need;
     state->found = 0;
@@ -1239,7 +1242,7 @@ static PyObject *decode(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
         return NULL;
     }
-    if (nargs == 3 && scan_setup(args[1], args[2], &scan_state) < 0)
+    if (nargs == 3 && scan_setup(st, args[1], args[2], &scan_state) < 0)
         return NULL;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -2861,7 +2864,7 @@ static PyObject *append_record(Decoder *st, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     if (args[3] != Py_None) {
-        if (scan_setup(args[3], args[4], &scan_state) < 0)
+        if (scan_setup(st, args[3], args[4], &scan_state) < 0)
             return NULL;
         record.scanning = &scan_state;
     }
@@ -3003,6 +3006,7 @@ static void decoder_dealloc(Decoder *st)
     Py_XDECREF(st->cfg.parts_type);
     for (int i = 0; i < KEY_SLOTS; i++)
         Py_XDECREF(st->key_cache[i].key);
+    Py_XDECREF(st->gates);
     Py_TYPE(st)->tp_free((PyObject *)st);
 }
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+import re
+from pathlib import Path
+from typing import Any, Final
 
 import pyarrow as pa
 import pytest
@@ -240,3 +242,23 @@ def test_decoders_keep_their_own_settings() -> None:
     assert strict.decode(payload) is None
     assert usual is not None and usual.decode(payload)[0].name == "a longer name"
     assert strict.decode(payload) is None
+
+
+# What the extension may keep at file scope: its type objects and method tables, and the
+# names of span kinds and status codes, made once when it loads.
+_FILE_SCOPE: Final = {
+    "KIND_NAMES", "STATUS_NAMES", "ColumnsType", "BufferType", "DecoderType", "buffer_procs",
+    "columns_methods", "columns_getset", "decoder_methods", "module_def",
+}  # fmt: skip
+
+
+def test_the_extension_keeps_no_mutable_state_of_its_own() -> None:
+    """Every static variable is const, or one of the things made once at load: what a
+    decoder learns lives in the Decoder object, never in the module."""
+    source = (Path(rows.__file__).parents[1] / "_native.c").read_text()
+    declared = re.findall(
+        r"^\s*static\s+(?!const\b|inline\b)[\w\s]+?\**\s*(\w+)\s*(?:\[[^\]]*\])?\s*(?:=|;)",
+        source,
+        flags=re.MULTILINE,
+    )
+    assert declared and set(declared) <= _FILE_SCOPE, sorted(set(declared) - _FILE_SCOPE)
