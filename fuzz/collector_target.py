@@ -1,8 +1,9 @@
 """Fuzz target: any record bytes, through the collector's native path and its steps.
 
 Each input is one Kafka record value. Two processors take it: one with the C
-extension's fused path (wire bytes to store columns, ``spanmill._native``), one
-that takes the Python steps for every record (decode, translate, redact, append).
+extension's native path (wire bytes to store columns, ``spanmill._native``), one
+that takes the Python steps for every record (the authority decodes, then translate,
+redact, append).
 They must store the same rows, send the same records to the dead-letter topic and
 count the same redactions and translations; any difference, any exception out of
 a processor and any sanitizer report is a finding. Run it through ``fuzz/run.py``,
@@ -55,16 +56,16 @@ class _Kept:
         return []
 
 
-def _processor(root: str, *, fused: bool) -> tuple[BatchProcessor, _Kept]:
-    processor = BatchProcessor(ProcessingConfig(store_url=root), fused=fused)
+def _processor(root: str, *, native: bool) -> tuple[BatchProcessor, _Kept]:
+    processor = BatchProcessor(ProcessingConfig(store_url=root), native=native)
     kept = _Kept()
     processor.writer = kept  # type: ignore[assignment]
     return processor, kept
 
 
 _root = tempfile.mkdtemp(prefix="spanmill-fuzz-")
-FUSED, FUSED_KEPT = _processor(_root, fused=True)
-STEPS, STEPS_KEPT = _processor(_root, fused=False)
+FUSED, FUSED_KEPT = _processor(_root, native=True)
+STEPS, STEPS_KEPT = _processor(_root, native=False)
 
 
 def _summary(outcome: BatchOutcome) -> tuple[Any, ...]:

@@ -1,27 +1,26 @@
 /*
- * The collector's native fast path: OTLP protobuf trace exports straight into
- * SpanParts, scanning on the way the texts redaction reads for what its rules need.
+ * The collector's native path: OTLP protobuf trace exports straight into the
+ * store's columns, scanning on the way the texts redaction reads for what its rules
+ * need.
  *
- * decode() reads an ExportTraceServiceRequest from its wire bytes without building
- * protobuf message objects, and gives exactly the SpanParts the authority
- * (spanmill.spans.detect_and_decode) gives, or None for "ask the authority".
- * It is strict: an unknown field, a field repeated where one is expected, a value
- * of a kind the store does not keep as it is, a bad id or name, invalid UTF-8 or
- * anything malformed answers None, and spanmill.spans.detect_and_decode then says
- * what the spans are or why the record is refused. Nothing here recurses: arrays
- * of arrays are refused.
+ * append_record() reads an ExportTraceServiceRequest from its wire bytes without
+ * building protobuf message objects, and writes each span as the row the authority's
+ * span (spanmill.spans.detect_and_decode) would make, or answers None for "ask the
+ * authority". It is strict: an unknown field, a field repeated where one is expected,
+ * a value of a kind the store does not keep as it is, a bad id or name, invalid UTF-8
+ * or anything malformed answers None, and the authority then says what the spans are
+ * or why the record is refused. Nothing here recurses: arrays of arrays are refused.
  *
- * Asked to, it also tells whether any text that redaction reads (the span's name
- * and status message, string attribute values) holds one of some literals
- * followed by enough bytes of a set, or a run of decimal digits: what every
- * built-in redaction pattern needs to match. When none does, the patterns can
- * be skipped for the record.
+ * What the Python steps must finish it still writes, and notes the record's rows in
+ * Columns.steps: a text that redaction reads (names, status messages, string values)
+ * holding one of some literals followed by enough bytes of a set, or a run of decimal
+ * digits (what every built-in redaction pattern needs to match); a key translation
+ * looks for; a reward; a key the attribute lists drop.
  *
- * append_row() is spanmill.store.rows.ColumnBuilder.append: one span's parts onto
- * the columns of a store table, promoted attributes moved to their columns. The
- * columns are Arrow's buffers (columns()), from which the table is made without a
- * Python object per value. configure_rows() tells it the schema's columns, their
- * kinds and the promoted attributes.
+ * The columns are Arrow's buffers (columns()), from which the table is made without
+ * a Python object per value, and handed over without a copy (finish()).
+ * configure_rows() tells it the schema's columns, their kinds and the promoted
+ * attributes.
  *
  * All of these are methods of a Decoder: its settings, its key cache and the Columns
  * it made are its own, and the module holds no state that changes once it has loaded.
@@ -49,24 +48,9 @@ typedef struct {
     Buf bytes;       /* WT_LEN */
 } Field;
 
-/* SpanParts' fields, in its constructor's order. */
-static const char *const PART_FIELDS[] = {
-    "trace_id",   "span_id",       "parent_span_id", "name",     "kind",
-    "start",      "end",           "status_code",    "status_message", "attributes",
-    "resource_attributes", "scope_name", "scope_version", "events", "links",
-};
-enum {
-    P_TRACE, P_SPAN, P_PARENT, P_NAME, P_KIND, P_START, P_END, P_STATUS, P_MESSAGE,
-    P_ATTRIBUTES, P_RESOURCE, P_SCOPE_NAME, P_SCOPE_VERSION, P_EVENTS, P_LINKS, P_COUNT
-};
-
+/* The span record's limits (configure); beyond them, the authority decides. */
 typedef struct {
-    PyObject *parts_type;
-    /* Where the parts type keeps each field, when it is a class of plain __slots__
-     * whose __init__ only stores its arguments: its instances are then made and read
-     * here slot by slot. 0 in slots_known: made by calling the type, read by name. */
-    int slots_known;
-    Py_ssize_t slot[P_COUNT];
+    int ready;
     Py_ssize_t max_name_chars;
     Py_ssize_t max_key_chars;
     Py_ssize_t max_value_bytes;
@@ -100,11 +84,9 @@ typedef struct {
     Py_ssize_t promoted_count;
     PromotedSpec resource[MAX_PROMOTED];
     Py_ssize_t resource_count;
-    PyObject *fields[P_COUNT];
     /* attribute keys: response model, request model, episode id, score value, reward name */
     PyObject *response_model, *request_model, *episode_id, *score, *reward_name;
     PyObject *reward_event;          /* the evaluation result event's name */
-    PyObject *rewards;               /* rewards(parts) -> list | None, in Python */
     PyObject *encode;                /* encode(value) -> str: the store's JSON */
     PyObject *k_name, *k_time, *k_attributes, *k_trace, *k_span; /* event and link keys */
     int fused; /* the columns are laid out as append_record writes them */
@@ -490,8 +472,8 @@ static int scan(const uint8_t *p, const uint8_t *end, const Scan *s)
     return 0;
 }
 
-/* Scan one text for the decode() call's gates; `scanning` is NULL when it asked for none.
- * Each call has its own: Python code (SpanParts.__init__, a finalizer) may run, and let
+/* Scan one text for the append_record() call's gates; `scanning` is NULL when it asked for
+ * none. Each call has its own: Python code (the JSON encoder, a finalizer) may run, and let
  * another thread decode, while one is under way. */
 static void scan_text(Scan *scanning, Buf bytes)
 {
@@ -693,7 +675,7 @@ static int key_in_limits(Decoder *st, PyObject **name)
     return OK;
 }
 
-/* A value as an attribute's, as SpanParts keeps it, into `*dict` (made if NULL). */
+/* A value as an attribute's, as the authority's span keeps it, into `*dict` (made if NULL). */
 static int kept_value(Decoder *st, PyObject **dict, PyObject *name, int kind, const Field *value,
                       Scan *scanning)
 {
@@ -881,19 +863,6 @@ static int status_texts(Buf bytes, uint64_t *code, Buf *message)
     return more < 0 || *code > 2 ? UNUSUAL : OK;
 }
 
-/* Status: (code, message). */
-static int status_of(Decoder *st, Buf bytes, PyObject **code, PyObject **message, Scan *scanning)
-{
-    uint64_t number;
-    Buf text_bytes = NONE;
-    int status = status_texts(bytes, &number, &text_bytes);
-    if (status != OK)
-        return status;
-    *code = STATUS_NAMES[number];
-    scan_text(scanning, text_bytes);
-    return text(text_bytes, message);
-}
-
 /* A Span's own fields, each given once with its wire type, as the parser takes them;
  * `repeated` reads its attributes (9), events (11) and links (13). A field not given
  * reads as empty: an empty name is refused all the same, and a status not given is
@@ -962,32 +931,7 @@ static int span_fields(Buf bytes, SpanFields *out, Repeated repeated, void *cont
     return status;
 }
 
-/* A SpanParts of its fields (borrowed), in its constructor's order. */
-static PyObject *new_parts(Decoder *st, PyObject *const *fields)
-{
-    if (!st->cfg.slots_known)
-        return PyObject_Vectorcall(st->cfg.parts_type, fields, P_COUNT, NULL);
-    PyTypeObject *type = (PyTypeObject *)st->cfg.parts_type;
-    PyObject *parts = type->tp_alloc(type, 0);
-    if (parts == NULL)
-        return NULL;
-    for (int i = 0; i < P_COUNT; i++)
-        *(PyObject **)((char *)parts + st->cfg.slot[i]) = Py_NewRef(fields[i]);
-    return parts;
-}
-
-/* A field of a SpanParts (a new reference), NULL with AttributeError where it is unset. */
-static PyObject *part_field(Decoder *st, PyObject *parts, int index, PyObject *name)
-{
-    if (st->cfg.slots_known && Py_IS_TYPE(parts, (PyTypeObject *)st->cfg.parts_type)) {
-        PyObject *value = *(PyObject **)((char *)parts + st->cfg.slot[index]);
-        if (value != NULL)
-            return Py_NewRef(value);
-    }
-    return PyObject_GetAttr(parts, name);
-}
-
-/* A Span's repeated fields, as SpanParts keeps them. attributes NULL: they are read
+/* A Span's repeated fields, as the authority's span keeps them. attributes NULL: they are read
  * later (the fused path, once the span's hour is known); events and links NULL: made
  * at the first of each. */
 typedef struct {
@@ -1017,71 +961,6 @@ static int span_lists(const Field *f, void *context)
     return status;
 }
 
-/* One Span as SpanParts, appended to `out`. */
-static int span(Decoder *st, Buf bytes, PyObject *resource, PyObject *scope_name,
-                PyObject *scope_version, PyObject *out, Scan *scanning)
-{
-    SpanFields fields;
-    int status = OK;
-    PyObject *attributes = PyDict_New(), *events = PyList_New(0), *links = PyList_New(0);
-    PyObject *trace_hex = NULL, *span_hex = NULL, *parent_hex = NULL, *text_name = NULL;
-    PyObject *code = NULL, *message = NULL, *start_obj = NULL, *end_obj = NULL;
-    SpanLists lists = {st, attributes, events, links, scanning};
-    if (attributes == NULL || events == NULL || links == NULL) {
-        status = ERROR;
-        goto done;
-    }
-    status = span_fields(bytes, &fields, span_lists, &lists);
-    Buf trace = fields.trace, span_id = fields.span_id, parent = fields.parent;
-    Buf name = fields.name, status_bytes = fields.status;
-    uint64_t kind = fields.kind, start = fields.start, end = fields.end;
-    if (status == OK)
-        status = hex_id(trace, 16, &trace_hex);
-    if (status == OK)
-        status = hex_id(span_id, 8, &span_hex);
-    if (status == OK) {
-        if (parent.p == parent.end)
-            parent_hex = Py_NewRef(Py_None);
-        else
-            status = hex_id(parent, 8, &parent_hex);
-    }
-    if (status == OK) {
-        status = bounded_name(st, name, &text_name);
-        scan_text(scanning, name);
-    }
-    if (status == OK)
-        status = status_of(st, status_bytes, &code, &message, scanning);
-    if (status == OK) {
-        start_obj = PyLong_FromUnsignedLongLong(start);
-        end_obj = PyLong_FromUnsignedLongLong(end);
-        if (start_obj == NULL || end_obj == NULL)
-            status = ERROR;
-    }
-    if (status == OK) {
-        PyObject *args[15] = {
-            trace_hex, span_hex, parent_hex, text_name,  KIND_NAMES[kind], start_obj,
-            end_obj,   code,     message,    attributes, resource,        scope_name,
-            scope_version, events, links,
-        };
-        PyObject *parts = new_parts(st, args);
-        if (parts == NULL || PyList_Append(out, parts) < 0)
-            status = ERROR;
-        Py_XDECREF(parts);
-    }
-done:
-    Py_XDECREF(trace_hex);
-    Py_XDECREF(span_hex);
-    Py_XDECREF(parent_hex);
-    Py_XDECREF(text_name);
-    Py_XDECREF(message);
-    Py_XDECREF(start_obj);
-    Py_XDECREF(end_obj);
-    Py_XDECREF(attributes);
-    Py_XDECREF(events);
-    Py_XDECREF(links);
-    return status;
-}
-
 /* InstrumentationScope: the bytes of its name and version; its attributes are left to
  * the authority. */
 static int scope_texts(Buf bytes, Buf *name, Buf *version)
@@ -1101,19 +980,6 @@ static int scope_texts(Buf bytes, Buf *name, Buf *version)
             return UNUSUAL;
     }
     return more < 0 ? UNUSUAL : OK;
-}
-
-/* InstrumentationScope: name and version. */
-static int scope(Buf bytes, PyObject **name, PyObject **version)
-{
-    Buf name_bytes, version_bytes;
-    int status = scope_texts(bytes, &name_bytes, &version_bytes);
-    if (status != OK || (status = text(name_bytes, name)) != OK)
-        return status;
-    status = text(version_bytes, version);
-    if (status != OK)
-        Py_CLEAR(*name);
-    return status;
 }
 
 /* The messages that hold a header (resource, scope) and then many items (scopes, spans),
@@ -1153,55 +1019,6 @@ static int find_header(Buf bytes, const Layout *layout, Buf *header)
 static const Layout SCOPE_SPANS = {1, 2, 3};
 static const Layout RESOURCE_SPANS = {1, 2, 3};
 
-static int scope_spans(Decoder *st, Buf bytes, PyObject *resource, PyObject *out, Scan *scanning)
-{
-    Buf header, rest = bytes;
-    Field f = {0};
-    int status = find_header(bytes, &SCOPE_SPANS, &header), more;
-    PyObject *name = NULL, *version = NULL;
-    if (status != OK)
-        return status;
-    status = scope(header.p ? header : NONE, &name, &version);
-    if (status != OK)
-        return status;
-    while (status == OK && (more = next_field(&rest, &f)) == 1)
-        if (f.number == SCOPE_SPANS.items)
-            status = span(st, f.bytes, resource, name, version, out, scanning);
-    Py_DECREF(name);
-    Py_DECREF(version);
-    return status;
-}
-
-static int resource_spans(Decoder *st, Buf bytes, PyObject *out, Scan *scanning)
-{
-    Buf header, rest = bytes;
-    Field f = {0};
-    int status = find_header(bytes, &RESOURCE_SPANS, &header), more;
-    if (status != OK)
-        return status;
-    PyObject *resource = PyDict_New();
-    if (resource == NULL)
-        return ERROR;
-    if (header.p != NULL) {
-        Buf attributes = header;
-        while (status == OK && (more = next_field(&attributes, &f)) == 1) {
-            if (f.number == 1)
-                status = attributes_field(st, &f, resource, scanning);
-            else if (f.number == 2)
-                status = skipped(&f, WT_VARINT, 0);
-            else
-                status = UNUSUAL; /* entity references and what comes after */
-        }
-        if (status == OK && more < 0)
-            status = UNUSUAL;
-    }
-    while (status == OK && (more = next_field(&rest, &f)) == 1)
-        if (f.number == RESOURCE_SPANS.items)
-            status = scope_spans(st, f.bytes, resource, out, scanning);
-    Py_DECREF(resource);
-    return status;
-}
-
 /* A call's scan state for these gates and digit run. The same gates come with every
  * call: they are parsed once and kept, with a reference, for the calls after. */
 static int scan_setup(Decoder *st, PyObject *gates, PyObject *digits, Scan *state)
@@ -1226,56 +1043,6 @@ static int scan_setup(Decoder *st, PyObject *gates, PyObject *digits, Scan *stat
     state->need = need;
     state->found = 0;
     return 0;
-}
-
-static PyObject *decode(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
-{
-    Py_buffer view;
-    Field f = {0};
-    Scan scan_state, *scanning = NULL;
-    int more = 0, status = OK, found = 0;
-    if (nargs != 1 && nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "decode(payload[, gates, digits])");
-        return NULL;
-    }
-    if (st->cfg.parts_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
-        return NULL;
-    }
-    if (nargs == 3 && scan_setup(st, args[1], args[2], &scan_state) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    Buf bytes = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
-    PyObject *out = PyList_New(0);
-    if (out == NULL) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    if (nargs == 3)
-        scanning = &scan_state;
-    while (status == OK && (more = next_field(&bytes, &f)) == 1) {
-        if (f.number != 1 || f.wire != WT_LEN) {
-            status = UNUSUAL;
-            break;
-        }
-        found = 1;
-        status = resource_spans(st, f.bytes, out, scanning);
-    }
-    if (status == OK && (more < 0 || !found))
-        status = UNUSUAL;
-    PyBuffer_Release(&view);
-    if (status != OK) {
-        Py_DECREF(out);
-        if (status == ERROR)
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    if (nargs == 1)
-        return out;
-    PyObject *result = PyTuple_Pack(2, out, scan_state.found ? Py_True : Py_False);
-    Py_DECREF(out);
-    return result;
 }
 
 /* ---- span parts into store columns ---------------------------------------- */
@@ -1317,6 +1084,7 @@ typedef struct {
     PyObject *owner;          /* the Decoder whose columns() made them */
     unsigned long generation; /* its configure_rows() they were made for */
     int finished;             /* finish() took their buffers: no more rows */
+    PyObject *steps;          /* [(first row, end)]: rows the Python steps are to finish */
 } ColumnsObject;
 
 static PyTypeObject ColumnsType;
@@ -1555,6 +1323,7 @@ static void columns_dealloc(ColumnsObject *self)
     }
     PyMem_Free(self->marks);
     PyMem_Free(self->record);
+    Py_XDECREF(self->steps);
     Py_XDECREF(self->owner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -1655,6 +1424,11 @@ static PyObject *columns_rows(ColumnsObject *self, void *Py_UNUSED(closure))
     return PyLong_FromSsize_t(self->rows);
 }
 
+static PyObject *columns_steps(ColumnsObject *self, void *Py_UNUSED(closure))
+{
+    return PyList_AsTuple(self->steps);
+}
+
 static PyMethodDef columns_methods[] = {
     {"finish", (PyCFunction)columns_finish, METH_NOARGS,
      "finish() -> per column, a list of its values (kinds kept as objects) or "
@@ -1664,6 +1438,10 @@ static PyMethodDef columns_methods[] = {
 
 static PyGetSetDef columns_getset[] = {
     {"rows", (getter)columns_rows, NULL, "rows appended", NULL},
+    {"steps", (getter)columns_steps, NULL,
+     "((first row, end), ...): the rows of records the Python steps are to finish (a "
+     "redaction find, a key for translation, a reward, a key the attribute lists drop)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1673,12 +1451,13 @@ static PyTypeObject ColumnsType = {
     .tp_basicsize = sizeof(ColumnsObject),
     .tp_dealloc = (destructor)columns_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One store table's rows as Arrow buffers; made by columns(), filled by append_row().",
+    .tp_doc = "One store table's rows as Arrow buffers; made by columns(), filled by "
+              "append_record().",
     .tp_methods = columns_methods,
     .tp_getset = columns_getset,
 };
 
-/* The plain columns append_row fills, by name; their indexes come from configure_rows. */
+/* The plain columns append_record fills, by name; their indexes come from configure_rows. */
 static const char *const ROW_COLUMNS[] = {
     "rewards",        "model",          "episode_id",          "trace_id",
     "span_id",        "parent_span_id", "name",                "kind",
@@ -1691,28 +1470,6 @@ static const char *const ROW_COLUMNS[] = {
 
 
 static int fused_layout_ok(Decoder *st);
-
-static int kind_matches(int kind, PyObject *value)
-{
-    switch (kind) {
-    case K_STR:
-        return PyUnicode_CheckExact(value);
-    case K_INT:
-        return PyLong_CheckExact(value);
-    case K_FLOAT:
-        return PyFloat_CheckExact(value);
-    case K_BOOL:
-        return PyBool_Check(value);
-    case K_INT_LIST:
-        return PyList_CheckExact(value)
-               && (PyList_GET_SIZE(value) == 0 || PyLong_CheckExact(PyList_GET_ITEM(value, 0)));
-    case K_FLOAT_LIST:
-        return PyList_CheckExact(value)
-               && (PyList_GET_SIZE(value) == 0 || PyFloat_CheckExact(PyList_GET_ITEM(value, 0)));
-    default:
-        return 0;
-    }
-}
 
 static int parse_promoted(PyObject *specs, PyObject *names, PromotedSpec *out, Py_ssize_t *count)
 {
@@ -1771,15 +1528,12 @@ static void clear_rows(Decoder *st)
         Py_CLEAR(st->rows.promoted[i].key);
     for (Py_ssize_t i = 0; i < st->rows.resource_count; i++)
         Py_CLEAR(st->rows.resource[i].key);
-    for (int i = 0; i < P_COUNT; i++)
-        Py_CLEAR(st->rows.fields[i]);
     Py_CLEAR(st->rows.response_model);
     Py_CLEAR(st->rows.request_model);
     Py_CLEAR(st->rows.episode_id);
     Py_CLEAR(st->rows.score);
     Py_CLEAR(st->rows.reward_name);
     Py_CLEAR(st->rows.reward_event);
-    Py_CLEAR(st->rows.rewards);
     Py_CLEAR(st->rows.encode);
     Py_CLEAR(st->rows.k_name);
     Py_CLEAR(st->rows.k_time);
@@ -1798,17 +1552,17 @@ static void clear_rows(Decoder *st)
     st->rows.ready = 0;
 }
 
-/* configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, encode,
+/* configure_rows(columns, promoted, resource_promoted, keys, reward_event, encode,
  *                kinds) */
 static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[3])
-        || PyTuple_GET_SIZE(args[3]) != 5 || !PyTuple_Check(args[7])
-        || PyTuple_GET_SIZE(args[7]) != PyTuple_GET_SIZE(args[0])) {
+    if (nargs != 7 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[3])
+        || PyTuple_GET_SIZE(args[3]) != 5 || !PyTuple_Check(args[6])
+        || PyTuple_GET_SIZE(args[6]) != PyTuple_GET_SIZE(args[0])) {
         PyErr_SetString(PyExc_TypeError,
                         "configure_rows(columns, promoted, resource_promoted, "
                         "(response_model, request_model, episode_id, score, reward_name), "
-                        "reward_event, rewards, encode, kinds): a kind per column");
+                        "reward_event, encode, kinds): a kind per column");
         return NULL;
     }
     clear_rows(st); /* configured again: the last call wins, earlier Columns are refused */
@@ -1820,7 +1574,7 @@ static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t n
     if (st->rows.kinds == NULL || st->rows.sizes == NULL)
         return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < st->rows.width; i++) {
-        long kind = PyLong_AsLong(PyTuple_GET_ITEM(args[7], i));
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(args[6], i));
         if (kind == -1 && PyErr_Occurred())
             return NULL;
         if (kind < A_STR || kind > A_OBJECT) {
@@ -1841,9 +1595,6 @@ static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t n
     if (parse_promoted(args[1], names, st->rows.promoted, &st->rows.promoted_count) < 0
         || parse_promoted(args[2], names, st->rows.resource, &st->rows.resource_count) < 0)
         return NULL;
-    for (int i = 0; i < P_COUNT; i++)
-        if ((st->rows.fields[i] = PyUnicode_InternFromString(PART_FIELDS[i])) == NULL)
-            return NULL;
     PyObject **keys[5] = {&st->rows.response_model, &st->rows.request_model, &st->rows.episode_id,
                           &st->rows.score, &st->rows.reward_name};
     for (int i = 0; i < 5; i++)
@@ -1851,8 +1602,7 @@ static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t n
             return NULL;
     if ((st->rows.reward_event = interned(args[4])) == NULL)
         return NULL;
-    st->rows.rewards = Py_NewRef(args[5]);
-    st->rows.encode = Py_NewRef(args[6]);
+    st->rows.encode = Py_NewRef(args[5]);
     if ((st->rows.k_name = PyUnicode_InternFromString("name")) == NULL
         || (st->rows.k_time = PyUnicode_InternFromString("time_unix_nano")) == NULL
         || (st->rows.k_attributes = PyUnicode_InternFromString("attributes")) == NULL
@@ -1862,15 +1612,6 @@ static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t n
     st->rows.fused = fused_layout_ok(st);
     st->rows.ready = 1;
     Py_RETURN_NONE;
-}
-
-/* A str attribute's value if it is a non-empty str, else NULL (borrowed). */
-static PyObject *nonempty_str(PyObject *dict, PyObject *key)
-{
-    PyObject *value = PyDict_GetItemWithError(dict, key);
-    if (value != NULL && PyUnicode_CheckExact(value) && PyUnicode_GET_LENGTH(value) > 0)
-        return value;
-    return NULL;
 }
 
 /* The store's JSON of a non-empty container, or None. */
@@ -1932,33 +1673,7 @@ static int evaluation_event(Decoder *st, PyObject *events)
     return 0;
 }
 
-/* Whether the span may carry a reward: its own evaluation name, or an evaluation event. */
-static int may_reward(Decoder *st, PyObject *attributes, PyObject *events)
-{
-    if (PyDict_GetItemWithError(attributes, st->rows.reward_name) != NULL)
-        return 1;
-    if (PyErr_Occurred())
-        return -1;
-    return evaluation_event(st, events);
-}
-
-/* Append `value` (a new reference, stolen; NULL means an error is set) to a column. */
-static int put_at(PyObject *columns, Py_ssize_t index, PyObject *value)
-{
-    if (value == NULL)
-        return -1;
-    ColumnsObject *self = (ColumnsObject *)columns;
-    int status = column_append(&self->columns[index], self->rows, value);
-    Py_DECREF(value);
-    return status;
-}
-
-static int put(Decoder *st, PyObject *columns, int column, PyObject *value)
-{
-    return put_at(columns, st->rows.index[column], value);
-}
-
-/* columns() -> Columns: an empty table's worth of columns, for append_row(). */
+/* columns() -> Columns: an empty table's worth of columns, for append_record(). */
 /* Whether `columns` were made by this decoder for its configuration as it stands. */
 static int columns_of(Decoder *st, PyObject *columns)
 {
@@ -1983,10 +1698,12 @@ static PyObject *new_columns(Decoder *st, PyObject *Py_UNUSED(ignored))
     self->width = st->rows.width;
     self->rows = 0;
     self->finished = 0;
+    self->steps = PyList_New(0);
     self->columns = PyMem_Calloc((size_t)st->rows.width, sizeof(Column));
     self->marks = PyMem_Calloc((size_t)st->rows.width, sizeof(Mark));
     self->record = PyMem_Calloc((size_t)st->rows.width, sizeof(Mark));
-    if (self->columns == NULL || self->marks == NULL || self->record == NULL) {
+    if (self->columns == NULL || self->marks == NULL || self->record == NULL
+        || self->steps == NULL) {
         PyMem_Free(self->columns);
         self->columns = NULL;
         self->width = 0;
@@ -2017,205 +1734,23 @@ static PyObject *new_columns(Decoder *st, PyObject *Py_UNUSED(ignored))
     return (PyObject *)self;
 }
 
-/* append_row(columns, parts, topic, partition, offset, index, timestamp_ms) */
-/* The rewards, model and episode columns: each reads the attributes before any moves. */
-static int row_roles(Decoder *st, PyObject *columns, PyObject *parts, PyObject **field)
-{
-    PyObject *attributes = field[P_ATTRIBUTES];
-    int reward = may_reward(st, attributes, field[P_EVENTS]);
-    if (reward < 0)
-        return -1;
-    if (put(st, columns, C_REWARDS,
-            reward ? PyObject_CallOneArg(st->rows.rewards, parts) : Py_NewRef(Py_None)) < 0)
-        return -1;
-    PyObject *model = nonempty_str(attributes, st->rows.response_model);
-    if (model == NULL && !PyErr_Occurred())
-        model = nonempty_str(attributes, st->rows.request_model);
-    if (PyErr_Occurred() || put(st, columns, C_MODEL, Py_NewRef(model ? model : Py_None)) < 0)
-        return -1;
-    PyObject *episode = nonempty_str(attributes, st->rows.episode_id);
-    if (PyErr_Occurred()
-        || put(st, columns, C_EPISODE, Py_NewRef(episode ? episode : field[P_TRACE])) < 0)
-        return -1;
-    return 0;
-}
-
-/* Promoted attributes move to their columns when their value has the column's type
- * (moved[i]: a new reference, for the caller to release); an integer score fills the
- * reward value where no float did. */
-static int row_promoted(Decoder *st, PyObject *columns, PyObject *attributes, PyObject **moved)
-{
-    int has_reward_value = 0;
-    Py_ssize_t moving = 0;
-    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++) {
-        PromotedSpec *spec = &st->rows.promoted[i];
-        PyObject *value = PyDict_GetItemWithError(attributes, spec->key);
-        if (value == NULL) {
-            if (PyErr_Occurred())
-                return -1;
-            continue;
-        }
-        if (value != Py_None && kind_matches(spec->kind, value)) {
-            moved[i] = Py_NewRef(value);
-            moving++;
-            if (spec->column == st->rows.index[C_REWARD_VALUE])
-                has_reward_value = 1;
-        }
-    }
-    /* Keys are distinct (configure_rows checks): when every attribute moves, the
-     * dict is emptied at once (an LLM call's attributes often all have columns). */
-    if (moving > 0 && moving == PyDict_GET_SIZE(attributes)) {
-        PyDict_Clear(attributes);
-    } else {
-        for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
-            if (moved[i] != NULL && PyDict_DelItem(attributes, st->rows.promoted[i].key) < 0)
-                return -1;
-    }
-    PyObject *score = has_reward_value ? NULL : PyDict_GetItemWithError(attributes, st->rows.score);
-    if (PyErr_Occurred())
-        return -1;
-    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++) {
-        PyObject *value = moved[i];
-        if (value == NULL && st->rows.promoted[i].column == st->rows.index[C_REWARD_VALUE]
-            && score && PyLong_CheckExact(score)) {
-            double number = PyLong_AsDouble(score);
-            if (number == -1.0 && PyErr_Occurred())
-                return -1;
-            value = PyFloat_FromDouble(number);
-        } else {
-            value = Py_NewRef(value ? value : Py_None);
-        }
-        if (put_at(columns, st->rows.promoted[i].column, value) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* Promoted resource attributes to their columns; *resource (a new reference) becomes a
- * copy without them where any moves, the resource being shared by a record's spans. */
-static int row_resource(Decoder *st, PyObject *columns, PyObject **resource)
-{
-    for (Py_ssize_t i = 0; i < st->rows.resource_count; i++) {
-        PromotedSpec *spec = &st->rows.resource[i];
-        PyObject *value = PyDict_GetItemWithError(*resource, spec->key);
-        if (value == NULL && PyErr_Occurred())
-            return -1;
-        if (value == NULL || value == Py_None || !kind_matches(spec->kind, value)) {
-            if (put_at(columns, spec->column, Py_NewRef(Py_None)) < 0)
-                return -1;
-            continue;
-        }
-        Py_INCREF(value);
-        PyObject *copy = PyDict_Copy(*resource);
-        if (copy == NULL || PyDict_DelItem(copy, spec->key) < 0) {
-            Py_XDECREF(copy);
-            Py_DECREF(value);
-            return -1;
-        }
-        Py_SETREF(*resource, copy);
-        if (put_at(columns, spec->column, value) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* The columns a span's parts give as they are, the JSON ones and the Kafka record's. */
-static int row_rest(Decoder *st, PyObject *columns, PyObject **field, PyObject *attributes,
-                    PyObject *resource, PyObject *const *kafka)
-{
-    static const struct {
-        int column, part;
-    } plain[] = {
-        {C_TRACE, P_TRACE},   {C_SPAN, P_SPAN},     {C_PARENT, P_PARENT},
-        {C_NAME, P_NAME},     {C_KIND, P_KIND},     {C_START, P_START},
-        {C_END, P_END},       {C_STATUS, P_STATUS}, {C_MESSAGE, P_MESSAGE},
-        {C_SCOPE_NAME, P_SCOPE_NAME}, {C_SCOPE_VERSION, P_SCOPE_VERSION},
-    };
-    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
-        if (put(st, columns, plain[i].column, Py_NewRef(field[plain[i].part])) < 0)
-            return -1;
-    RowsConfig *rows = &st->rows;
-    if (put(st, columns, C_ATTRIBUTES, json_or_none(st, attributes, PyDict_GET_SIZE(attributes)))
-            < 0
-        || put(st, columns, C_RESOURCE, json_or_none(st, resource, PyDict_GET_SIZE(resource))) < 0
-        || put(st, columns, C_EVENTS, records_json(st, field[P_EVENTS], rows->k_name, rows->k_time))
-               < 0
-        || put(st, columns, C_LINKS, records_json(st, field[P_LINKS], rows->k_trace, rows->k_span))
-               < 0)
-        return -1;
-    for (int i = 0; i < 5; i++) /* topic, partition, offset, index, timestamp */
-        if (put(st, columns, C_TOPIC + i, Py_NewRef(kafka[i])) < 0)
-            return -1;
-    return 0;
-}
-
-static PyObject *append_row(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
-{
-    PyObject *field[P_COUNT] = {NULL};
-    PyObject *resource = NULL, *moved[MAX_PROMOTED] = {NULL};
-    PyObject *result = NULL;
-    if (!st->rows.ready) {
-        PyErr_SetString(PyExc_RuntimeError, "configure_rows() was not called");
-        return NULL;
-    }
-    if (nargs != 7 || !columns_of(st, args[0])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "append_row(columns, parts, topic, partition, offset, index, timestamp): "
-                        "unfinished columns from this decoder's columns() since its last "
-                        "configure_rows()");
-        return NULL;
-    }
-    PyObject *columns = args[0], *parts = args[1];
-    ColumnsObject *table = (ColumnsObject *)columns;
-    columns_mark(table, table->marks);
-    for (int i = 0; i < P_COUNT; i++)
-        if ((field[i] = part_field(st, parts, i, st->rows.fields[i])) == NULL)
-            goto done;
-    PyObject *attributes = field[P_ATTRIBUTES];
-    if (!PyDict_CheckExact(attributes) || !PyDict_CheckExact(field[P_RESOURCE])
-        || !PyList_Check(field[P_EVENTS])) {
-        PyErr_SetString(PyExc_TypeError, "attributes must be dicts, events a list");
-        goto done;
-    }
-    resource = Py_NewRef(field[P_RESOURCE]);
-    if (row_roles(st, columns, parts, field) < 0 || row_promoted(st, columns, attributes, moved) < 0
-        || row_resource(st, columns, &resource) < 0
-        || row_rest(st, columns, field, attributes, resource, args + 2) < 0)
-        goto done;
-    table->rows++;
-    result = Py_NewRef(Py_None);
-done:
-    if (result == NULL) /* no half rows: the columns stay as they were */
-        columns_rollback(table, table->marks, table->rows);
-    for (int i = 0; i < P_COUNT; i++)
-        Py_XDECREF(field[i]);
-    for (Py_ssize_t i = 0; i < st->rows.promoted_count; i++)
-        Py_XDECREF(moved[i]);
-    Py_XDECREF(resource);
-    return result;
-}
-
 /* ---- wire bytes straight into store columns --------------------------------
- * append_record() is decode() then ColumnBuilder.append for each span, fused: a
- * span's ids, names, times and promoted attributes go from the payload's bytes into
+ * A span's ids, names, times and promoted attributes go from the payload's bytes into
  * the columns' buffers with no Python object between. Only what the store keeps as
- * JSON (attributes without a column, the resource's) is built as objects, and
- * encoded by the store's encoder, so each row is byte for byte what the two steps
- * give. It answers None, every column as it was, for any record the steps would
- * treat otherwise: what decode() defers; a scan that finds what redaction looks
- * for; an attribute the attribute lists drop, that translation looks for or that
- * carries a reward; a key given twice where the columns would have to know which
- * value stands; an evaluation event (a reward); events or links where the attribute
- * lists filter keys; spans of more than RECORD_HOURS hours; an end time past what the
- * store holds. The caller then takes those steps. Spans of several
- * hours go to each hour's columns, all of them taken back together.
+ * JSON (attributes without a column, the resource's, events and links) is built as
+ * objects, and encoded by the store's encoder, so each row is byte for byte what the
+ * Python steps give. It answers None, every column as it was, for what the authority
+ * must judge, a key given twice where the columns would have to know which value
+ * stands, spans of more than RECORD_HOURS hours, or an end time past what the store
+ * holds. Spans of several hours go to each hour's columns, all of them taken back
+ * together.
  */
 #define NS_PER_HOUR 3600000000000ULL
 
 /* What an attribute key is to a span row: the index of its promoted column plus one
  * (0: none) in the low byte, and roles in the bits above. */
 enum { R_RESPONSE_MODEL = 1 << 8, R_REQUEST_MODEL = 1 << 9, R_EPISODE = 1 << 10,
-       R_FALLBACK = 1 << 11, R_DROPPED = 1 << 12 };
+       R_STEPS = 1 << 11, R_DROPPED = 1 << 12 };
 enum { KEPT = 2 }; /* a value whose kind is not its column's: it stays an attribute */
 
 /* Whether the schema's columns are laid out as append_record writes them. */
@@ -2244,13 +1779,13 @@ static int fused_layout_ok(Decoder *st)
     return 1;
 }
 
-/* A text about to be stored: valid UTF-8, scanned; UNUSUAL once the scan finds. */
+/* A text about to be stored: valid UTF-8, scanned (a find marks the record for the steps). */
 static int checked_text(Buf bytes, Scan *scanning)
 {
     if (!utf8_valid(bytes, NULL))
         return UNUSUAL;
     scan_text(scanning, bytes);
-    return scanning != NULL && scanning->found ? UNUSUAL : OK;
+    return OK;
 }
 
 static int col_bytes(Column *c, Py_ssize_t row, const void *data, Py_ssize_t size)
@@ -2297,8 +1832,8 @@ static int array_kind(Buf bytes, int *kind, Py_ssize_t *count)
     return more < 0 ? UNUSUAL : OK;
 }
 
-/* Whether a value of this wire kind goes to a column of this promoted kind, as
- * kind_matches() judges the value decode() would make of it; `items`: an array's. */
+/* Whether a value of this wire kind goes to a column of this promoted kind, as the
+ * Python rows judge the value the authority makes of it; `items`: an array's. */
 static int value_fits(int column_kind, int kind, const Field *value, Py_ssize_t *items)
 {
     int items_kind, status;
@@ -2403,7 +1938,7 @@ static int span_key(Decoder *st, Buf bytes, PyObject **name, long *what)
     return OK;
 }
 
-/* key -> class, for the promoted keys, the keys append_row reads, and `fallback`;
+/* key -> class, for the promoted keys, the keys a row reads, and `fallback` (the steps');
  * and the attribute lists' judge. */
 static int fused_classes(Decoder *st, PyObject *fallback, PyObject *keeps)
 {
@@ -2430,8 +1965,8 @@ static int fused_classes(Decoder *st, PyObject *fallback, PyObject *keeps)
         {st->rows.response_model, R_RESPONSE_MODEL},
         {st->rows.request_model, R_REQUEST_MODEL},
         {st->rows.episode_id, R_EPISODE},
-        {st->rows.reward_name, R_FALLBACK},
-        {st->rows.score, R_FALLBACK},
+        {st->rows.reward_name, R_STEPS},
+        {st->rows.score, R_STEPS},
     };
     PyObject *iterator = PyObject_GetIter(fallback), *key;
     if (iterator == NULL)
@@ -2442,7 +1977,7 @@ static int fused_classes(Decoder *st, PyObject *fallback, PyObject *keeps)
         } else if ((key = PyIter_Next(iterator)) == NULL) {
             break;
         }
-        long role = i < sizeof roles / sizeof roles[0] ? roles[i].role : R_FALLBACK;
+        long role = i < sizeof roles / sizeof roles[0] ? roles[i].role : R_STEPS;
         PyObject *was = PyDict_GetItemWithError(classes, key), *code;
         long before = was != NULL ? PyLong_AsLong(was) : 0;
         int failed = PyErr_Occurred() != NULL || !PyUnicode_Check(key)
@@ -2478,6 +2013,7 @@ typedef struct {
     Py_ssize_t items[MAX_PROMOTED];
     uint64_t present; /* a bit per resource column whose value the resource gives */
     PyObject *json;   /* a str, or None */
+    int steps;        /* a key the attribute lists drop: the steps finish its spans' rows */
 } Resource;
 
 /* The hours one record's spans may fall in; a record over more takes the steps. */
@@ -2497,6 +2033,7 @@ typedef struct {
     Buf topic;
     int64_t partition, offset, timestamp;
     Py_ssize_t spans;        /* appended so far: the next span's index in the record */
+    int steps;               /* the Python steps finish the record's rows (Columns.steps) */
 } Record;
 
 static int resource_of(Decoder *st, Buf header, Resource *out, Scan *scanning)
@@ -2507,6 +2044,7 @@ static int resource_of(Decoder *st, Buf header, Resource *out, Scan *scanning)
     int more = 0, status = OK, kind;
     Buf key;
     out->present = 0;
+    out->steps = 0;
     out->json = NULL;
     while (header.p != NULL && status == OK && (more = next_field(&header, &f)) == 1) {
         if (f.number == 2) {
@@ -2522,11 +2060,8 @@ static int resource_of(Decoder *st, Buf header, Resource *out, Scan *scanning)
         if ((status = key_and_value(f.bytes, &key, &value, &kind)) != OK
             || (status = span_key(st, key, &name, &what)) != OK)
             break;
-        if (what & R_DROPPED) { /* the attribute lists drop it: redaction's to do */
-            Py_DECREF(name);
-            status = UNUSUAL;
-            break;
-        }
+        if (what & R_DROPPED) /* the attribute lists drop it: redaction's to do */
+            out->steps = 1;
         Py_ssize_t which = -1;
         for (Py_ssize_t i = 0; i < st->rows.resource_count && which < 0; i++) {
             int same = PyUnicode_Compare(name, st->rows.resource[i].key);
@@ -2536,7 +2071,7 @@ static int resource_of(Decoder *st, Buf header, Resource *out, Scan *scanning)
         status = KEPT;
         if (which >= 0) {
             if (seen & (1ULL << which)) {
-                status = UNUSUAL; /* given twice: decode()'s dict knows which stands */
+                status = UNUSUAL; /* given twice: the authority's dict knows which stands */
             } else {
                 seen |= 1ULL << which;
                 status = value_fits(st->rows.resource[which].kind, kind, &value,
@@ -2607,6 +2142,7 @@ typedef struct {
                     where it is a non-empty text */
     uint64_t seen, written; /* bits per promoted key: given, and put in its column */
     PyObject *kept;         /* the attributes without a column, or NULL */
+    int steps;              /* a key for the steps: translation's, a reward's, or dropped */
 } SpanAttributes;
 
 static int span_attribute(Decoder *st, Buf bytes, ColumnsObject *columns, SpanAttributes *span,
@@ -2619,10 +2155,8 @@ static int span_attribute(Decoder *st, Buf bytes, ColumnsObject *columns, SpanAt
     long what;
     if (status != OK || (status = span_key(st, key, &name, &what)) != OK)
         return status;
-    if (what & (R_FALLBACK | R_DROPPED)) {
-        Py_DECREF(name);
-        return UNUSUAL;
-    }
+    if (what & (R_STEPS | R_DROPPED))
+        span->steps = 1;
     static const long ROLES[3] = {R_RESPONSE_MODEL, R_REQUEST_MODEL, R_EPISODE};
     for (int r = 0; r < 3; r++)
         if (what & ROLES[r])
@@ -2632,7 +2166,7 @@ static int span_attribute(Decoder *st, Buf bytes, ColumnsObject *columns, SpanAt
     if (index >= 0) {
         const PromotedSpec *spec = &st->rows.promoted[index];
         if (span->seen & (1ULL << index)) {
-            status = UNUSUAL; /* given twice: decode()'s dict knows which stands */
+            status = UNUSUAL; /* given twice: the authority's dict knows which stands */
         } else {
             span->seen |= 1ULL << index;
             status = value_fits(spec->kind, kind, &value, &items);
@@ -2651,18 +2185,20 @@ static int span_attribute(Decoder *st, Buf bytes, ColumnsObject *columns, SpanAt
     return status;
 }
 
-/* Whether the steps must take a span's events and links: where the attribute lists
- * filter keys (theirs too), or where an event is an evaluation (a reward, read in
- * Python). Otherwise their JSON goes to its columns (*events and *links: new
- * references, None where the span has none). */
+/* A span's events' and links' JSON for their columns (*events and *links: new
+ * references, None where the span has none). *steps is set where the Python steps
+ * must finish the row: the attribute lists filter keys (theirs too), or an event is an
+ * evaluation (a reward). */
 static int fused_lists_json(Decoder *st, const SpanLists *lists, PyObject **events,
-                            PyObject **links)
+                            PyObject **links, int *steps)
 {
     if ((lists->events || lists->links) && st->fused.keeps != NULL && st->fused.keeps != Py_None)
-        return UNUSUAL;
+        *steps = 1;
     int evaluation = lists->events ? evaluation_event(st, lists->events) : 0;
-    if (evaluation != 0)
-        return evaluation < 0 ? ERROR : UNUSUAL;
+    if (evaluation < 0)
+        return ERROR;
+    if (evaluation > 0)
+        *steps = 1;
     RowsConfig *rows = &st->rows;
     *events = lists->events ? records_json(st, lists->events, rows->k_name, rows->k_time)
                             : Py_NewRef(Py_None);
@@ -2750,7 +2286,7 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
     Py_ssize_t name_chars = 0;
     SpanLists lists = {st, NULL, NULL, NULL, record->scanning}; /* attributes: later */
     PyObject *json[2] = {NULL, NULL}; /* the events' and the links' */
-    SpanAttributes attributes = {{NONE, NONE, NONE}, 0, 0, NULL};
+    SpanAttributes attributes = {{NONE, NONE, NONE}, 0, 0, NULL, 0};
     int status = span_fields(bytes, &fields, span_lists, &lists);
     /* The record's rules (decode), then the store's: an end it can hold (check_storable). */
     if (status == OK
@@ -2765,18 +2301,15 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
         if ((status = status_texts(fields.status, &code, &message)) == OK)
             status = checked_text(message, record->scanning);
     }
-    if (status == OK && record->scanning != NULL && record->scanning->found)
-        status = UNUSUAL; /* a text of the span, its events or links has what redaction seeks */
     if (status == OK)
-        status = fused_lists_json(st, &lists, &json[0], &json[1]);
+        status = fused_lists_json(st, &lists, &json[0], &json[1], &record->steps);
     if (status == OK)
         status = record_columns(st, record, fields.start / NS_PER_HOUR);
     ColumnsObject *columns = record->columns;
     while (status == OK && next_field(&all, &f) == 1)
         if (f.number == 9)
             status = span_attribute(st, f.bytes, columns, &attributes, record->scanning);
-    if (status == OK && record->scanning != NULL && record->scanning->found)
-        status = UNUSUAL; /* a text without a column holds what redaction looks for */
+    record->steps |= attributes.steps;
     if (status == OK) /* from here on, only a failing write stops the row */
         status = fused_promoted_rest(st, record, &attributes, columns->columns, columns->rows) < 0
                          || fused_columns(st, record, &fields, &attributes, code, message, json,
@@ -2820,8 +2353,7 @@ static int fused_resource_spans(Decoder *st, Buf bytes, Record *record)
     int status = find_header(bytes, &RESOURCE_SPANS, &header), more;
     if (status != OK || (status = resource_of(st, header, &resource, record->scanning)) != OK)
         return status;
-    if (record->scanning != NULL && record->scanning->found)
-        status = UNUSUAL;
+    record->steps |= resource.steps;
     record->resource = &resource;
     while (status == OK && (more = next_field(&rest, &f)) == 1)
         if (f.number == RESOURCE_SPANS.items)
@@ -2829,6 +2361,20 @@ static int fused_resource_spans(Decoder *st, Buf bytes, Record *record)
     record->resource = NULL;
     Py_DECREF(resource.json);
     return status;
+}
+
+/* The record's rows, in each hour it fell in, noted for the Python steps to finish. */
+static int steps_marked(const Record *record)
+{
+    for (int i = 0; i < record->held_count; i++) {
+        ColumnsObject *columns = record->held[i];
+        PyObject *rows = Py_BuildValue("(nn)", record->rows[i], columns->rows);
+        int failed = rows == NULL || PyList_Append(columns->steps, rows) < 0;
+        Py_XDECREF(rows);
+        if (failed)
+            return ERROR;
+    }
+    return OK;
 }
 
 static int int64_arg(PyObject *value, int64_t *out)
@@ -2849,7 +2395,7 @@ static PyObject *append_record(Decoder *st, PyObject *const *args, Py_ssize_t na
     Scan scan_state;
     Record record = {0};
     int more = 0, status = OK, found = 0;
-    if (!st->rows.ready || st->cfg.parts_type == NULL) {
+    if (!st->rows.ready || !st->cfg.ready) {
         PyErr_SetString(PyExc_RuntimeError, "configure() and configure_rows() were not called");
         return NULL;
     }
@@ -2890,6 +2436,8 @@ static PyObject *append_record(Decoder *st, PyObject *const *args, Py_ssize_t na
     }
     if (status == OK && (more < 0 || !found))
         status = UNUSUAL;
+    if (status == OK && (record.steps || (record.scanning != NULL && record.scanning->found)))
+        status = steps_marked(&record);
     PyBuffer_Release(&view);
     for (int i = 0; i < record.held_count; i++) {
         if (status != OK) /* no rows of a record taken back */
@@ -2903,86 +2451,45 @@ static PyObject *append_record(Decoder *st, PyObject *const *args, Py_ssize_t na
     return PyLong_FromSsize_t(record.spans);
 }
 
-/* st->cfg.slot from the parts type's member descriptors, where the type says its
- * __init__ only stores its arguments (configure's fill_slots) and itself defines
- * each field as a plain, writable object slot; otherwise the type is called. */
-static void find_slots(Decoder *st, PyObject *type)
-{
-    if (!PyType_Check(type) || !PyType_HasFeature((PyTypeObject *)type, Py_TPFLAGS_HEAPTYPE))
-        return;
-    PyObject *own = ((PyTypeObject *)type)->tp_dict;
-    for (int i = 0; i < P_COUNT; i++) {
-        PyObject *descr = PyDict_GetItemString(own, PART_FIELDS[i]); /* borrowed */
-        if (descr == NULL)
-            return;
-        Py_INCREF(descr);
-        int plain = Py_IS_TYPE(descr, &PyMemberDescr_Type);
-        if (plain) {
-            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-            plain = member->type == T_OBJECT_EX && !(member->flags & READONLY);
-            st->cfg.slot[i] = member->offset;
-        }
-        Py_DECREF(descr);
-        if (!plain)
-            return;
-    }
-    st->cfg.slots_known = 1;
-}
-
 static PyObject *configure(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 && nargs != 5) {
+    if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError,
-                        "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes"
-                        "[, fill_slots])");
+                        "configure(max_name_chars, max_key_chars, max_value_bytes)");
         return NULL;
     }
-    int fill = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
-    if (fill < 0)
-        return NULL;
     Py_ssize_t limits[3];
     for (int i = 0; i < 3; i++) {
-        limits[i] = PyLong_AsSsize_t(args[i + 1]);
+        limits[i] = PyLong_AsSsize_t(args[i]);
         if (limits[i] == -1 && PyErr_Occurred())
             return NULL;
     }
-    Py_XSETREF(st->cfg.parts_type, Py_NewRef(args[0]));
-    st->cfg.slots_known = 0;
-    if (fill)
-        find_slots(st, args[0]);
     st->cfg.max_name_chars = limits[0];
     st->cfg.max_key_chars = limits[1];
     st->cfg.max_value_bytes = limits[2];
+    st->cfg.ready = 1;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef decoder_methods[] = {
-    {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
-     "decode(payload) -> list[SpanParts] | None: an OTLP trace export's spans, or None "
-     "when the authority must decide.\n"
-     "decode(payload, gates, digits) -> (list[SpanParts], bool) | None: the same, and "
-     "whether a text redaction reads holds a gate (literal, table of the bytes that may "
-     "follow it, how many must) or a run of `digits` decimal digits."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
-     "configure(parts_type, max_name_chars, max_key_chars, max_value_bytes[, fill_slots]): "
-     "fill_slots true: the type's __init__ only stores its arguments, and its instances "
-     "may be made by filling the slots it defines."},
+     "configure(max_name_chars, max_key_chars, max_value_bytes): the span record's limits "
+     "on names, attribute keys and attribute values; beyond them, the authority decides."},
     {"configure_rows", (PyCFunction)(void (*)(void))configure_rows, METH_FASTCALL,
-     "configure_rows(columns, promoted, resource_promoted, keys, reward_event, rewards, "
-     "encode, kinds): the store schema's columns, each column's kind and the promoted "
-     "attributes, for append_row()."},
+     "configure_rows(columns, promoted, resource_promoted, keys, reward_event, encode, "
+     "kinds): the store schema's columns, each column's kind and the promoted "
+     "attributes, for append_record()."},
     {"columns", (PyCFunction)new_columns, METH_NOARGS,
-     "columns() -> Columns: an empty table's columns as Arrow buffers, for append_row()."},
-    {"append_row", (PyCFunction)(void (*)(void))append_row, METH_FASTCALL,
-     "append_row(columns, parts, topic, partition, offset, index, timestamp_ms): "
-     "ColumnBuilder.append, natively."},
+     "columns() -> Columns: an empty table's columns as Arrow buffers, for append_record()."},
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
      "append_record(hours, make, payload, gates, digits, fallback_keys, keeps, topic, "
-     "partition, offset, timestamp_ms) -> int | None: decode(payload) and append_row() for "
-     "each span, fused, into hours[hour] (made by make(hour) where missing); the spans "
-     "appended, or None, every column as it was, where the record must take those steps "
-     "instead. gates None: no scan; fallback_keys: span attribute keys that send a record "
-     "back; keeps(key) false: a span or resource attribute key that does (None: none)."},
+     "partition, offset, timestamp_ms) -> int | None: an OTLP trace export's spans, each a "
+     "row of hours[hour] (made by make(hour) where missing); the spans appended, or None, "
+     "every column as it was, where the authority must decide. A record's rows are noted "
+     "in Columns.steps where a text holds a gate (literal, table of the bytes that may "
+     "follow it, how many must) or a run of `digits` decimal digits (gates None: no scan), "
+     "a span attribute key is one of fallback_keys, an event is an evaluation, or "
+     "keeps(key) is false for a span or resource attribute key (None: all are kept)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -3003,7 +2510,6 @@ static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
 static void decoder_dealloc(Decoder *st)
 {
     clear_rows(st);
-    Py_XDECREF(st->cfg.parts_type);
     for (int i = 0; i < KEY_SLOTS; i++)
         Py_XDECREF(st->key_cache[i].key);
     Py_XDECREF(st->gates);

@@ -94,9 +94,9 @@ def test_bytes_values_are_redacted_as_the_text_they_become(tmp_path: Path, value
     assert stored[f"{1:032x}"].attributes["raw"] == expected
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("native", [True, False])
 def test_a_record_that_breaks_the_processor_is_dead_lettered_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fused: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool
 ) -> None:
     """Half of its rows appended when it broke: the batch is made again without it, and
     every other record is stored whole."""
@@ -110,7 +110,7 @@ def test_a_record_that_breaks_the_processor_is_dead_lettered_alone(
             raise ValueError("a bug in the row builder")
 
     monkeypatch.setattr(HourlyColumns, "append", append)
-    processor = BatchProcessor(ProcessingConfig(store_url=str(tmp_path)), fused=fused)
+    processor = BatchProcessor(ProcessingConfig(store_url=str(tmp_path)), native=native)
     if processor._fused is not None:
         real_fused = processor._fused[0]
 
@@ -122,8 +122,10 @@ def test_a_record_that_breaks_the_processor_is_dead_lettered_alone(
 
         processor._fused = (fused_append, *processor._fused[1:])
     poison = _span(7).model_copy(update={"name": "poison"})
-    # Spans the fused path takes (plain) and that take the steps (an event).
-    event = SpanEvent(name="log", time_unix_nano=1_750_000_000_000_000_000)
+    # Plain spans, and one whose row the steps finish (an evaluation event: a reward).
+    event = SpanEvent(
+        name=sc.GEN_AI_EVALUATION_RESULT_EVENT, time_unix_nano=1_750_000_000_000_000_000
+    )
     records = [
         [_span(0), _span(1)],
         [_span(2), poison, _span(3)],  # its first span is in when it breaks
@@ -138,3 +140,37 @@ def test_a_record_that_breaks_the_processor_is_dead_lettered_alone(
     assert outcome.records == 4 and outcome.spans == 5
     stored = sorted(span.span_id for span in SpanStore(str(tmp_path)).spans())
     assert stored == [f"{i + 1:016x}" for i in (0, 1, 4, 5, 6)]
+
+
+def test_a_record_whose_steps_break_is_dead_lettered_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The native path writes a record and marks it for the steps, which break on it
+    when the tables are made: the batch is made again without it."""
+    processor = BatchProcessor(ProcessingConfig(store_url=str(tmp_path)))
+    assert processor._fused is not None, "the C extension spanmill._native is not built"
+    real = processor.steps
+
+    def steps(parts: Any, *args: Any, **kwargs: Any) -> None:
+        if parts.name == "poison":
+            raise ValueError("a bug in the steps")
+        real(parts, *args, **kwargs)
+
+    monkeypatch.setattr(processor, "steps", steps)
+    mail = {"note": "write to ops@example.com"}  # redaction's: marked for the steps
+    poison = _span(7).model_copy(update={"name": "poison", "attributes": mail})
+    records = [
+        [_span(0), _span(1).model_copy(update={"attributes": mail})],
+        [_span(2), poison, _span(3)],
+        [_span(5), _span(6)],
+    ]
+    values = [encode_otlp_protobuf(spans) for spans in records]
+    outcome = processor.process(
+        BatchJob(BatchId("spans", 0, 0, 2, "f"), [0, 1, 2], [0] * 3, values, [None] * 3)
+    )
+    assert [(offset, reason) for offset, reason, _ in outcome.dead] == [(1, "internal_error")]
+    assert "a bug in the steps" in outcome.dead[0][2]
+    assert outcome.records == 3 and outcome.spans == 4 and outcome.redactions == {"email": 1}
+    stored = {span.span_id: span for span in SpanStore(str(tmp_path)).spans()}
+    assert sorted(stored) == [f"{i + 1:016x}" for i in (0, 1, 5, 6)]
+    assert stored[f"{2:016x}"].attributes["note"] == "write to [REDACTED:email]"

@@ -1,7 +1,8 @@
-"""The native OTLP protobuf path gives what the span decoder gives, or defers to it.
+"""The native OTLP protobuf path stores what the span decoder gives, or defers to it.
 
 The dev install builds the C extension; without it every record goes to the span
-decoder (the authority), which these tests hold the native path to.
+decoder (the authority), which these tests hold the native path to: the rows it
+writes, read back, are the authority's spans.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from spanmill.collector.decode import decode_spans
 from spanmill.collector.redact import Redactor
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
 from spanmill.spans.protowire import varint
-from spanmill.store.rows import SpanParts, native_decoder
+from spanmill.store.rows import (
+    HourlyColumns,
+    SpanParts,
+    exact_times,
+    native_decoder,
+    native_table,
+    parts_from_row,
+)
 
 MAX = 1024 * 1024
 hex_id = st.integers(min_value=1, max_value=2**64 - 1).map(lambda n: f"{n:016x}")
@@ -82,9 +90,19 @@ def spans(draw: Any) -> Span:
     )
 
 
+def _plain(value: Any) -> Any:
+    """Dicts as their items in key order (a row gives its promoted keys back last); lists
+    and tuples item by item."""
+    if isinstance(value, dict):
+        return sorted((key, _plain(item)) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
 def exact(parts: list[SpanParts]) -> list[str]:
-    """A form in which True, 1 and 1.0 differ, and dict order counts."""
-    return [repr([getattr(p, name) for name in SpanParts.__slots__]) for p in parts]
+    """A form in which True, 1 and 1.0 differ, and a key's place does not count."""
+    return [repr([_plain(getattr(p, name)) for name in SpanParts.__slots__]) for p in parts]
 
 
 def authority(payload: bytes, content_type: str | None = None) -> list[SpanParts]:
@@ -97,12 +115,34 @@ PREFILTER = Redactor().prefilter
 DECODER = native_decoder()
 
 
-def native_path(payload: bytes) -> list[SpanParts] | None:
-    assert DECODER is not None, (
+def _append(payload: bytes) -> HourlyColumns | None:
+    """The record's rows in native columns of their own, scanned for the redaction
+    gates; None where the native path defers to the authority."""
+    decoder = DECODER
+    assert decoder is not None, (
         "the C extension spanmill._native is not built: reinstall with a C compiler"
     )
-    spans: list[SpanParts] | None = DECODER.decode(payload)
-    return spans
+    assert PREFILTER is not None
+    hourly = HourlyColumns(decoder=decoder)
+    count = decoder.append_record(
+        hourly.native_hours, hourly.native_columns, payload, *PREFILTER, frozenset(), None,
+        "spans", 0, 0, 0,
+    )  # fmt: skip
+    return hourly if count is not None else None
+
+
+def native_path(payload: bytes) -> list[SpanParts] | None:
+    """The spans the native path stores for a record, read back from its rows."""
+    hourly = _append(payload)
+    if hourly is None:
+        return None
+    rows = [
+        row
+        for columns in hourly.native_hours.values()
+        if columns.rows
+        for row in exact_times(native_table(columns)).to_pylist()
+    ]
+    return [parts_from_row(row) for row in sorted(rows, key=lambda row: row["kafka_index"])]
 
 
 def test_the_dev_install_has_the_native_path() -> None:
@@ -117,13 +157,9 @@ def test_fast_path_matches_the_authority(batch: list[Span]) -> None:
     got = native_path(payload)
     assert got is not None, "the native path deferred a plain export"
     assert exact(got) == expected
-    assert exact(decode_spans(payload, None, MAX, decoder=DECODER).spans) == expected
-    assert exact(decode_spans(payload, None, MAX, PREFILTER, decoder=DECODER).spans) == expected
-    labelled = decode_spans(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF, MAX, decoder=DECODER).spans
-    assert exact(labelled) == expected
-    assert [p.to_span() for p in labelled] == batch
-    oracle = decode_spans(payload, None, MAX, PREFILTER)
-    assert exact(oracle.spans) == expected and oracle.may_match
+    assert [p.to_span() for p in got] == batch
+    labelled = decode_spans(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF, MAX)
+    assert exact(labelled) == exact(decode_spans(payload, None, MAX)) == expected
 
 
 def _mutations(payload: bytes) -> st.SearchStrategy[bytes]:
@@ -177,17 +213,11 @@ def _span(attributes: dict[str, Any]) -> Span:
     ],
     ids=["ints", "doubles", "bools", "strings"],
 )
-def test_long_arrays_match_the_authority(
-    values: list[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_long_arrays_match_the_authority(values: list[Any]) -> None:
     payload = encode_otlp_protobuf([_span({"array": values, "one": values[:1]})])
     expected = authority(payload)
-
-    def no_fallback(*_: Any, **__: Any) -> None:
-        raise AssertionError("the fast path deferred a plain array to the authority")
-
-    monkeypatch.setattr("spanmill.collector.decode.detect_and_decode", no_fallback)
-    got = decode_spans(payload, None, MAX, decoder=DECODER).spans
+    got = native_path(payload)
+    assert got is not None, "the native path deferred a plain array to the authority"
     assert exact(got) == exact(expected)
     assert got[0].attributes["array"] == values
 
@@ -255,8 +285,7 @@ def _empty(pb: Any) -> None:
 def test_unusual_values_defer_to_the_authority(mutate: Any) -> None:
     payload = _request(mutate)
     assert native_path(payload) is None
-    got = decode_spans(payload, None, MAX, decoder=DECODER)
-    assert exact(got.spans) == exact(authority(payload))
+    assert exact(decode_spans(payload, None, MAX)) == exact(authority(payload))
 
 
 def _zero_trace(pb: Any) -> None:
@@ -290,8 +319,9 @@ def test_invalid_spans_get_the_authoritys_error(mutate: Any) -> None:
     payload = _request(mutate)
     with pytest.raises(SpanDecodeError) as expected:
         detect_and_decode(payload)
+    assert native_path(payload) is None
     with pytest.raises(SpanDecodeError) as got:
-        decode_spans(payload, None, MAX, decoder=DECODER)
+        decode_spans(payload, None, MAX)
     assert (got.value.reason, got.value.detail) == (expected.value.reason, expected.value.detail)
 
 
@@ -345,7 +375,6 @@ def test_wire_forms_the_parser_accepts() -> None:
         expected = exact(authority(payload, sc.CONTENT_TYPE_OTLP_PROTOBUF))
         got = native_path(payload)
         assert got is None or exact(got) == expected
-        assert exact(decode_spans(payload, None, MAX, decoder=DECODER).spans) == expected
 
 
 @pytest.mark.parametrize("field", ["trace_state", "schema_url"])
@@ -365,7 +394,7 @@ def test_a_text_field_not_kept_must_still_be_utf8(field: str) -> None:
         detect_and_decode(payload)
     assert native_path(payload) is None
     with pytest.raises(SpanDecodeError) as got:
-        decode_spans(payload, None, MAX, decoder=DECODER)
+        decode_spans(payload, None, MAX)
     assert got.value.reason == expected.value.reason
 
 
@@ -378,9 +407,7 @@ def test_json_that_starts_like_protobuf_is_read_as_json(lead: bytes) -> None:
     span = _span({"note": "hello", "n": 3})
     for payload in (lead + encode_otlp_json([span]), lead + encode_span(span)):
         assert native_path(payload) is None
-        got = decode_spans(payload, None, MAX, PREFILTER, decoder=DECODER)
-        assert got.may_match
-        assert [p.to_span() for p in got.spans] == [span]
+        assert [p.to_span() for p in decode_spans(payload, None, MAX)] == [span]
 
 
 def test_an_overlong_tag_is_left_to_the_parser() -> None:
@@ -392,7 +419,14 @@ def test_an_overlong_tag_is_left_to_the_parser() -> None:
     with pytest.raises(SpanDecodeError):
         detect_and_decode(overlong, sc.CONTENT_TYPE_OTLP_PROTOBUF)
     with pytest.raises(SpanDecodeError):
-        decode_spans(overlong, None, MAX, decoder=DECODER)
+        decode_spans(overlong, None, MAX)
+
+
+def _marked(payload: bytes) -> bool:
+    """Whether the native path marked the record for the steps (here: a redaction find)."""
+    hourly = _append(payload)
+    assert hourly is not None
+    return any(columns.steps for columns in hourly.native_hours.values())
 
 
 def test_concurrent_decodes_keep_their_own_scan() -> None:
@@ -400,21 +434,18 @@ def test_concurrent_decodes_keep_their_own_scan() -> None:
     import sys
     import threading
 
-    # Several spans a record: a thread may switch while one span is built, and the
+    # Several spans a record: a thread may switch while one span is read, and the
     # texts of the next ones must still count for their own record.
     plain = [_span({"note": f"nothing to see {i}"}) for i in range(4)]
     secret = encode_otlp_protobuf([*plain, _span({"note": "mail ann@example.org now"})])
     clean = encode_otlp_protobuf([*plain, _span({"note": "nothing to see"})])
-    decode_native = native_path
     wrong: list[str] = []
 
     def work(first: bytes, second: bytes, expected: tuple[bool, bool]) -> None:
         for _ in range(1500):
             for payload, want in zip((first, second), expected, strict=True):
-                got = decode_spans(payload, None, MAX, PREFILTER, decoder=DECODER)
-                if got.may_match != want:
+                if _marked(payload) != want:
                     wrong.append(f"{want} expected")
-                decode_native(payload)  # a plain decode in between: it scans nothing
 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
@@ -431,48 +462,3 @@ def test_concurrent_decodes_keep_their_own_scan() -> None:
     finally:
         sys.setswitchinterval(interval)
     assert wrong == []
-
-
-def test_parts_made_slot_by_slot_equal_parts_made_by_their_constructor() -> None:
-    from spanmill import native
-    from spanmill.spans.record import (
-        MAX_ATTRIBUTE_KEY_CHARS,
-        MAX_ATTRIBUTE_VALUE_BYTES,
-        MAX_NAME_CHARS,
-    )
-
-    module = native.module
-    assert module is not None and DECODER is not None
-
-    class Parts(SpanParts):
-        """A subclass with a slot of its own: not made slot by slot, called instead."""
-
-        __slots__ = ("made_by_init",)
-
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            self.made_by_init = True
-
-    span = Span(
-        trace_id="5b8efff798038103d269b633813fc60c",
-        span_id="eee19b7ec3c1b174",
-        name="chat",
-        start_time_unix_nano=1,
-        end_time_unix_nano=2,
-        attributes={sc.GEN_AI_REQUEST_MODEL: "smollm2", "n": 3},
-        resource_attributes={sc.SERVICE_NAME: "agent"},
-    )
-    payload = encode_otlp_protobuf([span])
-    direct = DECODER.decode(payload)
-    assert type(direct[0]) is SpanParts
-    limits = (MAX_NAME_CHARS, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES)
-    # Even said to, a type whose slots are not all its own is called.
-    by_init, by_constructor = module.Decoder(), module.Decoder()
-    by_init.configure(Parts, *limits, True)
-    by_constructor.configure(SpanParts, *limits, False)
-    called = by_init.decode(payload)
-    plain = by_constructor.decode(payload)
-    assert type(called[0]) is Parts and called[0].made_by_init
-    # Each decoder keeps its own settings: the shared one still makes SpanParts.
-    assert type(DECODER.decode(payload)[0]) is SpanParts
-    assert exact(direct) == exact(called) == exact(plain) == exact([SpanParts.from_span(span)])

@@ -1,7 +1,8 @@
 """The fused native path writes the rows the decode-translate-redact-append steps write.
 
 ``BatchProcessor`` hands each OTLP protobuf record to ``append_record`` first, which
-reads it from the wire bytes straight into its hour's columns, or gives it back
+reads it from the wire bytes straight into its hour's columns (marking the rows the
+Python steps are to finish: translation, redaction, rewards), or gives it back
 untouched. Both processors here see the same batches; one takes the steps for every
 record. Their Parquet files, dead letters and counts must be the same.
 """
@@ -120,7 +121,7 @@ CONFIGS: list[dict[str, Any]] = [
 def _same_rows(values: list[bytes], config: dict[str, Any] | None = None) -> None:
     with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
         fused = BatchProcessor(ProcessingConfig(store_url=first, **(config or {})))
-        steps = BatchProcessor(ProcessingConfig(store_url=second, **(config or {})), fused=False)
+        steps = BatchProcessor(ProcessingConfig(store_url=second, **(config or {})), native=False)
         assert fused._fused is not None, "the C extension spanmill._native is not built"
         assert_same_writes(processed(fused, values), processed(steps, values))
 
@@ -243,25 +244,40 @@ def _finished(hourly: HourlyColumns) -> dict[int, list[Any]]:
     }
 
 
-@pytest.mark.parametrize(
-    ("second", "fallback"),
-    [
-        (_span(note="write to ops@example.com"), frozenset()),  # redaction's to run
-        (_span(**{"gen_ai.system": "openai"}), frozenset({"gen_ai.system"})),  # translation's
-        (_span(**{sc.GEN_AI_EVALUATION_NAME: "exact"}), frozenset()),  # a reward
-    ],
-)
+# A span of each sort whose record's rows the Python steps finish.
+FOR_THE_STEPS = [
+    (_span(note="write to ops@example.com"), frozenset()),  # redaction's to run
+    (_span(**{"gen_ai.system": "openai"}), frozenset({"gen_ai.system"})),  # translation's
+    (_span(**{sc.GEN_AI_EVALUATION_NAME: "exact"}), frozenset()),  # a reward
+]
+
+
+@pytest.mark.parametrize(("second", "steps"), FOR_THE_STEPS)
+def test_a_record_for_the_steps_is_written_and_its_rows_marked(
+    second: Span, steps: frozenset[str]
+) -> None:
+    hourly = HourlyColumns()
+    assert _append(hourly, encode_otlp_protobuf([_span(x=1)]), steps) == 1
+    assert _append(hourly, encode_otlp_protobuf([_span(y=2), second, _span(z=3)]), steps) == 3
+    (columns,) = hourly.native_hours.values()
+    assert columns.rows == 4 and columns.steps == ((1, 4),)
+
+
+@pytest.mark.parametrize(("second", "steps"), FOR_THE_STEPS)
 def test_a_record_given_back_leaves_every_column_as_it_was(
-    second: Span, fallback: frozenset[str]
+    second: Span, steps: frozenset[str]
 ) -> None:
     hourly, twin = HourlyColumns(), HourlyColumns()
     first = encode_otlp_protobuf([_span(x=1)])
-    assert _append(hourly, first, fallback) == 1 and _append(twin, first, fallback) == 1
+    assert _append(hourly, first, steps) == 1 and _append(twin, first, steps) == 1
     (columns,) = hourly.native_hours.values()
-    # The first span of the record is written before the second sends it back.
-    assert _append(hourly, encode_otlp_protobuf([_span(y=2), second]), fallback) is None
-    assert columns.rows == 1
-    assert _finished(hourly) == _finished(twin)
+    # Two spans written (one for the steps), then the tenth hour sends the record back.
+    late = [_span(start=START + i * HOUR, n=i) for i in range(1, 9)]
+    payload = encode_otlp_protobuf([_span(y=2), second, *late])
+    assert _append(hourly, payload, steps) is None
+    assert columns.rows == 1 and columns.steps == ()
+    assert all(c.rows == 0 for h, c in hourly.native_hours.items() if h != START // HOUR)
+    assert _finished(hourly)[START // HOUR] == _finished(twin)[START // HOUR]
 
 
 def test_a_record_over_two_hours_is_fused_into_both() -> None:
@@ -278,14 +294,16 @@ def test_a_record_given_back_takes_back_its_rows_from_every_hour() -> None:
     hourly, twin = HourlyColumns(), HourlyColumns()
     first = encode_otlp_protobuf([_span(x=1), _span(start=START + HOUR)])
     assert _append(hourly, first) == 2 and _append(twin, first) == 2
-    # Two hours written, then the third span has what redaction looks for.
+    # Two hours written, then seven more: one past what a record may hold.
     payload = encode_otlp_protobuf(
-        [_span(y=1), _span(start=START + HOUR, y=2), _span(note="write to ops@example.com")]
+        [_span(y=1), _span(start=START + HOUR, y=2)]
+        + [_span(start=START + i * HOUR, n=i) for i in range(2, 9)]
     )
     assert _append(hourly, payload) is None
-    assert {hour: columns.rows for hour, columns in hourly.native_hours.items()} == {
-        START // HOUR: 1, START // HOUR + 1: 1}  # fmt: skip
-    assert _finished(hourly) == _finished(twin)
+    assert {hour: columns.rows for hour, columns in hourly.native_hours.items() if columns.rows} \
+        == {START // HOUR: 1, START // HOUR + 1: 1}  # fmt: skip
+    twin_hours = {hour: columns for hour, columns in _finished(twin).items()}
+    assert {h: c for h, c in _finished(hourly).items() if h in twin_hours} == twin_hours
 
 
 def test_finished_columns_hand_over_their_buffers_and_take_no_more_rows() -> None:
@@ -293,7 +311,7 @@ def test_finished_columns_hand_over_their_buffers_and_take_no_more_rows() -> Non
     assert _append(hourly, encode_otlp_protobuf([_span(x=1)])) == 1
     (columns,) = hourly.native_hours.values()
     finished = columns.finish()
-    names = [column for column in finished if not isinstance(column, list)][0]
+    names = next(column for column in finished if not isinstance(column, list))
     assert type(names[3]).__name__ == "Buffer" and memoryview(names[3]).readonly
     with pytest.raises(RuntimeError, match="finished already"):
         columns.finish()
@@ -308,7 +326,7 @@ def test_a_record_over_more_hours_than_it_holds_takes_the_steps() -> None:
     _same_rows([encode_otlp_protobuf(hours), encode_otlp_protobuf(hours[:8])])
 
 
-def test_events_and_links_are_fused_unless_an_event_is_a_reward() -> None:
+def test_events_and_links_are_fused_and_a_reward_marked_for_the_steps() -> None:
     from spanmill.spans.record import SpanEvent, SpanLink
 
     event = SpanEvent(name="retry", time_unix_nano=START, attributes={"attempt": 2})
@@ -324,7 +342,9 @@ def test_events_and_links_are_fused_unless_an_event_is_a_reward() -> None:
     judged = _span(x=1).model_copy(update={"events": (event.model_copy(
         update={"name": sc.GEN_AI_EVALUATION_RESULT_EVENT,
                 "attributes": {sc.GEN_AI_EVALUATION_NAME: "exact"}}),)})  # fmt: skip
-    assert _append(HourlyColumns(), encode_otlp_protobuf([judged])) is None
+    judging = HourlyColumns()
+    assert _append(judging, encode_otlp_protobuf([judged])) == 1
+    assert judging.native_hours[START // HOUR].steps == ((0, 1),)
     # The same rows as the steps, with attribute lists that filter event keys too.
     records = [encode_otlp_protobuf([plain]), encode_otlp_protobuf([judged, plain])]
     _same_rows(records)

@@ -97,7 +97,7 @@ def tail(
                             record.value or b"",
                             content_type.decode(errors="replace") if content_type else None,
                             settings.kafka.max_message_bytes,
-                        ).spans
+                        )
                     except SpanDecodeError as exc:
                         console.print(f"{where} [red]✗ {exc.reason}[/] {_short(exc.detail, 120)}")
                         shown += 1

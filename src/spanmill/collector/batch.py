@@ -33,7 +33,13 @@ from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings
 from spanmill.spans.errors import SpanDecodeError
 from spanmill.store.layout import BatchId
-from spanmill.store.rows import HourlyColumns, SpanParts, check_storable, native_decoder
+from spanmill.store.rows import (
+    HourlyColumns,
+    RowFailed,
+    SpanParts,
+    check_storable,
+    native_decoder,
+)
 from spanmill.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -98,17 +104,15 @@ class BatchOutcome:
 class BatchProcessor:
     """Decode, translate, redact and write one batch at a time.
 
-    ``fused``: let the native decoder take a record's spans from its bytes straight
-    into its hour's columns, where that gives what the steps would (see
-    :meth:`_fused_arguments`); False: every record takes the steps.
-    ``native``: False leaves the C extension out altogether (the authority decodes,
-    Python appends the rows): what an install without a C compiler runs, and the
-    oracle the tests hold the native paths to.
+    The native decoder takes each record's spans from its bytes straight into its
+    hour's columns (see :meth:`_fused_arguments`); a record it gives back takes the
+    steps: the authority decodes, :meth:`steps` translates and redacts, Python appends.
+    ``native``: False sends every record the steps' way, leaving the C extension out:
+    what an install without a C compiler runs, and the oracle the tests hold the native
+    path to.
     """
 
-    def __init__(
-        self, config: ProcessingConfig, *, fused: bool = True, native: bool = True
-    ) -> None:
+    def __init__(self, config: ProcessingConfig, *, native: bool = True) -> None:
         self.config = config
         self.writer = StoreWriter(
             config.store_url,
@@ -125,15 +129,16 @@ class BatchProcessor:
         self.translation = Translation(config.conventions)
         # The native decoder this processor owns (its settings, key cache and columns).
         self.decoder = native_decoder() if native else None
-        self._fused = self._fused_arguments() if fused else None
+        self._fused = self._fused_arguments()
 
     def _fused_arguments(self) -> tuple[Any, Any, int, frozenset[str], Any] | None:
         """``append_record`` and what it needs to know of redaction and translation.
 
-        The fused path scans for what the redaction patterns need, as the steps do, and
-        gives back any record where it finds some, or a key that the attribute lists
-        drop or that translation looks for. It is not used where a pattern has nothing
-        to scan for.
+        The decoder scans for what the redaction patterns need, and marks the rows of
+        any record where it finds some, or a key that the attribute lists drop, that
+        translation looks for or that makes a reward: :meth:`steps` finishes those rows
+        (:meth:`HourlyColumns.tables`). It is not used where a pattern has nothing to
+        scan for.
         """
         decoder, redactor = self.decoder, self.redactor
         if decoder is None:
@@ -152,22 +157,29 @@ class BatchProcessor:
         redactions: dict[str, int],
         translations: dict[str, int],
     ) -> list[SpanParts]:
-        """One record's spans, ready for the store; raises SpanDecodeError."""
-        spans, may_match = decode_spans(
-            value,
-            content_type,
-            self.config.max_message_bytes,
-            self.redactor.prefilter,
-            decoder=self.decoder,
-        )
+        """One record's spans by the authority, ready for the store; raises SpanDecodeError."""
+        spans = decode_spans(value, content_type, self.config.max_message_bytes)
         for index, parts in enumerate(spans):
             check_storable(parts, index)
-        translation, redactor = self.translation, self.redactor
         for parts in spans:
-            translated = translation.apply(parts.attributes, translations)
-            # A translated span has new texts (message JSON): its patterns always run.
-            redactor.apply(parts, redactions, patterns=may_match or translated)
+            self.steps(parts, redactions, translations)
         return spans
+
+    def steps(
+        self,
+        parts: SpanParts,
+        redactions: dict[str, int],
+        translations: dict[str, int],
+        *,
+        patterns: bool = True,
+    ) -> None:
+        """Translate foreign conventions and redact, in place, counting what each did.
+
+        ``patterns``: False only where a scan for the redactor's prefilter found nothing.
+        """
+        translated = self.translation.apply(parts.attributes, translations)
+        # A translated span has new texts (message JSON): its patterns always run.
+        self.redactor.apply(parts, redactions, patterns=patterns or translated)
 
     def process(self, job: BatchJob) -> BatchOutcome:
         with _collection_paused():
@@ -207,7 +219,14 @@ class BatchProcessor:
                 )
                 # Some of its rows may be in: the batch is made again without it.
                 return self._without(job, offset, f"{type(exc).__name__}: {exc}", started)
-        files = self.writer.write_batch(batch, hourly.tables()) if hourly.rows else []
+        try:
+            tables = hourly.tables(lambda parts: self.steps(parts, redactions, translations))
+        except RowFailed as exc:  # a collector bug in the steps: as above
+            log.exception("record %s/%s/%s broke the collector", batch.topic, batch.partition,
+                          exc.offset)  # fmt: skip
+            cause = exc.__cause__
+            return self._without(job, exc.offset, f"{type(cause).__name__}: {cause}", started)
+        files = self.writer.write_batch(batch, tables) if hourly.rows else []
         return BatchOutcome(
             batch=batch,
             files=files,

@@ -1,29 +1,28 @@
-"""Decoding one Kafka record into span parts, with a fast path for OTLP protobuf.
+"""Decoding one Kafka record: the native decoder where it can read it whole, else the authority.
 
 :func:`spanmill.spans.detect_and_decode` is the authority on what a valid span
 is, and says precisely why a payload is not. It builds a validated
 :class:`~spanmill.spans.Span` per span, which costs more than the rest of the
 collector together. Most records are OTLP protobuf with plain attributes, so where
 the package was built with its C extension (:mod:`spanmill._native`), the native
-decoder reads those from the wire bytes straight into
-:class:`~spanmill.store.SpanParts`, checking the same rules the record model
-checks. Anything unusual (a bad id, a nested or mixed array, an oversize value, ...)
-falls back to the authority, which then gives the spans or the error: the fast path
-may only ever say "these spans, exactly as the authority would give them" or "ask
-the authority". Tests hold it to that.
+decoder reads those from the wire bytes straight into the store's columns
+(``Decoder.append_record``), checking the same rules the record model checks.
+Anything unusual (a bad id, a nested or mixed array, an oversize value, ...) it
+gives back to the authority, which then gives the spans or the error: the native
+path may only ever say "these rows, exactly as the authority's spans would make
+them" or "ask the authority". Tests hold it to that.
 
-Without the extension every record goes to the authority: the same spans, slower.
-There is one fast path, and the authority is both the fallback and the tests' oracle.
+Without the extension every record goes to the authority: the same rows, slower.
+There is one native path, and the authority is both the fallback and the tests' oracle.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from spanmill import native
-from spanmill.collector.redact import Prefilter
 from spanmill.spans import SpanFormat, detect_and_decode, format_from_content_type
-from spanmill.store.rows import SpanParts
+from spanmill.store.rows import HourlyColumns, SpanParts
 
 
 def _looks_like_json(payload: bytes) -> bool:
@@ -34,43 +33,26 @@ def _looks_like_json(payload: bytes) -> bool:
 FAST_PATH: Final = "native" if native.module is not None else "authority only"
 
 
-class Decoded(NamedTuple):
-    """A record's spans.
-
-    ``may_match``: False only when the native path scanned the texts redaction
-    reads for what a prefilter asked and found none of it.
-    """
-
-    spans: list[SpanParts]
-    may_match: bool = True
-
-
-def decode_spans(
-    payload: bytes,
-    content_type: str | None,
-    max_bytes: int,
-    prefilter: Prefilter | None = None,
-    *,
-    decoder: Any = None,
-) -> Decoded:
-    """The spans of one record's value; raises SpanDecodeError with the reason it is refused.
-
-    ``prefilter``: the gates and digit run of :attr:`Redactor.prefilter`, to scan for.
-    ``decoder``: the native decoder to try first (:func:`spanmill.store.rows.native_decoder`);
-    None sends every record to the authority (the oracle the native path is held to).
-    """
-    fast = decoder.decode if decoder is not None else None
-    if fast is not None and native_may_read(payload, content_type, max_bytes):
-        if prefilter is not None:
-            scanned = fast(payload, *prefilter)
-            if scanned is not None:
-                return Decoded(scanned[0], scanned[1])
-        else:
-            spans = fast(payload)
-            if spans is not None:
-                return Decoded(spans)
+def decode_spans(payload: bytes, content_type: str | None, max_bytes: int) -> list[SpanParts]:
+    """The spans of one record's value, by the authority; raises SpanDecodeError with the
+    reason it is refused."""
     spans = detect_and_decode(payload, content_type, max_bytes=max_bytes)
-    return Decoded([SpanParts.from_span(span) for span in spans])
+    return [SpanParts.from_span(span) for span in spans]
+
+
+def native_count(
+    decoder: Any, payload: bytes, content_type: str | None, max_bytes: int
+) -> int | None:
+    """How many spans a record holds, where the native decoder reads it whole (it writes
+    their rows into columns of its own, dropped after); None: the authority must say."""
+    if decoder is None or not native_may_read(payload, content_type, max_bytes):
+        return None
+    scratch = HourlyColumns(decoder=decoder)
+    count: int | None = decoder.append_record(
+        scratch.native_hours, scratch.native_columns, payload, None, 0, frozenset(), None,
+        "", 0, 0, 0,
+    )  # fmt: skip
+    return count
 
 
 def _fast_path_may_read(payload: bytes, content_type: str | None) -> bool:

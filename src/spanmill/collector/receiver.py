@@ -37,7 +37,7 @@ from spanmill import feedback
 from spanmill import semconv as sc
 from spanmill import topic as span_topic
 from spanmill.collector import forward
-from spanmill.collector.decode import native_may_read
+from spanmill.collector.decode import native_count
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.keys import ANONYMOUS
 from spanmill.spans import Span, SpanDecodeError, detect_and_decode, encode_otlp_protobuf
@@ -189,18 +189,16 @@ class OtlpReceiver:
     ) -> tuple[dict[str, tuple[Sequence[Any], Callable[[Any], bytes]]], int]:
         """Each trace's spans and how to encode some of them, and how many spans there
         are; raises SpanDecodeError for a request the collector would refuse."""
-        decoder = self._decoder()
-        if decoder is not None and native_may_read(body, content_type, self.max_bytes):
-            parts = decoder.decode(body)
-            if parts is not None:  # valid, read whole: forwarded as it came
-                try:
-                    wire = forward.split(body, sc.SPANMILL_PRODUCER, producer)
-                except ValueError as exc:  # what the decoder read, framed: not expected
-                    raise SpanDecodeError(BAD_PROTOBUF, str(exc)) from None
-                traces: dict[str, tuple[Sequence[Any], Callable[[Any], bytes]]] = {
-                    t: (spans, wire.encode) for t, spans in wire.traces().items()
-                }
-                return traces, len(parts)
+        count = native_count(self._decoder(), body, content_type, self.max_bytes)
+        if count is not None:  # valid, read whole: forwarded as it came
+            try:
+                wire = forward.split(body, sc.SPANMILL_PRODUCER, producer)
+            except ValueError as exc:  # what the decoder read, framed: not expected
+                raise SpanDecodeError(BAD_PROTOBUF, str(exc)) from None
+            traces: dict[str, tuple[Sequence[Any], Callable[[Any], bytes]]] = {
+                t: (spans, wire.encode) for t, spans in wire.traces().items()
+            }
+            return traces, count
         spans = [
             span.model_copy(update={"resource_attributes": {
                 **span.resource_attributes, sc.SPANMILL_PRODUCER: producer}})

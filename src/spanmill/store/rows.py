@@ -9,10 +9,11 @@ folder; :func:`span_from_row` reads a row back into a :class:`~spanmill.spans.Sp
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spanmill import native
 from spanmill import semconv as sc
@@ -168,7 +169,7 @@ def _json_or_none(value: Any) -> str | None:
     return _JSON.encode(value) if value else None
 
 
-# ColumnBuilder's and HourlyColumns' default: a native decoder of their own.
+# HourlyColumns' default: a native decoder of its own.
 NEW_DECODER: Final = object()
 
 _PROMOTED_BY_KEY: Final = {promoted.key: promoted for promoted in PROMOTED}
@@ -176,34 +177,14 @@ _PROMOTED_KEYS: Final = frozenset(_PROMOTED_BY_KEY)
 
 
 class ColumnBuilder:
-    """Rows of one Arrow table, gathered column by column.
+    """Rows of one Arrow table appended span by span in Python, a list per column: what
+    the collector writes for records its native decoder gives back, for the rows of
+    records whose steps run in Python, and everywhere without the C extension."""
 
-    With a native decoder (``decoder``; by default a new one, where the package has
-    its C extension) the rows go straight into Arrow buffers; with None, into a list
-    per column (:attr:`columns`), converted at the end.
-    """
-
-    def __init__(self, *, decoder: Any = NEW_DECODER) -> None:
-        if decoder is NEW_DECODER:
-            decoder = native_decoder()
-        self._decoder = decoder
-        self._native = decoder.columns() if decoder is not None else None
-        self.columns: dict[str, list[Any]] = (
-            {name: [] for name in SPAN_SCHEMA.names} if self._native is None else {}
-        )
-        self._rows = 0
-        self._promoted = (
-            [(p.column, self.columns[p.column]) for p in PROMOTED] if self.columns else []
-        )
-
-    @property
-    def rows(self) -> int:
-        return self._native.rows if self._native is not None else self._rows
-
-    @property
-    def native_columns(self) -> Any:
-        """The native columns the rows go to (``spanmill._native.Columns``), or None."""
-        return self._native
+    def __init__(self) -> None:
+        self.columns: dict[str, list[Any]] = {name: [] for name in SPAN_SCHEMA.names}
+        self.rows = 0
+        self._promoted = [(p.column, self.columns[p.column]) for p in PROMOTED]
 
     def append(
         self,
@@ -215,25 +196,6 @@ class ColumnBuilder:
         timestamp_ms: int,
     ) -> None:
         """Add one span's row; ``parts.attributes`` loses the attributes moved to columns."""
-        if self._native is not None:
-            self._decoder.append_row(
-                self._native, parts, topic, partition, offset, index, timestamp_ms
-            )
-        else:
-            self.append_python(parts, topic, partition, offset, index, timestamp_ms)
-
-    def append_python(
-        self,
-        parts: SpanParts,
-        topic: str,
-        partition: int,
-        offset: int,
-        index: int,
-        timestamp_ms: int,
-    ) -> None:
-        """:meth:`append` in Python: where the C extension is missing, and to test it against."""
-        if self._native is not None:
-            raise RuntimeError("this builder's rows are native: use append()")
         c = self.columns
         attributes = parts.attributes
         c["rewards"].append(_rewards(parts))
@@ -301,17 +263,21 @@ class ColumnBuilder:
         c["kafka_offset"].append(offset)
         c["kafka_index"].append(index)
         c["kafka_timestamp"].append(timestamp_ms)
-        self._rows += 1
+        self.rows += 1
 
     def to_table(self) -> pa.Table:
-        if self._native is not None:
-            arrays = [
-                _from_buffers(field.type, self.rows, column)
-                for field, column in zip(SPAN_SCHEMA, self._native.finish(), strict=True)
-            ]
-        else:
-            arrays = [pa.array(self.columns[field.name], type=field.type) for field in SPAN_SCHEMA]
+        arrays = [pa.array(self.columns[field.name], type=field.type) for field in SPAN_SCHEMA]
         return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
+
+
+def native_table(columns: Any) -> pa.Table:
+    """A native decoder's ``Columns`` as one Arrow table, on their own buffers (no copy)."""
+    rows = columns.rows
+    arrays = [
+        _from_buffers(field.type, rows, column)
+        for field, column in zip(SPAN_SCHEMA, columns.finish(), strict=True)
+    ]
+    return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
 
 
 def _from_buffers(kind: pa.DataType, length: int, column: Any) -> pa.Array:
@@ -355,15 +321,13 @@ def _column_kind(kind: pa.DataType) -> int:
 
 
 def native_decoder() -> Any:
-    """A new native decoder, set up for SpanParts and the store's schema; None without the
-    C extension. It owns its settings, key cache and columns: one per batch processor."""
+    """A new native decoder, set up for the span record's limits and the store's schema;
+    None without the C extension. It owns its settings, key cache and columns: one per
+    batch processor."""
     if native.module is None:
         return None
     decoder = native.module.Decoder()
-    # SpanParts.__init__ only stores its arguments: instances are made slot by slot.
-    decoder.configure(
-        SpanParts, MAX_NAME_CHARS, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES, True
-    )
+    decoder.configure(MAX_NAME_CHARS, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_BYTES)
     decoder.configure_rows(*_rows_settings())
     return decoder
 
@@ -382,7 +346,6 @@ def _rows_settings() -> tuple[Any, ...]:
             sc.GEN_AI_EVALUATION_NAME,
         ),
         sc.GEN_AI_EVALUATION_RESULT_EVENT,
-        _rewards,
         _JSON.encode,
         tuple(_column_kind(field.type) for field in SPAN_SCHEMA),
     )
@@ -391,32 +354,52 @@ def _rows_settings() -> tuple[Any, ...]:
 # Whether rows can go to native columns (the package has its C extension).
 NATIVE_ROWS: Final = native.module is not None
 
+# The order rows are written in: a batch's records, and each record's spans, in turn.
+_RECORD_ORDER: Final = [("kafka_offset", "ascending"), ("kafka_index", "ascending")]
+
+
+class RowFailed(Exception):
+    """The steps broke on a marked row: the Kafka offset of its record, the cause chained."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(f"the steps broke on a row of the record at offset {offset}")
+        self.offset = offset
+
 
 class HourlyColumns:
-    """Rows split by the hour of their span's start time: one table per hour folder."""
+    """Rows split by the hour of their span's start time: one table per hour folder.
+
+    The collector's native decoder writes most rows straight into each hour's native
+    columns (:attr:`native_hours`, made by :meth:`native_columns`); :meth:`append` adds
+    a span's row in Python. :meth:`tables` gives each hour's rows in record order, the
+    rows the decoder marked for the Python steps rebuilt by them.
+    """
 
     def __init__(self, *, decoder: Any = NEW_DECODER) -> None:
-        """``decoder``: the native decoder whose columns the rows go to (by default a new
-        one; None: rows in Python); the collector's fused decoder must be the same."""
+        """``decoder``: the native decoder whose columns the fused rows go to (by default a
+        new one; None: every row is appended in Python)."""
         self.decoder = native_decoder() if decoder is NEW_DECODER else decoder
         self.hours: dict[int, ColumnBuilder] = {}
-        # Each hour's native columns, for the collector's fused decoder (which adds rows
-        # itself, and counts them into ``rows``).
+        # Each hour's native columns, for the decoder's append_record (which adds rows
+        # itself; the caller counts them into ``rows``).
         self.native_hours: dict[int, Any] = {}
         self.rows = 0
 
     def builder(self, hour: int) -> ColumnBuilder:
-        """The hour's builder, made if new."""
+        """The hour's rows appended in Python, made if new."""
         builder = self.hours.get(hour)
         if builder is None:
-            builder = self.hours[hour] = ColumnBuilder(decoder=self.decoder)
-            if builder.native_columns is not None:
-                self.native_hours[hour] = builder.native_columns
+            builder = self.hours[hour] = ColumnBuilder()
         return builder
 
     def native_columns(self, hour: int) -> Any:
-        """The hour's native columns, its builder made if new."""
-        return self.builder(hour).native_columns
+        """The hour's native columns, made if new."""
+        columns = self.native_hours.get(hour)
+        if columns is None:
+            if self.decoder is None:
+                raise RuntimeError("these rows have no native decoder")
+            columns = self.native_hours[hour] = self.decoder.columns()
+        return columns
 
     def append(
         self,
@@ -432,12 +415,56 @@ class HourlyColumns:
         )
         self.rows += 1
 
-    def tables(self) -> dict[int, pa.Table]:
-        """A table per hour that holds rows (a record the fused decoder gave back may have
-        left an hour's builder empty)."""
-        return {
-            hour: builder.to_table() for hour, builder in sorted(self.hours.items()) if builder.rows
-        }
+    def tables(self, steps: Callable[[SpanParts], None] | None = None) -> dict[int, pa.Table]:
+        """A table per hour that holds rows (a record the decoder gave back may have left
+        an hour's native columns empty).
+
+        Rows the decoder marked (``Columns.steps``) are read back into span parts, given
+        to ``steps`` (translation and redaction, in the collector) and appended again in
+        Python, so that rewards, promoted columns and JSON are made as for any other.
+        """
+        out = {}
+        for hour, columns in self.native_hours.items():
+            if not columns.rows:
+                continue
+            marked = columns.steps
+            table = native_table(columns)
+            if marked:
+                table = self._rebuilt(table, marked, self.builder(hour), steps)
+            out[hour] = table
+        for hour, builder in self.hours.items():
+            if not builder.rows:
+                continue
+            table = builder.to_table()
+            if hour in out:  # some of the hour's rows native, some in Python
+                table = pa.concat_tables([out[hour], table]).sort_by(_RECORD_ORDER)
+            out[hour] = table
+        return dict(sorted(out.items()))
+
+    @staticmethod
+    def _rebuilt(
+        table: pa.Table,
+        marked: Sequence[tuple[int, int]],
+        builder: ColumnBuilder,
+        steps: Callable[[SpanParts], None] | None,
+    ) -> pa.Table:
+        """``table`` without the ``marked`` rows, which go through ``steps`` to ``builder``."""
+        flags = [False] * table.num_rows
+        for first, end in marked:
+            flags[first:end] = [True] * (end - first)
+        chosen = pa.array(flags, type=pa.bool_())
+        for row in exact_times(table.filter(chosen)).to_pylist():
+            try:
+                parts = parts_from_row(row)
+                if steps is not None:
+                    steps(parts)
+                builder.append(
+                    parts, row["kafka_topic"], row["kafka_partition"], row["kafka_offset"],
+                    row["kafka_index"], row["kafka_timestamp"],
+                )  # fmt: skip
+            except Exception as exc:
+                raise RowFailed(row["kafka_offset"]) from exc
+        return table.filter(pc.invert(chosen))
 
 
 def table_from_spans(
@@ -457,50 +484,69 @@ def table_from_spans(
     return builder.to_table()
 
 
-def _restore(attributes: dict[str, Any], promoted: Promoted, value: Any) -> None:
-    if value is None or promoted.key in attributes:
-        return
-    if promoted.kind == "int_list" or promoted.kind == "float_list":
-        value = list(value)
-    attributes[promoted.key] = value
+# Each promoted column, its attribute's key, and whether its values are lists.
+_RESTORED: Final = tuple((p.column, p.key, p.kind in ("int_list", "float_list")) for p in PROMOTED)
+_RESTORED_RESOURCE: Final = tuple(
+    (p.column, p.key, p.kind in ("int_list", "float_list")) for p in PROMOTED_RESOURCE
+)
 
 
-def span_from_row(row: Mapping[str, Any]) -> Span:
-    """A stored row (as ``pyarrow.Table.to_pylist`` gives it) back as the span taken in.
+def _restore(
+    attributes: dict[str, Any], row: Mapping[str, Any], restored: tuple[tuple[str, str, bool], ...]
+) -> None:
+    """The row's promoted values back among ``attributes``, where a key is not there already."""
+    for column, key, is_list in restored:
+        value = row.get(column)
+        if value is not None and key not in attributes:
+            attributes[key] = list(value) if is_list else value
 
-    Times must be integer nanoseconds: pyarrow's datetimes drop them, which is why
-    :func:`spans_from_table` casts the time columns first.
+
+def parts_from_row(row: Mapping[str, Any]) -> SpanParts:
+    """A stored row (as ``pyarrow.Table.to_pylist`` gives it) back as the span's parts
+    taken in: promoted attributes back among the others.
+
+    Times must be integer nanoseconds: pyarrow's datetimes drop them (:func:`exact_times`).
     """
     attributes = json.loads(row["attributes"]) if row.get("attributes") else {}
-    for promoted in PROMOTED:
-        _restore(attributes, promoted, row.get(promoted.column))
+    _restore(attributes, row, _RESTORED)
     resource = json.loads(row["resource_attributes"]) if row.get("resource_attributes") else {}
-    for promoted in PROMOTED_RESOURCE:
-        _restore(resource, promoted, row.get(promoted.column))
-    return Span(
-        trace_id=row["trace_id"],
-        span_id=row["span_id"],
-        parent_span_id=row.get("parent_span_id"),
-        name=row["name"],
-        kind=row["kind"],
-        start_time_unix_nano=row["start_time"],
-        end_time_unix_nano=row["end_time"],
-        status_code=row["status_code"],
-        status_message=row["status_message"],
-        attributes=attributes,
-        resource_attributes=resource,
-        scope_name=row["scope_name"],
-        scope_version=row["scope_version"],
-        events=json.loads(row["events"]) if row.get("events") else (),
-        links=json.loads(row["links"]) if row.get("links") else (),
+    _restore(resource, row, _RESTORED_RESOURCE)
+    events = json.loads(row["events"]) if row.get("events") else ()
+    links = json.loads(row["links"]) if row.get("links") else ()
+    return SpanParts(
+        row["trace_id"],
+        row["span_id"],
+        row.get("parent_span_id"),
+        row["name"],
+        row["kind"],
+        row["start_time"],
+        row["end_time"],
+        row["status_code"],
+        row["status_message"],
+        attributes,
+        resource,
+        row["scope_name"],
+        row["scope_version"],
+        [(e["name"], e["time_unix_nano"], e["attributes"]) for e in events],
+        [(link["trace_id"], link["span_id"], link["attributes"]) for link in links],
     )
 
 
-def spans_from_table(table: pa.Table) -> list[Span]:
-    """Every row of a store table as a Span, times read as exact integer nanoseconds."""
+def span_from_row(row: Mapping[str, Any]) -> Span:
+    """A stored row (as ``pyarrow.Table.to_pylist`` gives it) back as the span taken in."""
+    return parts_from_row(row).to_span()
+
+
+def exact_times(table: pa.Table) -> pa.Table:
+    """``table`` with its time columns as integer nanoseconds, for ``to_pylist``."""
     exact = table
     for name in ("start_time", "end_time"):
         if name in exact.column_names:
             index = exact.column_names.index(name)
             exact = exact.set_column(index, name, exact.column(name).cast(pa.int64()))
-    return [span_from_row(row) for row in exact.to_pylist()]
+    return exact
+
+
+def spans_from_table(table: pa.Table) -> list[Span]:
+    """Every row of a store table as a Span, times read as exact integer nanoseconds."""
+    return [span_from_row(row) for row in exact_times(table).to_pylist()]
