@@ -64,7 +64,7 @@ def _processor(root: str, *, native: bool) -> tuple[BatchProcessor, _Kept]:
 
 
 _root = tempfile.mkdtemp(prefix="spanmill-fuzz-")
-FUSED, FUSED_KEPT = _processor(_root, native=True)
+NATIVE, NATIVE_KEPT = _processor(_root, native=True)
 STEPS, STEPS_KEPT = _processor(_root, native=False)
 
 
@@ -73,20 +73,21 @@ def _summary(outcome: BatchOutcome) -> tuple[Any, ...]:
 
 
 def test_one_input(data: bytes) -> None:
-    FUSED_KEPT.tables, STEPS_KEPT.tables = {}, {}
+    NATIVE_KEPT.tables, STEPS_KEPT.tables = {}, {}
     job = BatchJob(BATCH, [10], [1_750_000_000_000], [data], [None])
-    fused, steps = FUSED.process(job), STEPS.process(job)
-    if _summary(fused) != _summary(steps):
-        raise AssertionError(f"outcomes differ: fused {_summary(fused)}, steps {_summary(steps)}")
-    if FUSED_KEPT.tables.keys() != STEPS_KEPT.tables.keys():
-        raise AssertionError(f"hours differ: {FUSED_KEPT.tables.keys()} {STEPS_KEPT.tables.keys()}")
+    native, steps = NATIVE.process(job), STEPS.process(job)
+    if _summary(native) != _summary(steps):
+        raise AssertionError(f"outcomes differ: native {_summary(native)}, steps {_summary(steps)}")
+    if NATIVE_KEPT.tables.keys() != STEPS_KEPT.tables.keys():
+        hours = (NATIVE_KEPT.tables.keys(), STEPS_KEPT.tables.keys())
+        raise AssertionError(f"hours differ: {hours[0]} {hours[1]}")
     for hour, table in STEPS_KEPT.tables.items():
-        if not FUSED_KEPT.tables[hour].equals(table):
+        if not NATIVE_KEPT.tables[hour].equals(table):
             raise AssertionError(f"rows of {hour} differ")
 
 
 def main() -> None:
-    if native.module is None or FUSED._fused is None:
+    if native.module is None or NATIVE._native is None:
         raise SystemExit("the C extension spanmill._native is not built: nothing to fuzz")
     atheris.Setup(sys.argv, test_one_input)
     atheris.Fuzz()

@@ -111,16 +111,16 @@ def test_a_record_that_breaks_the_processor_is_dead_lettered_alone(
 
     monkeypatch.setattr(HourlyColumns, "append", append)
     processor = BatchProcessor(ProcessingConfig(store_url=str(tmp_path)), native=native)
-    if processor._fused is not None:
-        real_fused = processor._fused[0]
+    if processor._native is not None:
+        real_native = processor._native[0]
 
-        def fused_append(hours: Any, make: Any, value: bytes, *args: Any) -> Any:
-            appended = real_fused(hours, make, value, *args)
+        def native_append(hours: Any, make: Any, value: bytes, *args: Any) -> Any:
+            appended = real_native(hours, make, value, *args)
             if b"poison" in value:
                 raise MemoryError("the native builder ran out")
             return appended
 
-        processor._fused = (fused_append, *processor._fused[1:])
+        processor._native = (native_append, *processor._native[1:])
     poison = _span(7).model_copy(update={"name": "poison"})
     # Plain spans, and one whose row the steps finish (an evaluation event: a reward).
     event = SpanEvent(
@@ -148,7 +148,7 @@ def test_a_record_whose_steps_break_is_dead_lettered_alone(
     """The native path writes a record and marks it for the steps, which break on it
     when the tables are made: the batch is made again without it."""
     processor = BatchProcessor(ProcessingConfig(store_url=str(tmp_path)))
-    assert processor._fused is not None, "the C extension spanmill._native is not built"
+    assert processor._native is not None, "the C extension spanmill._native is not built"
     real = processor.steps
 
     def steps(parts: Any, *args: Any, **kwargs: Any) -> None:

@@ -192,7 +192,7 @@ def test_any_official_export_gives_the_oracles_rows(values: list[bytes]) -> None
     with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
         native_rows = BatchProcessor(ProcessingConfig(store_url=first))
         oracle = BatchProcessor(ProcessingConfig(store_url=second), native=False)
-        assert native_rows._fused is not None and oracle._fused is None
+        assert native_rows._native is not None and oracle._native is None
         assert_same_writes(processed(native_rows, values), processed(oracle, values))
 
 

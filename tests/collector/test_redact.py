@@ -204,7 +204,7 @@ def test_custom_patterns_are_never_prefiltered(tmp_path: Path) -> None:
     redactor = Redactor(patterns={"ticket": r"TICKET-\d+"})
     assert redactor.prefilter is None
     config = ProcessingConfig(store_url=str(tmp_path), redact_patterns={"ticket": r"TICKET-\d+"})
-    assert BatchProcessor(config)._fused is None
+    assert BatchProcessor(config)._native is None
 
 
 # Pieces that make up lookalikes and real secrets, near misses included.

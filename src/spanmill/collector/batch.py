@@ -105,7 +105,7 @@ class BatchProcessor:
     """Decode, translate, redact and write one batch at a time.
 
     The native decoder takes each record's spans from its bytes straight into its
-    hour's columns (see :meth:`_fused_arguments`); a record it gives back takes the
+    hour's columns (see :meth:`_native_arguments`); a record it gives back takes the
     steps: the authority decodes, :meth:`steps` translates and redacts, Python appends.
     ``native``: False sends every record the steps' way, leaving the C extension out:
     what an install without a C compiler runs, and the oracle the tests hold the native
@@ -129,9 +129,9 @@ class BatchProcessor:
         self.translation = Translation(config.conventions)
         # The native decoder this processor owns (its settings, key cache and columns).
         self.decoder = native_decoder() if native else None
-        self._fused = self._fused_arguments()
+        self._native = self._native_arguments()
 
-    def _fused_arguments(self) -> tuple[Any, Any, int, frozenset[str], Any] | None:
+    def _native_arguments(self) -> tuple[Any, Any, int, frozenset[str], Any] | None:
         """``append_record`` and what it needs to know of redaction and translation.
 
         The decoder scans for what the redaction patterns need, and marks the rows of
@@ -192,14 +192,14 @@ class BatchProcessor:
         dead: list[tuple[int, str, str]] = []
         redactions: dict[str, int] = {}
         translations: dict[str, int] = {}
-        fused, hours, make = self._fused, hourly.native_hours, hourly.native_columns
+        native, hours, make = self._native, hourly.native_hours, hourly.native_columns
         max_bytes = self.config.max_message_bytes
         for offset, timestamp, value, content_type in zip(
             job.offsets, job.timestamps, job.values, job.content_types, strict=True
         ):
             try:
-                if fused is not None and native_may_read(value, content_type, max_bytes):
-                    append, gates, digits, fallback, keeps = fused
+                if native is not None and native_may_read(value, content_type, max_bytes):
+                    append, gates, digits, fallback, keeps = native
                     appended = append(
                         hours, make, value, gates, digits, fallback, keeps,
                         batch.topic, batch.partition, offset, timestamp,

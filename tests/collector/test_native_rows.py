@@ -1,4 +1,4 @@
-"""The fused native path writes the rows the decode-translate-redact-append steps write.
+"""The native path writes the rows the authority-translate-redact-append steps write.
 
 ``BatchProcessor`` hands each OTLP protobuf record to ``append_record`` first, which
 reads it from the wire bytes straight into its hour's columns (marking the rows the
@@ -120,10 +120,10 @@ CONFIGS: list[dict[str, Any]] = [
 
 def _same_rows(values: list[bytes], config: dict[str, Any] | None = None) -> None:
     with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
-        fused = BatchProcessor(ProcessingConfig(store_url=first, **(config or {})))
+        native = BatchProcessor(ProcessingConfig(store_url=first, **(config or {})))
         steps = BatchProcessor(ProcessingConfig(store_url=second, **(config or {})), native=False)
-        assert fused._fused is not None, "the C extension spanmill._native is not built"
-        assert_same_writes(processed(fused, values), processed(steps, values))
+        assert native._native is not None, "the C extension spanmill._native is not built"
+        assert_same_writes(processed(native, values), processed(steps, values))
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -131,7 +131,7 @@ def _same_rows(values: list[bytes], config: dict[str, Any] | None = None) -> Non
     st.lists(st.lists(spans(), min_size=1, max_size=3), min_size=1, max_size=4),
     st.sampled_from(CONFIGS),
 )
-def test_fused_rows_match_the_steps(records: list[list[Span]], config: dict[str, Any]) -> None:
+def test_native_rows_match_the_steps(records: list[list[Span]], config: dict[str, Any]) -> None:
     _same_rows([encode_otlp_protobuf(spans) for spans in records], config)
 
 
@@ -203,8 +203,8 @@ def _append(hourly: HourlyColumns, payload: bytes, fallback: frozenset[str] = fr
     assert native.module is not None
     with tempfile.TemporaryDirectory() as store:
         processor = BatchProcessor(ProcessingConfig(store_url=store))
-    assert processor._fused is not None
-    _, gates, digits, _, _ = processor._fused
+    assert processor._native is not None
+    _, gates, digits, _, _ = processor._native
     assert hourly.decoder is not None
     return hourly.decoder.append_record(
         hourly.native_hours, hourly.native_columns, payload, gates, digits, fallback, None,
@@ -219,7 +219,7 @@ def _span(start: int = START, **attributes: Any) -> Span:
     )  # fmt: skip
 
 
-def test_a_plain_record_is_fused() -> None:
+def test_a_plain_record_is_read_natively() -> None:
     hourly = HourlyColumns()
     payload = encode_otlp_protobuf([_span(**{sc.GEN_AI_REQUEST_MODEL: "m"}), _span(plain=1)])
     assert _append(hourly, payload) == 2
@@ -280,7 +280,7 @@ def test_a_record_given_back_leaves_every_column_as_it_was(
     assert _finished(hourly)[START // HOUR] == _finished(twin)[START // HOUR]
 
 
-def test_a_record_over_two_hours_is_fused_into_both() -> None:
+def test_a_record_over_two_hours_goes_into_both() -> None:
     hourly = HourlyColumns()
     payload = encode_otlp_protobuf([_span(x=1), _span(start=START + HOUR, y=2), _span(z=3)])
     assert _append(hourly, payload) == 3
@@ -326,7 +326,7 @@ def test_a_record_over_more_hours_than_it_holds_takes_the_steps() -> None:
     _same_rows([encode_otlp_protobuf(hours), encode_otlp_protobuf(hours[:8])])
 
 
-def test_events_and_links_are_fused_and_a_reward_marked_for_the_steps() -> None:
+def test_events_and_links_are_read_natively_and_a_reward_marked_for_the_steps() -> None:
     from spanmill.spans.record import SpanEvent, SpanLink
 
     event = SpanEvent(name="retry", time_unix_nano=START, attributes={"attempt": 2})
