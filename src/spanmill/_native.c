@@ -1084,7 +1084,7 @@ typedef struct {
     PyObject *owner;          /* the Decoder whose columns() made them */
     unsigned long generation; /* its configure_rows() they were made for */
     int finished;             /* finish() took their buffers: no more rows */
-    PyObject *steps;          /* [(first row, end)]: rows the Python steps are to finish */
+    PyObject *steps; /* [(first row, end, found)]: rows the Python steps are to finish */
 } ColumnsObject;
 
 static PyTypeObject ColumnsType;
@@ -1439,8 +1439,9 @@ static PyMethodDef columns_methods[] = {
 static PyGetSetDef columns_getset[] = {
     {"rows", (getter)columns_rows, NULL, "rows appended", NULL},
     {"steps", (getter)columns_steps, NULL,
-     "((first row, end), ...): the rows of records the Python steps are to finish (a "
-     "redaction find, a key for translation, a reward, a key the attribute lists drop)",
+     "((first row, end, found), ...): the rows of records the Python steps are to finish (a "
+     "redaction find, a key for translation, a reward, a key the attribute lists drop); "
+     "found false: the scan found nothing a redaction pattern needs",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -2363,12 +2364,14 @@ static int fused_resource_spans(Decoder *st, Buf bytes, Record *record)
     return status;
 }
 
-/* The record's rows, in each hour it fell in, noted for the Python steps to finish. */
+/* The record's rows, in each hour it fell in, noted for the Python steps to finish, and
+ * whether the scan found what a redaction pattern needs (if not, no pattern can match). */
 static int steps_marked(const Record *record)
 {
+    PyObject *found = record->scanning == NULL || record->scanning->found ? Py_True : Py_False;
     for (int i = 0; i < record->held_count; i++) {
         ColumnsObject *columns = record->held[i];
-        PyObject *rows = Py_BuildValue("(nn)", record->rows[i], columns->rows);
+        PyObject *rows = Py_BuildValue("(nnO)", record->rows[i], columns->rows, found);
         int failed = rows == NULL || PyList_Append(columns->steps, rows) < 0;
         Py_XDECREF(rows);
         if (failed)

@@ -7,8 +7,8 @@ spanmill's encoder, so they hold what spanmill never writes: several resources a
 scopes a request, scope attributes, schema URLs, trace state, flags, dropped counts,
 nested and key-value-list values, bytes, empty values, foreign conventions, reward
 spans and evaluation events, links, unknown kinds and broken ids. Whatever the
-native path does with a record (reads it whole, hands it to the steps, or the steps
-hand it to the authority), the Parquet files, dead letters and counts must be the
+native path does with a record (reads it whole, marks its rows for the Python steps,
+or hands it to the authority), the Parquet files, dead letters and counts must be the
 oracle's.
 """
 

@@ -244,28 +244,29 @@ def _finished(hourly: HourlyColumns) -> dict[int, list[Any]]:
     }
 
 
-# A span of each sort whose record's rows the Python steps finish.
+# A span of each sort whose record's rows the Python steps finish, and whether the scan
+# found what a redaction pattern needs.
 FOR_THE_STEPS = [
-    (_span(note="write to ops@example.com"), frozenset()),  # redaction's to run
-    (_span(**{"gen_ai.system": "openai"}), frozenset({"gen_ai.system"})),  # translation's
-    (_span(**{sc.GEN_AI_EVALUATION_NAME: "exact"}), frozenset()),  # a reward
+    (_span(note="write to ops@example.com"), frozenset(), True),  # redaction's to run
+    (_span(**{"gen_ai.system": "openai"}), frozenset({"gen_ai.system"}), False),  # translation
+    (_span(**{sc.GEN_AI_EVALUATION_NAME: "exact"}), frozenset(), False),  # a reward
 ]
 
 
-@pytest.mark.parametrize(("second", "steps"), FOR_THE_STEPS)
+@pytest.mark.parametrize(("second", "steps", "found"), FOR_THE_STEPS)
 def test_a_record_for_the_steps_is_written_and_its_rows_marked(
-    second: Span, steps: frozenset[str]
+    second: Span, steps: frozenset[str], found: bool
 ) -> None:
     hourly = HourlyColumns()
     assert _append(hourly, encode_otlp_protobuf([_span(x=1)]), steps) == 1
     assert _append(hourly, encode_otlp_protobuf([_span(y=2), second, _span(z=3)]), steps) == 3
     (columns,) = hourly.native_hours.values()
-    assert columns.rows == 4 and columns.steps == ((1, 4),)
+    assert columns.rows == 4 and columns.steps == ((1, 4, found),)
 
 
-@pytest.mark.parametrize(("second", "steps"), FOR_THE_STEPS)
+@pytest.mark.parametrize(("second", "steps", "found"), FOR_THE_STEPS)
 def test_a_record_given_back_leaves_every_column_as_it_was(
-    second: Span, steps: frozenset[str]
+    second: Span, steps: frozenset[str], found: bool
 ) -> None:
     hourly, twin = HourlyColumns(), HourlyColumns()
     first = encode_otlp_protobuf([_span(x=1)])
@@ -344,7 +345,7 @@ def test_events_and_links_are_read_natively_and_a_reward_marked_for_the_steps() 
                 "attributes": {sc.GEN_AI_EVALUATION_NAME: "exact"}}),)})  # fmt: skip
     judging = HourlyColumns()
     assert _append(judging, encode_otlp_protobuf([judged])) == 1
-    assert judging.native_hours[START // HOUR].steps == ((0, 1),)
+    assert judging.native_hours[START // HOUR].steps == ((0, 1, False),)
     # The same rows as the steps, with attribute lists that filter event keys too.
     records = [encode_otlp_protobuf([plain]), encode_otlp_protobuf([judged, plain])]
     _same_rows(records)

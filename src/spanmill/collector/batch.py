@@ -220,7 +220,9 @@ class BatchProcessor:
                 # Some of its rows may be in: the batch is made again without it.
                 return self._without(job, offset, f"{type(exc).__name__}: {exc}", started)
         try:
-            tables = hourly.tables(lambda parts: self.steps(parts, redactions, translations))
+            tables = hourly.tables(
+                lambda parts, found: self.steps(parts, redactions, translations, patterns=found)
+            )
         except RowFailed as exc:  # a collector bug in the steps: as above
             log.exception("record %s/%s/%s broke the collector", batch.topic, batch.partition,
                           exc.offset)  # fmt: skip

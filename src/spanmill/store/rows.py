@@ -415,13 +415,14 @@ class HourlyColumns:
         )
         self.rows += 1
 
-    def tables(self, steps: Callable[[SpanParts], None] | None = None) -> dict[int, pa.Table]:
+    def tables(self, steps: Callable[[SpanParts, bool], None] | None = None) -> dict[int, pa.Table]:
         """A table per hour that holds rows (a record the decoder gave back may have left
         an hour's native columns empty).
 
         Rows the decoder marked (``Columns.steps``) are read back into span parts, given
-        to ``steps`` (translation and redaction, in the collector) and appended again in
-        Python, so that rewards, promoted columns and JSON are made as for any other.
+        to ``steps`` (translation and redaction, in the collector) with whether the
+        decoder's scan found what a redaction pattern needs, and appended again in Python,
+        so that rewards, promoted columns and JSON are made as for any other.
         """
         out = {}
         for hour, columns in self.native_hours.items():
@@ -444,20 +445,24 @@ class HourlyColumns:
     @staticmethod
     def _rebuilt(
         table: pa.Table,
-        marked: Sequence[tuple[int, int]],
+        marked: Sequence[tuple[int, int, bool]],
         builder: ColumnBuilder,
-        steps: Callable[[SpanParts], None] | None,
+        steps: Callable[[SpanParts, bool], None] | None,
     ) -> pa.Table:
         """``table`` without the ``marked`` rows, which go through ``steps`` to ``builder``."""
         flags = [False] * table.num_rows
-        for first, end in marked:
+        found = []
+        for first, end, scan_found in marked:
             flags[first:end] = [True] * (end - first)
+            found += [scan_found] * (end - first)
         chosen = pa.array(flags, type=pa.bool_())
-        for row in exact_times(table.filter(chosen)).to_pylist():
+        for row, may_match in zip(
+            exact_times(table.filter(chosen)).to_pylist(), found, strict=True
+        ):
             try:
                 parts = parts_from_row(row)
                 if steps is not None:
-                    steps(parts)
+                    steps(parts, may_match)
                 builder.append(
                     parts, row["kafka_topic"], row["kafka_partition"], row["kafka_offset"],
                     row["kafka_index"], row["kafka_timestamp"],
