@@ -87,8 +87,6 @@ typedef struct {
     /* attribute keys: response model, request model, episode id, score value, reward name */
     PyObject *response_model, *request_model, *episode_id, *score, *reward_name;
     PyObject *reward_event;          /* the evaluation result event's name */
-    PyObject *encode;                /* encode(value) -> str: the store's JSON */
-    PyObject *k_name, *k_time, *k_attributes, *k_trace, *k_span; /* event and link keys */
     int fused; /* the columns are laid out as append_record writes them */
     unsigned long generation; /* counts configure_rows() calls; Columns carry theirs */
     /* per column, the largest values, offsets and validity a finished Columns held: what
@@ -1535,12 +1533,6 @@ static void clear_rows(Decoder *st)
     Py_CLEAR(st->rows.score);
     Py_CLEAR(st->rows.reward_name);
     Py_CLEAR(st->rows.reward_event);
-    Py_CLEAR(st->rows.encode);
-    Py_CLEAR(st->rows.k_name);
-    Py_CLEAR(st->rows.k_time);
-    Py_CLEAR(st->rows.k_attributes);
-    Py_CLEAR(st->rows.k_trace);
-    Py_CLEAR(st->rows.k_span);
     PyMem_Free(st->rows.kinds);
     st->rows.kinds = NULL;
     PyMem_Free(st->rows.sizes);
@@ -1553,17 +1545,16 @@ static void clear_rows(Decoder *st)
     st->rows.ready = 0;
 }
 
-/* configure_rows(columns, promoted, resource_promoted, keys, reward_event, encode,
- *                kinds) */
+/* configure_rows(columns, promoted, resource_promoted, keys, reward_event, kinds) */
 static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[3])
-        || PyTuple_GET_SIZE(args[3]) != 5 || !PyTuple_Check(args[6])
-        || PyTuple_GET_SIZE(args[6]) != PyTuple_GET_SIZE(args[0])) {
+    if (nargs != 6 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[3])
+        || PyTuple_GET_SIZE(args[3]) != 5 || !PyTuple_Check(args[5])
+        || PyTuple_GET_SIZE(args[5]) != PyTuple_GET_SIZE(args[0])) {
         PyErr_SetString(PyExc_TypeError,
                         "configure_rows(columns, promoted, resource_promoted, "
                         "(response_model, request_model, episode_id, score, reward_name), "
-                        "reward_event, encode, kinds): a kind per column");
+                        "reward_event, kinds): a kind per column");
         return NULL;
     }
     clear_rows(st); /* configured again: the last call wins, earlier Columns are refused */
@@ -1575,7 +1566,7 @@ static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t n
     if (st->rows.kinds == NULL || st->rows.sizes == NULL)
         return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < st->rows.width; i++) {
-        long kind = PyLong_AsLong(PyTuple_GET_ITEM(args[6], i));
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(args[5], i));
         if (kind == -1 && PyErr_Occurred())
             return NULL;
         if (kind < A_STR || kind > A_OBJECT) {
@@ -1603,59 +1594,137 @@ static PyObject *configure_rows(Decoder *st, PyObject *const *args, Py_ssize_t n
             return NULL;
     if ((st->rows.reward_event = interned(args[4])) == NULL)
         return NULL;
-    st->rows.encode = Py_NewRef(args[5]);
-    if ((st->rows.k_name = PyUnicode_InternFromString("name")) == NULL
-        || (st->rows.k_time = PyUnicode_InternFromString("time_unix_nano")) == NULL
-        || (st->rows.k_attributes = PyUnicode_InternFromString("attributes")) == NULL
-        || (st->rows.k_trace = PyUnicode_InternFromString("trace_id")) == NULL
-        || (st->rows.k_span = PyUnicode_InternFromString("span_id")) == NULL)
-        return NULL;
     st->rows.fused = fused_layout_ok(st);
     st->rows.ready = 1;
     Py_RETURN_NONE;
 }
 
-/* The store's JSON of a non-empty container, or None. */
-static PyObject *json_or_none(Decoder *st, PyObject *value, Py_ssize_t size)
+/* ---- the store's JSON ---------------------------------------------------------
+ * Attributes without a column, the resource's, events and links are stored as JSON,
+ * written here as the store's encoder writes it (json.JSONEncoder with
+ * ensure_ascii=False and separators "," and ":"): keys in their order, floats as
+ * their repr (NaN and the infinities as NaN, Infinity, -Infinity), control characters
+ * escaped. Tests hold the two byte for byte.
+ */
+static int json_value(Bytes *out, PyObject *value);
+
+static int json_text(Bytes *out, PyObject *text)
 {
-    if (size == 0)
-        return Py_NewRef(Py_None);
-    return PyObject_CallOneArg(st->rows.encode, value);
+    Py_ssize_t size;
+    const char *p = PyUnicode_AsUTF8AndSize(text, &size), *end, *run;
+    if (p == NULL || push(out, "\"", 1) < 0)
+        return -1;
+    for (run = p, end = p + size; p < end; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        char escaped[8] = {'\\', (char)c, 0};
+        static const char SHORT[] = "\"\"\\\\\bb\ff\nn\rr\tt";
+        const char *letter = memchr(SHORT, c, sizeof SHORT - 1);
+        Py_ssize_t length = 2;
+        if (letter != NULL && (letter - SHORT) % 2 == 0)
+            escaped[1] = letter[1];
+        else
+            length = snprintf(escaped, sizeof escaped, "\\u%04x", c);
+        if (push(out, run, p - run) < 0 || push(out, escaped, length) < 0)
+            return -1;
+        run = p + 1;
+    }
+    return push(out, run, end - run) < 0 || push(out, "\"", 1) < 0 ? -1 : 0;
 }
 
-/* [{"name": n, "time_unix_nano": t, "attributes": a}, ...] or the links' form, as JSON. */
-static PyObject *records_json(Decoder *st, PyObject *items, PyObject *k0, PyObject *k1)
+static int json_number(Bytes *out, PyObject *value)
 {
-    if (!PyList_Check(items)) {
-        PyErr_SetString(PyExc_TypeError, "events and links must be lists");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(items);
-    if (n == 0)
-        return Py_NewRef(Py_None);
-    PyObject *list = PyList_New(n);
-    if (list == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i), *dict;
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
-            PyErr_SetString(PyExc_TypeError, "events and links are 3-tuples");
-            Py_DECREF(list);
-            return NULL;
+    char buffer[32];
+    if (PyLong_CheckExact(value)) { /* int64 attributes; uint64 times of events */
+        int overflow;
+        long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow > 0) {
+            unsigned long long large = PyLong_AsUnsignedLongLong(value);
+            if (large == (unsigned long long)-1 && PyErr_Occurred())
+                return -1;
+            return push(out, buffer, snprintf(buffer, sizeof buffer, "%llu", large));
         }
-        dict = PyDict_New();
-        if (dict == NULL || PyDict_SetItem(dict, k0, PyTuple_GET_ITEM(item, 0)) < 0
-            || PyDict_SetItem(dict, k1, PyTuple_GET_ITEM(item, 1)) < 0
-            || PyDict_SetItem(dict, st->rows.k_attributes, PyTuple_GET_ITEM(item, 2)) < 0) {
-            Py_XDECREF(dict);
-            Py_DECREF(list);
-            return NULL;
+        if (overflow < 0 || (number == -1 && PyErr_Occurred())) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_OverflowError, "an int below -2**63");
+            return -1;
         }
-        PyList_SET_ITEM(list, i, dict);
+        return push(out, buffer, snprintf(buffer, sizeof buffer, "%lld", number));
     }
-    PyObject *out = PyObject_CallOneArg(st->rows.encode, list);
-    Py_DECREF(list);
-    return out;
+    double number = PyFloat_AS_DOUBLE(value);
+    if (Py_IS_NAN(number) || Py_IS_INFINITY(number)) {
+        const char *word = Py_IS_NAN(number) ? "NaN" : number > 0 ? "Infinity" : "-Infinity";
+        return push(out, word, (Py_ssize_t)strlen(word));
+    }
+    char *repr = PyOS_double_to_string(number, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (repr == NULL)
+        return -1;
+    int failed = push(out, repr, (Py_ssize_t)strlen(repr));
+    PyMem_Free(repr);
+    return failed;
+}
+
+static int json_value(Bytes *out, PyObject *value)
+{
+    if (value == Py_None || value == Py_True || value == Py_False) {
+        const char *word = value == Py_None ? "null" : value == Py_True ? "true" : "false";
+        return push(out, word, (Py_ssize_t)strlen(word));
+    }
+    if (PyUnicode_CheckExact(value))
+        return json_text(out, value);
+    if (PyLong_CheckExact(value) || PyFloat_CheckExact(value))
+        return json_number(out, value);
+    if (PyList_CheckExact(value)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(value); i++)
+            if (push(out, i ? "," : "[", 1) < 0 || json_value(out, PyList_GET_ITEM(value, i)) < 0)
+                return -1;
+        return push(out, PyList_GET_SIZE(value) ? "]" : "[]", PyList_GET_SIZE(value) ? 1 : 2);
+    }
+    if (PyDict_CheckExact(value)) {
+        PyObject *key, *item;
+        Py_ssize_t at = 0, i = 0;
+        while (PyDict_Next(value, &at, &key, &item))
+            if (push(out, i++ ? "," : "{", 1) < 0 || json_text(out, key) < 0
+                || push(out, ":", 1) < 0 || json_value(out, item) < 0)
+                return -1;
+        return push(out, i ? "}" : "{}", i ? 1 : 2);
+    }
+    PyErr_Format(PyExc_TypeError, "no JSON for %.100s", Py_TYPE(value)->tp_name);
+    return -1;
+}
+
+/* A row's JSON of a dict or list (the store's JSON), or null where it is NULL or empty. */
+static int col_json(Column *c, Py_ssize_t row, PyObject *value)
+{
+    if (value == NULL || PyObject_Length(value) == 0)
+        return column_append(c, row, Py_None);
+    if (push_bit(&c->validity, row, 1) < 0 || json_value(&c->values, value) < 0)
+        return -1;
+    return push_offset(c, c->values.size);
+}
+
+/* A row's events or links: [{k0: item[0], k1: item[1], "attributes": item[2]}, ...] from
+ * their (x, y, attributes) tuples, or null where there are none. */
+static int col_records(Column *c, Py_ssize_t row, PyObject *items, const char *k0,
+                       const char *k1)
+{
+    if (items == NULL || PyList_GET_SIZE(items) == 0)
+        return column_append(c, row, Py_None);
+    Bytes *out = &c->values;
+    if (push_bit(&c->validity, row, 1) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (push(out, i ? ",{\"" : "[{\"", 3) < 0 || push(out, k0, (Py_ssize_t)strlen(k0)) < 0
+            || push(out, "\":", 2) < 0 || json_value(out, PyTuple_GET_ITEM(item, 0)) < 0
+            || push(out, ",\"", 2) < 0 || push(out, k1, (Py_ssize_t)strlen(k1)) < 0
+            || push(out, "\":", 2) < 0 || json_value(out, PyTuple_GET_ITEM(item, 1)) < 0
+            || push(out, ",\"attributes\":", 14) < 0
+            || json_value(out, PyTuple_GET_ITEM(item, 2)) < 0 || push(out, "}", 1) < 0)
+            return -1;
+    }
+    return push(out, "]", 1) < 0 ? -1 : push_offset(c, c->values.size);
 }
 
 /* Whether a list of events (name, time, attributes) holds an evaluation: 1, 0, or -1
@@ -2013,7 +2082,7 @@ typedef struct {
     Field value[MAX_PROMOTED];
     Py_ssize_t items[MAX_PROMOTED];
     uint64_t present; /* a bit per resource column whose value the resource gives */
-    PyObject *json;   /* a str, or None */
+    PyObject *json;   /* its other attributes' JSON: bytes, or None */
     int steps;        /* a key the attribute lists drop: the steps finish its spans' rows */
 } Resource;
 
@@ -2091,10 +2160,15 @@ static int resource_of(Decoder *st, Buf header, Resource *out, Scan *scanning)
     }
     if (status == OK && more < 0)
         status = UNUSUAL;
-    if (status == OK)
-        status = (out->json = json_or_none(st, kept, kept ? PyDict_GET_SIZE(kept) : 0)) != NULL
-                     ? OK
-                     : ERROR;
+    if (status == OK) { /* written once, for each of its spans' rows */
+        Bytes text = {NULL, 0, 0};
+        if (kept == NULL)
+            out->json = Py_NewRef(Py_None);
+        else if (json_value(&text, kept) == 0)
+            out->json = PyBytes_FromStringAndSize(text.data, text.size);
+        status = out->json != NULL ? OK : ERROR;
+        PyMem_Free(text.data);
+    }
     Py_XDECREF(kept);
     return status;
 }
@@ -2186,26 +2260,17 @@ static int span_attribute(Decoder *st, Buf bytes, ColumnsObject *columns, SpanAt
     return status;
 }
 
-/* A span's events' and links' JSON for their columns (*events and *links: new
- * references, None where the span has none). *steps is set where the Python steps
- * must finish the row: the attribute lists filter keys (theirs too), or an event is an
- * evaluation (a reward). */
-static int fused_lists_json(Decoder *st, const SpanLists *lists, PyObject **events,
-                            PyObject **links, int *steps)
+/* Whether the Python steps must finish a span's row for its events and links (*steps
+ * set): the attribute lists filter keys (theirs too), or an event is an evaluation (a
+ * reward). */
+static int lists_steps(Decoder *st, const SpanLists *lists, int *steps)
 {
     if ((lists->events || lists->links) && st->fused.keeps != NULL && st->fused.keeps != Py_None)
         *steps = 1;
     int evaluation = lists->events ? evaluation_event(st, lists->events) : 0;
-    if (evaluation < 0)
-        return ERROR;
     if (evaluation > 0)
         *steps = 1;
-    RowsConfig *rows = &st->rows;
-    *events = lists->events ? records_json(st, lists->events, rows->k_name, rows->k_time)
-                            : Py_NewRef(Py_None);
-    *links = lists->links ? records_json(st, lists->links, rows->k_trace, rows->k_span)
-                          : Py_NewRef(Py_None);
-    return *events != NULL && *links != NULL ? OK : ERROR;
+    return evaluation < 0 ? ERROR : OK;
 }
 
 /* The promoted columns a span's attributes did not fill, and its resource's columns. */
@@ -2231,7 +2296,7 @@ static int fused_promoted_rest(Decoder *st, const Record *record, const SpanAttr
 /* Every other column of a span's row: its fields, roles, JSON and Kafka record. */
 static int fused_columns(Decoder *st, const Record *record, const SpanFields *fields,
                          const SpanAttributes *span, uint64_t code, Buf message,
-                         PyObject *const *lists, Column *c, Py_ssize_t row)
+                         const SpanLists *lists, Column *c, Py_ssize_t row)
 {
     const Py_ssize_t *at = st->rows.index;
     Buf trace = fields->trace, parent = fields->parent, name = fields->name;
@@ -2239,12 +2304,9 @@ static int fused_columns(Decoder *st, const Record *record, const SpanFields *fi
                        : span->role[1].p != span->role[1].end ? &span->role[1]
                                                               : NULL;
     Buf episode = span->role[2];
-    PyObject *json = json_or_none(st, span->kept, span->kept ? PyDict_GET_SIZE(span->kept) : 0);
-    if (json == NULL)
-        return -1;
-    int failed = column_append(&c[at[C_ATTRIBUTES]], row, json);
-    Py_DECREF(json);
-    if (failed < 0 || column_append(&c[at[C_REWARDS]], row, Py_None) < 0
+    PyObject *resource = record->resource->json;
+    if (col_json(&c[at[C_ATTRIBUTES]], row, span->kept) < 0
+        || column_append(&c[at[C_REWARDS]], row, Py_None) < 0
         || (model ? col_bytes(&c[at[C_MODEL]], row, model->p, model->end - model->p)
                   : column_append(&c[at[C_MODEL]], row, Py_None)) < 0
         || (episode.p != episode.end
@@ -2260,13 +2322,15 @@ static int fused_columns(Decoder *st, const Record *record, const SpanFields *fi
         || col_int(&c[at[C_END]], row, (int64_t)fields->end) < 0
         || column_append(&c[at[C_STATUS]], row, STATUS_NAMES[code]) < 0
         || col_bytes(&c[at[C_MESSAGE]], row, message.p, message.end - message.p) < 0
-        || column_append(&c[at[C_RESOURCE]], row, record->resource->json) < 0
+        || (resource != Py_None ? col_bytes(&c[at[C_RESOURCE]], row, PyBytes_AS_STRING(resource),
+                                            PyBytes_GET_SIZE(resource))
+                                : column_append(&c[at[C_RESOURCE]], row, Py_None)) < 0
         || col_bytes(&c[at[C_SCOPE_NAME]], row, record->scope_name.p,
                      record->scope_name.end - record->scope_name.p) < 0
         || col_bytes(&c[at[C_SCOPE_VERSION]], row, record->scope_version.p,
                      record->scope_version.end - record->scope_version.p) < 0
-        || column_append(&c[at[C_EVENTS]], row, lists[0]) < 0
-        || column_append(&c[at[C_LINKS]], row, lists[1]) < 0
+        || col_records(&c[at[C_EVENTS]], row, lists->events, "name", "time_unix_nano") < 0
+        || col_records(&c[at[C_LINKS]], row, lists->links, "trace_id", "span_id") < 0
         || col_bytes(&c[at[C_TOPIC]], row, record->topic.p, record->topic.end - record->topic.p)
                < 0
         || col_int(&c[at[C_PARTITION]], row, record->partition) < 0
@@ -2286,7 +2350,6 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
     Buf all = bytes, message = NONE;
     Py_ssize_t name_chars = 0;
     SpanLists lists = {st, NULL, NULL, NULL, record->scanning}; /* attributes: later */
-    PyObject *json[2] = {NULL, NULL}; /* the events' and the links' */
     SpanAttributes attributes = {{NONE, NONE, NONE}, 0, 0, NULL, 0};
     int status = span_fields(bytes, &fields, span_lists, &lists);
     /* The record's rules (decode), then the store's: an end it can hold (check_storable). */
@@ -2303,7 +2366,7 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
             status = checked_text(message, record->scanning);
     }
     if (status == OK)
-        status = fused_lists_json(st, &lists, &json[0], &json[1], &record->steps);
+        status = lists_steps(st, &lists, &record->steps);
     if (status == OK)
         status = record_columns(st, record, fields.start / NS_PER_HOUR);
     ColumnsObject *columns = record->columns;
@@ -2313,7 +2376,7 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
     record->steps |= attributes.steps;
     if (status == OK) /* from here on, only a failing write stops the row */
         status = fused_promoted_rest(st, record, &attributes, columns->columns, columns->rows) < 0
-                         || fused_columns(st, record, &fields, &attributes, code, message, json,
+                         || fused_columns(st, record, &fields, &attributes, code, message, &lists,
                                           columns->columns, columns->rows) < 0
                      ? ERROR
                      : OK;
@@ -2324,8 +2387,6 @@ static int fused_span(Decoder *st, Buf bytes, Record *record)
     Py_XDECREF(attributes.kept);
     Py_XDECREF(lists.events);
     Py_XDECREF(lists.links);
-    Py_XDECREF(json[0]);
-    Py_XDECREF(json[1]);
     return status;
 }
 
@@ -2479,9 +2540,9 @@ static PyMethodDef decoder_methods[] = {
      "configure(max_name_chars, max_key_chars, max_value_bytes): the span record's limits "
      "on names, attribute keys and attribute values; beyond them, the authority decides."},
     {"configure_rows", (PyCFunction)(void (*)(void))configure_rows, METH_FASTCALL,
-     "configure_rows(columns, promoted, resource_promoted, keys, reward_event, encode, "
-     "kinds): the store schema's columns, each column's kind and the promoted "
-     "attributes, for append_record()."},
+     "configure_rows(columns, promoted, resource_promoted, keys, reward_event, kinds): the "
+     "store schema's columns, each column's kind and the promoted attributes, for "
+     "append_record()."},
     {"columns", (PyCFunction)new_columns, METH_NOARGS,
      "columns() -> Columns: an empty table's columns as Arrow buffers, for append_record()."},
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,

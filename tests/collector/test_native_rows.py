@@ -350,3 +350,24 @@ def test_events_and_links_are_read_natively_and_a_reward_marked_for_the_steps() 
     records = [encode_otlp_protobuf([plain]), encode_otlp_protobuf([judged, plain])]
     _same_rows(records)
     _same_rows(records, {"attributes_deny": ("why",)})
+
+
+def test_the_store_json_is_the_encoders_byte_for_byte() -> None:
+    """Texts that need escaping, floats at their edges, the largest ints and event times:
+    the extension writes the JSON columns as the store's encoder does."""
+    from spanmill.spans.record import SpanEvent
+
+    texts = ['quote " and \\ back', "tab\tline\nfeed\r", "\x00\x01\x1f\x7f", "é ✓ 😀 \u2028"]
+    numbers = [0.0, -0.0, 1.5, 1e300, 5e-324, -1e-7, float("inf"), float("-inf"), 2**63 - 1]
+    attributes = {f"t{i}": text for i, text in enumerate(texts)}
+    attributes |= {f"n{i}": number for i, number in enumerate(numbers)}
+    attributes |= {"low": -(2**63), "list": [1.0, -2.5e-10], "words": texts, "yes": True}
+    event = SpanEvent(name="log\n", time_unix_nano=2**64 - 1, attributes=attributes)
+    span = _span(**attributes).model_copy(
+        update={"events": (event,), "resource_attributes": {"host": texts[0], "rank": 1e-3}}
+    )
+    hourly = HourlyColumns()
+    assert _append(hourly, encode_otlp_protobuf([span])) == 1
+    (table,) = hourly.tables().values()
+    assert json.loads(table.column("attributes")[0].as_py()) == attributes
+    _same_rows([encode_otlp_protobuf([span]), encode_otlp_protobuf([_span(x=1)])])

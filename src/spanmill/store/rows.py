@@ -346,7 +346,6 @@ def _rows_settings() -> tuple[Any, ...]:
             sc.GEN_AI_EVALUATION_NAME,
         ),
         sc.GEN_AI_EVALUATION_RESULT_EVENT,
-        _JSON.encode,
         tuple(_column_kind(field.type) for field in SPAN_SCHEMA),
     )
 
