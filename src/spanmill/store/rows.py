@@ -375,7 +375,7 @@ class HourlyColumns:
     """
 
     def __init__(self, *, decoder: Any = NEW_DECODER) -> None:
-        """``decoder``: the native decoder whose columns the fused rows go to (by default a
+        """``decoder``: the native decoder whose columns the native rows go to (by default a
         new one; None: every row is appended in Python)."""
         self.decoder = native_decoder() if decoder is NEW_DECODER else decoder
         self.hours: dict[int, ColumnBuilder] = {}
