@@ -471,7 +471,8 @@ static int scan(const uint8_t *p, const uint8_t *end, const Scan *s)
 }
 
 /* Scan one text for the append_record() call's gates; `scanning` is NULL when it asked for
- * none. Each call has its own: Python code (the JSON encoder, a finalizer) may run, and let
+ * none. Each call has its own: Python code (the attribute lists' keeps(), a finalizer) may
+ * run, and let
  * another thread decode, while one is under way. */
 static void scan_text(Scan *scanning, Buf bytes)
 {
@@ -1704,6 +1705,16 @@ static int col_json(Column *c, Py_ssize_t row, PyObject *value)
     return push_offset(c, c->values.size);
 }
 
+/* `lead`, then "key":value. */
+static int json_member(Bytes *out, const char *lead, const char *key, PyObject *value)
+{
+    return push(out, lead, (Py_ssize_t)strlen(lead)) < 0
+                   || push(out, key, (Py_ssize_t)strlen(key)) < 0 || push(out, "\":", 2) < 0
+                   || json_value(out, value) < 0
+               ? -1
+               : 0;
+}
+
 /* A row's events or links: [{k0: item[0], k1: item[1], "attributes": item[2]}, ...] from
  * their (x, y, attributes) tuples, or null where there are none. */
 static int col_records(Column *c, Py_ssize_t row, PyObject *items, const char *k0,
@@ -1716,12 +1727,10 @@ static int col_records(Column *c, Py_ssize_t row, PyObject *items, const char *k
         return -1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         PyObject *item = PyList_GET_ITEM(items, i);
-        if (push(out, i ? ",{\"" : "[{\"", 3) < 0 || push(out, k0, (Py_ssize_t)strlen(k0)) < 0
-            || push(out, "\":", 2) < 0 || json_value(out, PyTuple_GET_ITEM(item, 0)) < 0
-            || push(out, ",\"", 2) < 0 || push(out, k1, (Py_ssize_t)strlen(k1)) < 0
-            || push(out, "\":", 2) < 0 || json_value(out, PyTuple_GET_ITEM(item, 1)) < 0
-            || push(out, ",\"attributes\":", 14) < 0
-            || json_value(out, PyTuple_GET_ITEM(item, 2)) < 0 || push(out, "}", 1) < 0)
+        if (json_member(out, i ? ",{\"" : "[{\"", k0, PyTuple_GET_ITEM(item, 0)) < 0
+            || json_member(out, ",\"", k1, PyTuple_GET_ITEM(item, 1)) < 0
+            || json_member(out, ",\"", "attributes", PyTuple_GET_ITEM(item, 2)) < 0
+            || push(out, "}", 1) < 0)
             return -1;
     }
     return push(out, "]", 1) < 0 ? -1 : push_offset(c, c->values.size);
@@ -1808,8 +1817,8 @@ static PyObject *new_columns(Decoder *st, PyObject *Py_UNUSED(ignored))
  * A span's ids, names, times and promoted attributes go from the payload's bytes into
  * the columns' buffers with no Python object between. Only what the store keeps as
  * JSON (attributes without a column, the resource's, events and links) is built as
- * objects, and encoded by the store's encoder, so each row is byte for byte what the
- * Python steps give. It answers None, every column as it was, for what the authority
+ * objects, whose JSON is written here as the store's encoder writes it, so each row is
+ * byte for byte what the Python steps give. It answers None, every column as it was, for what the authority
  * must judge, a key given twice where the columns would have to know which value
  * stands, spans of more than RECORD_HOURS hours, or an end time past what the store
  * holds. Spans of several hours go to each hour's columns, all of them taken back
