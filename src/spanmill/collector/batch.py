@@ -214,20 +214,14 @@ class BatchProcessor:
                 dead.append((offset, exc.reason, exc.detail))
                 continue
             except Exception as exc:  # a collector bug must not lose the batch
-                log.exception(
-                    "record %s/%s/%s broke the collector", batch.topic, batch.partition, offset
-                )
                 # Some of its rows may be in: the batch is made again without it.
-                return self._without(job, offset, f"{type(exc).__name__}: {exc}", started)
+                return self._without(job, offset, exc, started)
         try:
             tables = hourly.tables(
                 lambda parts, found: self.steps(parts, redactions, translations, patterns=found)
             )
         except RowFailed as exc:  # a collector bug in the steps: as above
-            log.exception("record %s/%s/%s broke the collector", batch.topic, batch.partition,
-                          exc.offset)  # fmt: skip
-            cause = exc.__cause__
-            return self._without(job, exc.offset, f"{type(cause).__name__}: {cause}", started)
+            return self._without(job, exc.offset, exc.__cause__ or exc, started)
         files = self.writer.write_batch(batch, tables) if hourly.rows else []
         return BatchOutcome(
             batch=batch,
@@ -240,9 +234,15 @@ class BatchProcessor:
             seconds=time.perf_counter() - started,
         )
 
-    def _without(self, job: BatchJob, offset: int, detail: str, started: float) -> BatchOutcome:
-        """The batch processed again without the record at ``offset``, which goes to the
-        dead-letter topic alone: the others' rows are stored, none of its own."""
+    def _without(
+        self, job: BatchJob, offset: int, error: BaseException, started: float
+    ) -> BatchOutcome:
+        """The batch processed again without the record at ``offset``, which broke the
+        collector with ``error`` (logged, with the traceback being handled) and goes to
+        the dead-letter topic alone: the others' rows are stored, none of its own."""
+        batch = job.batch
+        log.exception("record %s/%s/%s broke the collector", batch.topic, batch.partition, offset)
+        detail = f"{type(error).__name__}: {error}"
         kept = [i for i, o in enumerate(job.offsets) if o != offset]
         rest = BatchJob(
             job.batch,
