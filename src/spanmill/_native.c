@@ -96,11 +96,12 @@ typedef struct {
 
 typedef struct {
     PyObject *fallback; /* the keys the caller gave that send a record back to it */
-    PyObject *keeps;    /* keeps(key) -> bool: whether the attribute lists keep a key;
-                           None: they keep every key */
+    PyObject *verdicts; /* key -> bool: whether the attribute lists keep a key, for the
+                           keys they have judged (a dict the caller owns and fills between
+                           calls); None: they keep every key */
     PyObject *classes;  /* key -> what it is to a row (R_* and a promoted index), for
                            promoted, role and fallback keys; other keys are plain */
-    unsigned long generation; /* of classes and keeps, as the key cache's slots know them */
+    unsigned long generation; /* of classes and verdicts, as the key cache's slots know them */
 } FusedState;
 
 /* Attribute keys' bytes to their str, and what each is to a row (see key_slot). */
@@ -471,9 +472,8 @@ static int scan(const uint8_t *p, const uint8_t *end, const Scan *s)
 }
 
 /* Scan one text for the append_record() call's gates; `scanning` is NULL when it asked for
- * none. Each call has its own: Python code (the attribute lists' keeps(), a finalizer) may
- * run, and let
- * another thread decode, while one is under way. */
+ * none. Each call has its own: Python code (a finalizer) may run, and let another thread
+ * decode, while one is under way. */
 static void scan_text(Scan *scanning, Buf bytes)
 {
     if (scanning != NULL && !scanning->found)
@@ -1540,7 +1540,7 @@ static void clear_rows(Decoder *st)
     st->rows.sizes = NULL;
     Py_CLEAR(st->fused.classes);
     Py_CLEAR(st->fused.fallback);
-    Py_CLEAR(st->fused.keeps);
+    Py_CLEAR(st->fused.verdicts);
     st->fused.generation++;
     st->rows.promoted_count = st->rows.resource_count = 0;
     st->rows.ready = 0;
@@ -1984,7 +1984,8 @@ static int value_written(Column *c, Py_ssize_t row, int column_kind, const Field
     }
 }
 
-/* A span attribute's key as a str, and what it is to a row (st->fused.classes). */
+/* A span attribute's key as a str, and what it is to a row (st->fused.classes); UNUSUAL
+ * where the attribute lists have not judged it yet (the authority's steps will). */
 static int span_key(Decoder *st, Buf bytes, PyObject **name, long *what)
 {
     KeySlot *slot;
@@ -1997,20 +1998,20 @@ static int span_key(Decoder *st, Buf bytes, PyObject **name, long *what)
     }
     PyObject *found = PyDict_GetItemWithError(st->fused.classes, *name);
     *what = found != NULL ? PyLong_AsLong(found) : 0;
-    if (!PyErr_Occurred() && st->fused.keeps != Py_None) {
-        PyObject *kept = PyObject_CallOneArg(st->fused.keeps, *name);
-        int keep = kept != NULL ? PyObject_IsTrue(kept) : -1;
-        Py_XDECREF(kept);
-        if (keep == 0)
+    if (!PyErr_Occurred() && st->fused.verdicts != Py_None) {
+        PyObject *kept = PyDict_GetItemWithError(st->fused.verdicts, *name);
+        if (kept == NULL && !PyErr_Occurred()) {
+            Py_CLEAR(*name);
+            return UNUSUAL;
+        }
+        if (kept == Py_False)
             *what |= R_DROPPED;
     }
     if (PyErr_Occurred()) {
         Py_CLEAR(*name);
         return ERROR;
     }
-    /* keeps() ran Python code, in which another thread may have decoded and taken
-     * the slot for another key. */
-    if (slot != NULL && slot->key == *name) {
+    if (slot != NULL && slot->key == *name) { /* a verdict, once given, stands */
         slot->what = *what;
         slot->generation = st->fused.generation;
     }
@@ -2018,11 +2019,11 @@ static int span_key(Decoder *st, Buf bytes, PyObject **name, long *what)
 }
 
 /* key -> class, for the promoted keys, the keys a row reads, and `fallback` (the steps');
- * and the attribute lists' judge. */
-static int fused_classes(Decoder *st, PyObject *fallback, PyObject *keeps)
+ * and the attribute lists' verdicts. */
+static int fused_classes(Decoder *st, PyObject *fallback, PyObject *verdicts)
 {
-    if (keeps != st->fused.keeps) {
-        Py_XSETREF(st->fused.keeps, Py_NewRef(keeps));
+    if (verdicts != st->fused.verdicts) {
+        Py_XSETREF(st->fused.verdicts, Py_NewRef(verdicts));
         st->fused.generation++;
     }
     if (st->fused.classes != NULL && fallback == st->fused.fallback)
@@ -2099,7 +2100,7 @@ typedef struct {
 #define RECORD_HOURS 8
 
 typedef struct {
-    PyObject *hours, *make;  /* hour -> Columns; make(hour) adds and gives one */
+    PyObject *hours;         /* hour -> Columns, added where missing */
     ColumnsObject *columns;  /* the hour's of the span being read */
     /* each hour the record's spans fall in, its Columns and their rows before the record */
     ColumnsObject *held[RECORD_HOURS];
@@ -2198,10 +2199,12 @@ static int record_columns(Decoder *st, Record *record, uint64_t hour)
     if (key == NULL)
         return ERROR;
     columns = PyDict_GetItemWithError(record->hours, key);
-    if (columns != NULL)
+    if (columns != NULL) {
         Py_INCREF(columns);
-    else if (!PyErr_Occurred())
-        columns = PyObject_CallOneArg(record->make, key);
+    } else if (!PyErr_Occurred() && (columns = new_columns(st, NULL)) != NULL
+               && PyDict_SetItem(record->hours, key, columns) < 0) {
+        Py_CLEAR(columns);
+    }
     Py_DECREF(key);
     if (columns == NULL)
         return ERROR;
@@ -2274,7 +2277,8 @@ static int span_attribute(Decoder *st, Buf bytes, ColumnsObject *columns, SpanAt
  * reward). */
 static int lists_steps(Decoder *st, const SpanLists *lists, int *steps)
 {
-    if ((lists->events || lists->links) && st->fused.keeps != NULL && st->fused.keeps != Py_None)
+    if ((lists->events || lists->links) && st->fused.verdicts != NULL
+        && st->fused.verdicts != Py_None)
         *steps = 1;
     int evaluation = lists->events ? evaluation_event(st, lists->events) : 0;
     if (evaluation > 0)
@@ -2459,7 +2463,7 @@ static int int64_arg(PyObject *value, int64_t *out)
     return 0;
 }
 
-/* append_record(hours, make, payload, gates, digits, fallback, keeps, topic, partition,
+/* append_record(hours, payload, gates, digits, fallback, verdicts, topic, partition,
  *               offset, timestamp_ms) -> int | None */
 static PyObject *append_record(Decoder *st, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2474,29 +2478,28 @@ static PyObject *append_record(Decoder *st, PyObject *const *args, Py_ssize_t na
     }
     if (!st->rows.fused) /* the store's columns are not laid out as it writes them */
         Py_RETURN_NONE;
-    if (nargs != 11 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1])
-        || (args[6] != Py_None && !PyCallable_Check(args[6])) || !PyUnicode_Check(args[7])) {
+    if (nargs != 10 || !PyDict_Check(args[0]) || (args[5] != Py_None && !PyDict_Check(args[5]))
+        || !PyUnicode_Check(args[6])) {
         PyErr_SetString(PyExc_TypeError,
-                        "append_record(hours: dict, make, payload, gates | None, digits, "
-                        "fallback_keys, keeps | None, topic: str, partition, offset, "
+                        "append_record(hours: dict, payload, gates | None, digits, "
+                        "fallback_keys, verdicts: dict | None, topic: str, partition, offset, "
                         "timestamp_ms)");
         return NULL;
     }
-    if (args[3] != Py_None) {
-        if (scan_setup(st, args[3], args[4], &scan_state) < 0)
+    if (args[2] != Py_None) {
+        if (scan_setup(st, args[2], args[3], &scan_state) < 0)
             return NULL;
         record.scanning = &scan_state;
     }
     Py_ssize_t topic_size;
-    const char *topic = PyUnicode_AsUTF8AndSize(args[7], &topic_size);
-    if (topic == NULL || fused_classes(st, args[5], args[6]) < 0
-        || int64_arg(args[8], &record.partition) < 0 || int64_arg(args[9], &record.offset) < 0
-        || int64_arg(args[10], &record.timestamp) < 0)
+    const char *topic = PyUnicode_AsUTF8AndSize(args[6], &topic_size);
+    if (topic == NULL || fused_classes(st, args[4], args[5]) < 0
+        || int64_arg(args[7], &record.partition) < 0 || int64_arg(args[8], &record.offset) < 0
+        || int64_arg(args[9], &record.timestamp) < 0)
         return NULL;
     record.topic = (Buf){(const uint8_t *)topic, (const uint8_t *)topic + topic_size};
     record.hours = args[0];
-    record.make = args[1];
-    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     Buf bytes = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
     while (status == OK && (more = next_field(&bytes, &f)) == 1) {
@@ -2555,14 +2558,15 @@ static PyMethodDef decoder_methods[] = {
     {"columns", (PyCFunction)new_columns, METH_NOARGS,
      "columns() -> Columns: an empty table's columns as Arrow buffers, for append_record()."},
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
-     "append_record(hours, make, payload, gates, digits, fallback_keys, keeps, topic, "
+     "append_record(hours, payload, gates, digits, fallback_keys, verdicts, topic, "
      "partition, offset, timestamp_ms) -> int | None: an OTLP trace export's spans, each a "
-     "row of hours[hour] (made by make(hour) where missing); the spans appended, or None, "
-     "every column as it was, where the authority must decide. A record's rows are noted "
-     "in Columns.steps where a text holds a gate (literal, table of the bytes that may "
-     "follow it, how many must) or a run of `digits` decimal digits (gates None: no scan), "
-     "a span attribute key is one of fallback_keys, an event is an evaluation, or "
-     "keeps(key) is false for a span or resource attribute key (None: all are kept)."},
+     "row of hours[hour] (new columns() added where missing); the spans appended, or None, "
+     "every column as it was, where the authority must decide, as it must for a span or "
+     "resource attribute key that verdicts (key -> kept by the attribute lists; None: all "
+     "are kept) does not hold. A record's rows are noted in Columns.steps where a text "
+     "holds a gate (literal, table of the bytes that may follow it, how many must) or a "
+     "run of `digits` decimal digits (gates None: no scan), a span attribute key is one of "
+     "fallback_keys, an event is an evaluation, or verdicts[key] is False."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -114,8 +114,8 @@ def test_a_record_that_breaks_the_processor_is_dead_lettered_alone(
     if processor._native is not None:
         real_native = processor._native[0]
 
-        def native_append(hours: Any, make: Any, value: bytes, *args: Any) -> Any:
-            appended = real_native(hours, make, value, *args)
+        def native_append(hours: Any, value: bytes, *args: Any) -> Any:
+            appended = real_native(hours, value, *args)
             if b"poison" in value:
                 raise MemoryError("the native builder ran out")
             return appended

@@ -124,10 +124,8 @@ def _append(payload: bytes) -> HourlyColumns | None:
     )
     assert PREFILTER is not None
     hourly = HourlyColumns(decoder=decoder)
-    count = decoder.append_record(
-        hourly.native_hours, hourly.native_columns, payload, *PREFILTER, frozenset(), None,
-        "spans", 0, 0, 0,
-    )  # fmt: skip
+    gates, digits = PREFILTER
+    count = hourly.append_record(payload, gates=gates, digits=digits, topic="spans")
     return hourly if count is not None else None
 
 

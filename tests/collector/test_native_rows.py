@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,11 +206,15 @@ def _append(hourly: HourlyColumns, payload: bytes, fallback: frozenset[str] = fr
         processor = BatchProcessor(ProcessingConfig(store_url=store))
     assert processor._native is not None
     _, gates, digits, _, _ = processor._native
-    assert hourly.decoder is not None
-    return hourly.decoder.append_record(
-        hourly.native_hours, hourly.native_columns, payload, gates, digits, fallback, None,
-        "spans", 0, 7, 1_750_000_000_000,
-    )  # fmt: skip
+    return hourly.append_record(
+        payload,
+        gates=gates,
+        digits=digits,
+        steps_keys=fallback,
+        topic="spans",
+        offset=7,
+        timestamp_ms=1_750_000_000_000,
+    )
 
 
 def _span(start: int = START, **attributes: Any) -> Span:
@@ -350,6 +355,35 @@ def test_events_and_links_are_read_natively_and_a_reward_marked_for_the_steps() 
     records = [encode_otlp_protobuf([plain]), encode_otlp_protobuf([judged, plain])]
     _same_rows(records)
     _same_rows(records, {"attributes_deny": ("why",)})
+
+
+def test_keys_the_attribute_lists_have_not_judged_send_the_record_to_the_authority() -> None:
+    """The decoder reads the lists' verdicts and never calls into Python: a key without one
+    leaves the record to the authority, whose steps judge it; then it is read natively,
+    its rows marked where a key is dropped."""
+    with tempfile.TemporaryDirectory() as store:
+        processor = BatchProcessor(ProcessingConfig(store_url=store, attributes_deny=("secret",)))
+    verdicts = processor.redactor.verdicts
+    payload = encode_otlp_protobuf([_span(plain=1, secret="x")])
+    assert HourlyColumns().append_record(payload, verdicts=verdicts) is None
+    assert verdicts == {}
+    redacted: dict[str, int] = {}
+    (parts,) = processor.spans_of(payload, None, redacted, {})
+    assert redacted == {"attribute": 1} and "secret" not in parts.attributes
+    assert verdicts == {"plain": True, "secret": False}
+    hourly = HourlyColumns()
+    assert hourly.append_record(payload, verdicts=verdicts) == 1
+    assert hourly.native_hours[START // HOUR].steps == ((0, 1, True),)
+    kept = HourlyColumns()
+    assert kept.append_record(encode_otlp_protobuf([_span(plain=2)]), verdicts=verdicts) == 1
+    assert kept.native_hours[START // HOUR].steps == ()
+
+
+def test_the_extension_calls_no_python_code() -> None:
+    """No callback from C into Python while a record is read: what Python decides
+    (translation, redaction, the attribute lists) is handed in before, or done after."""
+    source = (Path(native.__file__).parent / "_native.c").read_text()
+    assert "PyObject_Call" not in source and "Vectorcall" not in source
 
 
 def test_the_store_json_is_the_encoders_byte_for_byte() -> None:

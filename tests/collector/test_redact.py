@@ -144,10 +144,8 @@ def may_match(redactor: Redactor, payload: bytes) -> bool:
     """Whether the native path's scan found what a redaction pattern needs."""
     assert DECODER is not None and redactor.prefilter is not None
     hourly = HourlyColumns(decoder=DECODER)
-    count = DECODER.append_record(
-        hourly.native_hours, hourly.native_columns, payload, *redactor.prefilter, frozenset(),
-        None, "spans", 0, 0, 0,
-    )  # fmt: skip
+    gates, digits = redactor.prefilter
+    count = hourly.append_record(payload, gates=gates, digits=digits, topic="spans")
     assert count is not None, "the native path must read this payload for its scan to count"
     return any(found for c in hourly.native_hours.values() for _, _, found in c.steps)
 

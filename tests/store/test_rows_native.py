@@ -31,7 +31,7 @@ def _payload(name: str = "chat") -> bytes:
 
 def _append(decoder: object, columns: object, payload: bytes) -> int | None:
     count: int | None = decoder.append_record(  # type: ignore[attr-defined]
-        {0: columns}, lambda hour: columns, payload, None, 0, (), None, "spans", 0, 1, 0
+        {0: columns}, payload, None, 0, (), None, "spans", 0, 1, 0
     )
     return count
 

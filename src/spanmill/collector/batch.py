@@ -137,8 +137,9 @@ class BatchProcessor:
         The decoder scans for what the redaction patterns need, and marks the rows of
         any record where it finds some, or a key that the attribute lists drop, that
         translation looks for or that makes a reward: :meth:`steps` finishes those rows
-        (:meth:`HourlyColumns.tables`). It is not used where a pattern has nothing to
-        scan for.
+        (:meth:`HourlyColumns.tables`). A key the attribute lists have not judged yet
+        sends its record to the authority, whose steps judge it for the records after
+        (``Redactor.verdicts``). It is not used where a pattern has nothing to scan for.
         """
         decoder, redactor = self.decoder, self.redactor
         if decoder is None:
@@ -147,8 +148,8 @@ class BatchProcessor:
         if prefilter is None and redactor.rules:
             return None
         gates, digits = prefilter if prefilter is not None else (None, 0)
-        keeps = redactor.keeps if redactor.filters_keys else None
-        return decoder.append_record, gates, digits, self.translation.signature, keeps
+        verdicts = redactor.verdicts if redactor.filters_keys else None
+        return decoder.append_record, gates, digits, self.translation.signature, verdicts
 
     def spans_of(
         self,
@@ -192,16 +193,18 @@ class BatchProcessor:
         dead: list[tuple[int, str, str]] = []
         redactions: dict[str, int] = {}
         translations: dict[str, int] = {}
-        native, hours, make = self._native, hourly.native_hours, hourly.native_columns
+        # The native decoder is called here, not through HourlyColumns.append_record: this
+        # loop runs once a record, and a call less is worth having on one-span records.
+        native, hours = self._native, hourly.native_hours
         max_bytes = self.config.max_message_bytes
         for offset, timestamp, value, content_type in zip(
             job.offsets, job.timestamps, job.values, job.content_types, strict=True
         ):
             try:
                 if native is not None and native_may_read(value, content_type, max_bytes):
-                    append, gates, digits, fallback, keeps = native
+                    append, gates, digits, fallback, verdicts = native
                     appended = append(
-                        hours, make, value, gates, digits, fallback, keeps,
+                        hours, value, gates, digits, fallback, verdicts,
                         batch.topic, batch.partition, offset, timestamp,
                     )  # fmt: skip
                     if appended is not None:

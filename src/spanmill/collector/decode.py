@@ -47,12 +47,7 @@ def native_count(
     their rows into columns of its own, dropped after); None: the authority must say."""
     if decoder is None or not native_may_read(payload, content_type, max_bytes):
         return None
-    scratch = HourlyColumns(decoder=decoder)
-    count: int | None = decoder.append_record(
-        scratch.native_hours, scratch.native_columns, payload, None, 0, frozenset(), None,
-        "", 0, 0, 0,
-    )  # fmt: skip
-    return count
+    return HourlyColumns(decoder=decoder).append_record(payload)
 
 
 def _fast_path_may_read(payload: bytes, content_type: str | None) -> bool:

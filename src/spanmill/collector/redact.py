@@ -239,9 +239,11 @@ class Redactor:
             self.rules.append(Rule(name, compiled))
         self._allow = _globs(allow)
         self._deny = _globs(deny)
-        # The names keeps() has judged; the kept ones also serve one superset test in C.
+        # The names keeps() has judged: whether each is kept (the native decoder reads
+        # this dict, and leaves a record with a name not in it to the authority), and the
+        # kept ones as a set, for one superset test per attribute map.
+        self.verdicts: dict[str, bool] = {}
         self._kept: set[str] = set()
-        self._dropped: set[str] = set()
         self._prefilter = _prefilter(self.rules)
 
     @property
@@ -259,18 +261,19 @@ class Redactor:
 
     def keeps(self, key: str) -> bool:
         """Whether an attribute of this name survives the allow and deny lists."""
-        if key in self._kept:
-            return True
-        if key in self._dropped:
-            return False
+        decision = self.verdicts.get(key)
+        if decision is not None:
+            return decision
         decision = (self._allow is None or self._allow.match(key) is not None) and (
             self._deny is None or self._deny.match(key) is None
         )
-        if len(self._kept) + len(self._dropped) > 100_000:
+        if len(self.verdicts) > 100_000:
             # Names are few; this bounds a pathological producer.
+            self.verdicts.clear()
             self._kept.clear()
-            self._dropped.clear()
-        (self._kept if decision else self._dropped).add(key)
+        self.verdicts[key] = decision
+        if decision:
+            self._kept.add(key)
         return decision
 
     def _filter(self, attributes: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:

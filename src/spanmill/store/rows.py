@@ -369,8 +369,8 @@ class HourlyColumns:
     """Rows split by the hour of their span's start time: one table per hour folder.
 
     The collector's native decoder writes most rows straight into each hour's native
-    columns (:attr:`native_hours`, made by :meth:`native_columns`); :meth:`append` adds
-    a span's row in Python. :meth:`tables` gives each hour's rows in record order, the
+    columns (:attr:`native_hours`, by :meth:`append_record`); :meth:`append` adds a
+    span's row in Python. :meth:`tables` gives each hour's rows in record order, the
     rows the decoder marked for the Python steps rebuilt by them.
     """
 
@@ -379,8 +379,8 @@ class HourlyColumns:
         new one; None: every row is appended in Python)."""
         self.decoder = native_decoder() if decoder is NEW_DECODER else decoder
         self.hours: dict[int, ColumnBuilder] = {}
-        # Each hour's native columns, for the decoder's append_record (which adds rows
-        # itself; the caller counts them into ``rows``).
+        # Each hour's native columns, which the decoder's append_record adds and fills
+        # (the caller counts their rows into ``rows``).
         self.native_hours: dict[int, Any] = {}
         self.rows = 0
 
@@ -391,14 +391,33 @@ class HourlyColumns:
             builder = self.hours[hour] = ColumnBuilder()
         return builder
 
-    def native_columns(self, hour: int) -> Any:
-        """The hour's native columns, made if new."""
-        columns = self.native_hours.get(hour)
-        if columns is None:
-            if self.decoder is None:
-                raise RuntimeError("these rows have no native decoder")
-            columns = self.native_hours[hour] = self.decoder.columns()
-        return columns
+    def append_record(
+        self,
+        payload: bytes,
+        *,
+        gates: Any = None,
+        digits: int = 0,
+        steps_keys: frozenset[str] = frozenset(),
+        verdicts: dict[str, bool] | None = None,
+        topic: str = "",
+        partition: int = 0,
+        offset: int = 0,
+        timestamp_ms: int = 0,
+    ) -> int | None:
+        """One OTLP protobuf record's spans as native rows; None (nothing added): the
+        authority must decide. ``gates``/``digits``: what the scan for redaction looks
+        for (None: no scan); ``steps_keys``: keys whose spans the steps finish;
+        ``verdicts``: the attribute lists' (``Redactor.verdicts``). The collector's batch
+        loop calls the decoder itself, as this does."""
+        if self.decoder is None:
+            raise RuntimeError("these rows have no native decoder")
+        count: int | None = self.decoder.append_record(
+            self.native_hours, payload, gates, digits, steps_keys, verdicts,
+            topic, partition, offset, timestamp_ms,
+        )  # fmt: skip
+        if count is not None:
+            self.rows += count
+        return count
 
     def append(
         self,
