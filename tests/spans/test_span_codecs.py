@@ -212,10 +212,7 @@ def test_kvlist_and_bytes_from_protobuf_become_text() -> None:
 
 
 def test_sdk_exporter_output() -> None:
-    encoder = pytest.importorskip(
-        "opentelemetry.exporter.otlp.proto.common.trace_encoder",
-        reason="opentelemetry-exporter-otlp-proto-common is not installed",
-    )
+    from opentelemetry.exporter.otlp.proto.common import trace_encoder as encoder
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
