@@ -106,3 +106,25 @@ def test_cli_reports_bad_setting_by_name(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "SPANMILL_STACK_KAFKA_PORT" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_demo_names_the_home_its_stack_runs_under(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make demo`` runs under a SPANMILL_HOME of its own: the commands the demo prints
+    must reach that stack from another shell, where the variable is not set."""
+    from spanmill.cli.demo import here
+
+    home = tmp_path / "a home"
+    monkeypatch.setenv("SPANMILL_HOME", str(home))
+    hint = here("spanmill down")
+    assert hint == f"SPANMILL_HOME='{home}' spanmill down"
+    # Typed in a shell without the variable, it reaches the home the demo ran under.
+    where = here(f"{sys.executable} -c 'from spanmill.paths import home; print(home())'")
+    shell = subprocess.run(
+        ["bash", "-c", f"unset SPANMILL_HOME; {where}"], capture_output=True, text=True
+    )
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.strip() == str(home)
+    monkeypatch.delenv("SPANMILL_HOME")
+    assert here("spanmill down") == "spanmill down"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -163,11 +165,20 @@ def demo(
         )  # fmt: skip
     console.print(table)
     console.print(f"  MLflow:     {urls['mlflow']}/#/models/{steps.AGENT}")
-    console.print(f"  span store: {settings.span_store}   (spanmill spans stats)")
+    console.print(f"  span store: {settings.span_store}   ({here('spanmill spans stats')})")
     console.print(f"  pipeline:   {root}")
     console.print(f"  took {(time.monotonic() - started) / 60:.1f} minutes")
     if down:
         LocalStack(settings).down()
         console.print("stack stopped")
     else:
-        console.print("the stack keeps running: `spanmill status`, `spanmill down`")
+        console.print(
+            f"the stack keeps running: `{here('spanmill status')}`, `{here('spanmill down')}`"
+        )
+
+
+def here(command: str) -> str:
+    """``command`` as typed in another shell to reach this run's stack: with the
+    ``SPANMILL_HOME`` it ran under (``make`` sets one inside the checkout)."""
+    configured = os.environ.get("SPANMILL_HOME", "").strip()
+    return f"SPANMILL_HOME={shlex.quote(configured)} {command}" if configured else command
