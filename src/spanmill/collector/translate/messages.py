@@ -9,12 +9,17 @@ conventions define them. Foreign conventions flatten lists into indexed keys
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-_INDEX = re.compile(r"^(\d+)\.(.+)$")
+
+@functools.cache
+def _indexed_key(prefix: str) -> Callable[[str], re.Match[str] | None]:
+    """A test of one key for ``<prefix><i>.<rest>``: one call a key, the prefix included."""
+    return re.compile(re.escape(prefix) + r"(\d+)\.(.+)$").match
 
 
 def indexed(
@@ -23,10 +28,9 @@ def indexed(
     """Group ``<prefix><i>.<rest>`` keys by ``i``: ``{i: {rest: value}}``, and the keys used."""
     groups: dict[int, dict[str, Any]] = {}
     used = []
+    match_key = _indexed_key(prefix)
     for key, value in attributes.items():
-        if not key.startswith(prefix):
-            continue
-        match = _INDEX.match(key[len(prefix) :])
+        match = match_key(key)
         if match is None:
             continue
         groups.setdefault(int(match[1]), {})[match[2]] = value
@@ -107,8 +111,12 @@ def tool_response(fields: Mapping[str, Any], prefix: str = "") -> list[dict[str,
     ]
 
 
+# One encoder for every call: json.dumps with options makes a new one each time.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def dumps(messages: list[dict[str, Any]]) -> str:
-    return json.dumps(messages, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(messages)
 
 
 def set_default(attributes: dict[str, Any], key: str, value: Any) -> bool:
