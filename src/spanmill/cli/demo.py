@@ -165,16 +165,17 @@ def demo(
         )  # fmt: skip
     console.print(table)
     console.print(f"  MLflow:     {urls['mlflow']}/#/models/{steps.AGENT}")
-    console.print(f"  span store: {settings.span_store}   ({here('spanmill spans stats')})")
+    console.print(f"  span store: {settings.span_store}")
+    console.print(f"              {here('spanmill spans stats')}", soft_wrap=True)
     console.print(f"  pipeline:   {root}")
     console.print(f"  took {(time.monotonic() - started) / 60:.1f} minutes")
     if down:
         LocalStack(settings).down()
         console.print("stack stopped")
     else:
-        console.print(
-            f"the stack keeps running: `{here('spanmill status')}`, `{here('spanmill down')}`"
-        )
+        console.print("the stack keeps running; to look at it, and to stop it:")
+        for command in ("spanmill status", "spanmill down"):
+            console.print(f"  {here(command)}", soft_wrap=True)
 
 
 def here(command: str) -> str:
