@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Final
 
 from spanmill.spans.errors import BAD_JSON, INVALID_UTF8, SpanDecodeError
 from spanmill.spans.validation import join_loc
@@ -73,5 +73,14 @@ def _lone_surrogate(value: Any, loc: tuple[int | str, ...]) -> str | None:
     return None
 
 
+# JSON text as spanmill writes it everywhere (payloads, the store's columns, translated
+# messages): no spaces, non-ASCII kept. One encoder for every call (json.dumps with
+# options makes one a call); the documents come from parsed payloads or are built by
+# code, so none holds a cycle.
+compact_json: Final = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), check_circular=False
+).encode
+
+
 def dump_json(document: Any) -> bytes:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return compact_json(document).encode("utf-8")

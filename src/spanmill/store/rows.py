@@ -20,6 +20,7 @@ from spanmill import semconv as sc
 from spanmill.rewards import rewards_of
 from spanmill.spans import Span
 from spanmill.spans.errors import SCHEMA, SpanDecodeError
+from spanmill.spans.jsontext import compact_json
 from spanmill.spans.record import (
     MAX_ATTRIBUTE_KEY_CHARS,
     MAX_ATTRIBUTE_VALUE_BYTES,
@@ -29,7 +30,6 @@ from spanmill.store.layout import hour_key
 from spanmill.store.schema import PROMOTED, PROMOTED_RESOURCE, SPAN_SCHEMA, Promoted
 
 _INT64_MAX: Final = 2**63 - 1
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
 _KIND_TYPES: Final[dict[str, type]] = {"str": str, "int": int, "float": float, "bool": bool}
 
 Event = tuple[str, int, dict[str, Any]]
@@ -39,8 +39,8 @@ Link = tuple[str, str, dict[str, Any]]
 class SpanParts:
     """One span as plain fields; attribute dicts are owned and may be changed in place.
 
-    ``__init__`` stores its arguments and does nothing else: the C extension makes
-    instances by filling their slots, without calling it.
+    The authority's spans (:meth:`from_span`) and the rows read back
+    (:func:`parts_from_row`) both come in this shape for translation and redaction.
     """
 
     __slots__ = (
@@ -166,7 +166,7 @@ def _rewards(parts: SpanParts) -> list[Any] | None:
 
 
 def _json_or_none(value: Any) -> str | None:
-    return _JSON.encode(value) if value else None
+    return compact_json(value) if value else None
 
 
 # HourlyColumns' default: a native decoder of its own.
@@ -245,14 +245,14 @@ class ColumnBuilder:
         c["scope_name"].append(parts.scope_name)
         c["scope_version"].append(parts.scope_version)
         c["events"].append(
-            _JSON.encode(
+            compact_json(
                 [{"name": n, "time_unix_nano": t, "attributes": a} for n, t, a in parts.events]
             )
             if parts.events
             else None
         )
         c["links"].append(
-            _JSON.encode(
+            compact_json(
                 [{"trace_id": t, "span_id": s, "attributes": a} for t, s, a in parts.links]
             )
             if parts.links

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from spanmill.spans.jsontext import compact_json
+
 
 @functools.cache
 def _indexed_key(prefix: str) -> Callable[[str], re.Match[str] | None]:
@@ -111,12 +113,8 @@ def tool_response(fields: Mapping[str, Any], prefix: str = "") -> list[dict[str,
     ]
 
 
-# One encoder for every call: json.dumps with options makes a new one each time.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
 def dumps(messages: list[dict[str, Any]]) -> str:
-    return _ENCODER.encode(messages)
+    return compact_json(messages)
 
 
 def set_default(attributes: dict[str, Any], key: str, value: Any) -> bool:
