@@ -220,7 +220,10 @@ class CollectorSettings(BaseSettings):
     # memory a span than small ones (bench/collector_throughput.py measures both).
     batch_max_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Bytes per batch.")
     workers: int = Field(
-        1, ge=0, le=64, description="Processes that decode and write; 0: the consumer's own."
+        1,
+        ge=0,
+        le=64,
+        description="Processes that decode and write; 0: a thread of the consumer's own.",
     )
     processes: int = Field(
         1,

@@ -7,9 +7,9 @@ build one Arrow table per hour, write them (:class:`~spanmill.store.StoreWriter`
 A record that cannot be decoded is reported as a dead letter with its reason;
 it never stops the others.
 
-Decoding is CPU-bound Python, and the Kafka client needs a core of its own to keep
-up, so :class:`ProcessPool` runs processors in worker processes; with
-``workers=0`` :class:`InlineProcessing` runs them in the caller's process.
+Processing is CPU-bound and the Kafka client's fetches wait on the broker, so the two
+overlap: :class:`ProcessPool` runs processors in worker processes; with ``workers=0``
+:class:`ThreadProcessing` runs one in a thread of the consumer's process.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any, Protocol
@@ -285,22 +285,23 @@ class Processing(Protocol):
     def close(self) -> None: ...
 
 
-class InlineProcessing:
-    """Processes each batch when it is submitted, in the calling process."""
+class ThreadProcessing:
+    """Processes batches one at a time in a thread of the consumer's own process.
+
+    The consumer goes on fetching while a batch is decoded and written: fetches wait on
+    the broker, and the decoder and Parquet's writer leave the interpreter's lock to it
+    between records and while compressing.
+    """
 
     def __init__(self, config: ProcessingConfig) -> None:
         self.processor = BatchProcessor(config)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spanmill-batch")
 
     def submit(self, job: BatchJob) -> Future[BatchOutcome]:
-        future: Future[BatchOutcome] = Future()
-        try:
-            future.set_result(self.processor.process(job))
-        except BaseException as exc:
-            future.set_exception(exc)
-        return future
+        return self.executor.submit(self.processor.process, job)
 
     def close(self) -> None:
-        pass
+        self.executor.shutdown(wait=True, cancel_futures=False)
 
 
 _worker: BatchProcessor | None = None
@@ -352,4 +353,4 @@ class ProcessPool:
 
 
 def make_processing(config: ProcessingConfig, workers: int) -> Processing:
-    return ProcessPool(config, workers) if workers > 0 else InlineProcessing(config)
+    return ProcessPool(config, workers) if workers > 0 else ThreadProcessing(config)
