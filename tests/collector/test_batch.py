@@ -174,3 +174,39 @@ def test_a_record_whose_steps_break_is_dead_lettered_alone(
     stored = {span.span_id: span for span in SpanStore(str(tmp_path)).spans()}
     assert sorted(stored) == [f"{i + 1:016x}" for i in (0, 1, 5, 6)]
     assert stored[f"{2:016x}"].attributes["note"] == "write to [REDACTED:email]"
+
+
+def test_without_workers_a_batch_is_processed_while_the_consumer_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """workers=0: submit hands the batch to a thread of the process and returns at once,
+    so the consumer polls while the batch is decoded and written; the outcome is the
+    processor's own."""
+    import threading
+
+    from spanmill.collector.batch import make_processing
+
+    processing = make_processing(ProcessingConfig(store_url=str(tmp_path)), 0)
+    processor = processing.processor  # type: ignore[attr-defined]
+    release, ran_in = threading.Event(), []
+    real = processor.process
+
+    def held(job: BatchJob) -> Any:
+        ran_in.append(threading.current_thread())
+        assert release.wait(30), "the test never let the batch go"
+        return real(job)
+
+    monkeypatch.setattr(processor, "process", held)
+    values = [encode_otlp_protobuf([_span(i)]) for i in range(3)]
+    job = BatchJob(BatchId("spans", 0, 0, 2, "f"), [0, 1, 2], [0] * 3, values, [None] * 3)
+    try:
+        future = processing.submit(job)
+        assert not future.done()  # the caller is not held while the batch is processed
+        release.set()
+        outcome = future.result(timeout=60)
+    finally:
+        release.set()
+        processing.close()
+    assert ran_in and ran_in[0] is not threading.current_thread()
+    assert (outcome.records, outcome.spans, outcome.dead) == (3, 3, [])
+    assert len(SpanStore(str(tmp_path)).spans()) == 3
