@@ -50,10 +50,10 @@ from spanmill.stack.services import KafkaBroker
 SPANS = int(os.environ.get("SPANMILL_BENCH_SPANS", "1000000"))
 BATCH_MAX_SECONDS = 0.5
 # Collector set-ups, PROCESSES x WORKERS: consumer processes, and decode-and-write
-# worker processes for each.
+# worker processes for each (0: a thread of the consumer's); 1x1 is the default.
 SETUPS = [
     tuple(int(n) for n in setup.split("x"))
-    for setup in os.environ.get("SPANMILL_BENCH_SETUPS", "1x0,1x2,2x0,3x0").split(",")
+    for setup in os.environ.get("SPANMILL_BENCH_SETUPS", "1x0,1x1,1x2,2x0,3x0").split(",")
 ]
 PARTITIONS = 3
 # Spans a record, one shape each; SPANMILL_BENCH_SHAPES="1" measures one shape alone.
