@@ -184,10 +184,11 @@ def test_without_workers_a_batch_is_processed_while_the_consumer_goes_on(
     processor's own."""
     import threading
 
-    from spanmill.collector.batch import make_processing
+    from spanmill.collector.batch import ThreadProcessing, make_processing
 
     processing = make_processing(ProcessingConfig(store_url=str(tmp_path)), 0)
-    processor = processing.processor  # type: ignore[attr-defined]
+    assert isinstance(processing, ThreadProcessing)
+    processor = processing.processor
     release, ran_in = threading.Event(), []
     real = processor.process
 

@@ -15,8 +15,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from spanmill.spans.jsontext import compact_json
-
 
 @functools.cache
 def _indexed_key(prefix: str) -> Callable[[str], re.Match[str] | None]:
@@ -111,10 +109,6 @@ def tool_response(fields: Mapping[str, Any], prefix: str = "") -> list[dict[str,
             "response": fields.get(f"{prefix}content"),
         }
     ]
-
-
-def dumps(messages: list[dict[str, Any]]) -> str:
-    return compact_json(messages)
 
 
 def set_default(attributes: dict[str, Any], key: str, value: Any) -> bool:

@@ -22,7 +22,6 @@ from typing import Any, Final
 
 from spanmill import semconv as sc
 from spanmill.collector.translate.messages import (
-    dumps,
     indexed,
     message,
     set_default,
@@ -30,6 +29,7 @@ from spanmill.collector.translate.messages import (
     tool_call_parts,
     tool_response,
 )
+from spanmill.spans.jsontext import compact_json
 
 NAME: Final = "openinference"
 SPAN_KIND: Final = "openinference.span.kind"
@@ -116,7 +116,7 @@ def translate(attributes: dict[str, Any]) -> bool:
     ):
         groups, used = indexed(attributes, prefix)
         if groups:
-            set_default(attributes, key, dumps(_messages(groups, output)))
+            set_default(attributes, key, compact_json(_messages(groups, output)))
             for name in used:
                 del attributes[name]
             changed = True
@@ -152,7 +152,7 @@ def translate(attributes: dict[str, Any]) -> bool:
         ):
             text = _plain_text(attributes, which)
             if text is not None and key not in attributes:
-                attributes[key] = dumps([message(role, [{"type": "text", "content": text}])])
+                attributes[key] = compact_json([message(role, [{"type": "text", "content": text}])])
                 changed = True
     return changed
 

@@ -16,7 +16,6 @@ from typing import Any, Final
 
 from spanmill import semconv as sc
 from spanmill.collector.translate.messages import (
-    dumps,
     indexed,
     message,
     set_default,
@@ -24,6 +23,7 @@ from spanmill.collector.translate.messages import (
     tool_call_parts,
     tool_response,
 )
+from spanmill.spans.jsontext import compact_json
 
 NAME: Final = "openllmetry"
 PROMPT_PREFIX: Final = "gen_ai.prompt."
@@ -68,11 +68,11 @@ def translate(attributes: dict[str, Any]) -> bool:
     prompts, used_prompts = indexed(attributes, PROMPT_PREFIX)
     completions, used_completions = indexed(attributes, COMPLETION_PREFIX)
     if prompts and set_default(
-        attributes, sc.GEN_AI_INPUT_MESSAGES, dumps(_messages(prompts, False))
+        attributes, sc.GEN_AI_INPUT_MESSAGES, compact_json(_messages(prompts, False))
     ):
         changed = True
     if completions and set_default(
-        attributes, sc.GEN_AI_OUTPUT_MESSAGES, dumps(_messages(completions, True))
+        attributes, sc.GEN_AI_OUTPUT_MESSAGES, compact_json(_messages(completions, True))
     ):
         changed = True
     for key in used_prompts + used_completions:
