@@ -25,6 +25,10 @@ HELM := $(SPANMILL_HOME)/bin/helm
 BASE_MODEL := smollm2-135m
 MODEL_STAMP := $(SPANMILL_HOME)/models/$(BASE_MODEL)/spanmill-model.json
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: the slow end-to-end loops on one, the rest
+# beside them (tests/conftest.py groups them); TEST_WORKERS=0 runs all in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: help install demo test test-fast bench fuzz lint format charts up down status clean lock
 
@@ -65,10 +69,10 @@ demo: install
 	$(BIN)/spanmill demo
 
 test: install lint charts
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not services and not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not services and not slow" $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python -m bench

@@ -68,6 +68,24 @@ class TritonService:
         return f"{self.running.host}:{self.running.ports['grpc']}"
 
 
+# `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`): the
+# tests marked slow (the end-to-end loops, which train and generate on both cores) one
+# after the other on one worker, first; every other module whole (its module fixtures
+# set up once) on whichever worker is free. Without xdist these groups change nothing.
+SLOW_GROUP = "slow"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            slow = item.get_closest_marker("slow") is not None
+            group = SLOW_GROUP if slow else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+    # The slow group is the longest: it starts first, the modules fill in beside it.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("services")
