@@ -25,10 +25,10 @@ HELM := $(SPANMILL_HOME)/bin/helm
 BASE_MODEL := smollm2-135m
 MODEL_STAMP := $(SPANMILL_HOME)/models/$(BASE_MODEL)/spanmill-model.json
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test`: the slow end-to-end loops on one, the rest
-# beside them (tests/conftest.py groups them); TEST_WORKERS=0 runs all in one process.
+# pytest-xdist workers for `make test`, each given whole test files, the slow ones first
+# (tests/conftest.py orders them); TEST_WORKERS=0 runs every test in one process.
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: help install demo test test-fast bench fuzz lint format charts up down status clean lock
 

@@ -68,21 +68,12 @@ class TritonService:
         return f"{self.running.host}:{self.running.ports['grpc']}"
 
 
-# `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`): the
-# tests marked slow (the end-to-end loops, which train and generate on both cores) one
-# after the other on one worker, first; every other module whole (its module fixtures
-# set up once) on whichever worker is free. Without xdist these groups change nothing.
-SLOW_GROUP = "slow"
-
-
+# `make test` hands whole test files to two pytest-xdist workers (`--dist loadfile`,
+# `--no-loadscope-reorder`), in collection order: the files of the tests marked slow
+# (the end-to-end loops, which train and generate on both cores) come first, so that the
+# longest start at once and the short ones fill in around them.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            slow = item.get_closest_marker("slow") is not None
-            group = SLOW_GROUP if slow else item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
-    # The slow group is the longest: it starts first, the modules fill in beside it.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
