@@ -69,9 +69,27 @@ class TritonService:
 
 
 # `make test` hands whole test files to two pytest-xdist workers (`--dist loadfile`,
-# `--no-loadscope-reorder`), in collection order: the files of the tests marked slow
-# (the end-to-end loops, which train and generate on both cores) come first, so that the
-# longest start at once and the short ones fill in around them.
+# `--no-loadscope-reorder`), in collection order, the files of tests marked slow first:
+# the longest start at once and the short ones fill in around them. The end-to-end
+# folder is one unit, run from start to end on one worker: its loops train and generate
+# on both cores, and two of them side by side spend the time contending.
+SERIAL_FOLDER = "tests/e2e/"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class EndToEndInOne(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            scope: str = super()._split_scope(nodeid)
+            return SERIAL_FOLDER if scope.startswith(SERIAL_FOLDER) else scope
+
+    return EndToEndInOne(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
