@@ -275,6 +275,15 @@ def test_a_canary_between_two_adapters_moves_by_routing_alone(
     served = 0
     stop = threading.Event()
 
+    def answers_after_the_change(count: int = 3, timeout: float = 300.0) -> None:
+        # The first may have been routed before the change: the others were not. Counted,
+        # not timed: on a busy machine one answer can take seconds.
+        wanted = served + count
+        deadline = time.monotonic() + timeout
+        while served < wanted:
+            assert time.monotonic() < deadline, f"{served - wanted + count} of {count} answers"
+            time.sleep(0.1)
+
     def traffic() -> None:
         nonlocal served
         while not stop.is_set():
@@ -300,7 +309,7 @@ def test_a_canary_between_two_adapters_moves_by_routing_alone(
         ], start=21):  # fmt: skip
             table.revision = revision
             put_routes(url, table)
-            time.sleep(4)
+            answers_after_the_change()
             assert engine.ready(AGENT, 2) and engine.ready(AGENT, 3)
     finally:
         stop.set()

@@ -193,6 +193,16 @@ def test_versions_that_learned_from_erased_spans_are_listed_by_lineage(
         app, ["store", "erasures", "--store", str(store), "--models"], env={"COLUMNS": "250"}
     )
     assert result.exit_code == 0, result.output
-    rows = [line for line in result.output.splitlines() if "2025-0" in line and "│" in line]
-    listed = [line for line in rows if f"{agent} v{version}" in line]
-    assert len(listed) == 1 and "2025-06-01 12:00" in listed[0]
+    # The versions table's last cell, row by row: every version in the session's MLflow
+    # whose window overlaps is listed, and a long list wraps onto lines of its own.
+    cells: dict[str, str] = {}
+    row = ""
+    for line in result.output.splitlines():
+        fields = [field.strip() for field in line.split("│")]
+        if len(fields) != 6 or fields[1] == "erasure":
+            continue
+        row = fields[2] or row
+        cells[row] = f"{cells.get(row, '')} {fields[4]}"
+    assert set(cells) == {"2025-06-01 12:00", "2025-07-01 00:00"}, result.output
+    assert f"{agent} v{version}," in f"{cells['2025-06-01 12:00']},", result.output
+    assert f"{agent} v" not in cells["2025-07-01 00:00"], result.output

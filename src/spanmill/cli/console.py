@@ -26,7 +26,9 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         except SpanmillError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            # One line, as long as it is: the terminal wraps it, and a path stays whole
+            # where a log or a narrow pipe would otherwise get it broken across lines.
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper
