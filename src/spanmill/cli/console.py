@@ -12,7 +12,9 @@ from rich.console import Console
 from spanmill.errors import SpanmillError
 
 console = Console()
-err_console = Console(stderr=True)
+# Messages on stderr go out one line each, as long as they are: a terminal wraps them
+# itself, and a log or a pipe gets paths in them unbroken.
+err_console = Console(stderr=True, soft_wrap=True)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -26,9 +28,7 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         except SpanmillError as exc:
-            # One line, as long as it is: the terminal wraps it, and a path stays whole
-            # where a log or a narrow pipe would otherwise get it broken across lines.
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
             raise typer.Exit(1) from None
 
     return wrapper
