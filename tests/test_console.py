@@ -1,6 +1,10 @@
-"""The CLI's error line: one readable message and exit status 1."""
+"""The CLI's output in logs and pipes: errors on one line, table rows whole."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import typer
@@ -21,3 +25,22 @@ def test_an_error_is_printed_whole_on_one_line(capsys: pytest.CaptureFixture[str
         fail()
     assert exited.value.exit_code == 1
     assert capsys.readouterr().err == f"error: the pipeline user's credentials: {path} is empty\n"
+
+
+def test_a_table_written_to_a_pipe_keeps_each_row_on_one_line() -> None:
+    # rich would wrap at 80 columns without a terminal; `spanmill ... | grep` needs rows.
+    script = (
+        "from rich.table import Table\n"
+        "from spanmill.cli.console import console\n"
+        "table = Table('path', 'versions')\n"
+        "table.add_row('/store/' + 'a-long-folder/' * 10 + 'part.parquet', 'agent v1, agent v2')\n"
+        "console.print(table)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    row = [line for line in out.splitlines() if "part.parquet" in line]
+    assert len(row) == 1, out
+    assert "/store/" + "a-long-folder/" * 10 + "part.parquet" in row[0]
+    assert "agent v1, agent v2" in row[0]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -11,7 +13,11 @@ from rich.console import Console
 
 from spanmill.errors import SpanmillError
 
-console = Console()
+# A terminal gives rich its width. Written to a pipe or a log, rich would wrap every
+# table at 80 columns and split a row's cells over several lines; there a row stays
+# whole on one line, as wide as its cells (COLUMNS, where set, still decides).
+PIPE_WIDTH = 1000
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH)
 # Messages on stderr go out one line each, as long as they are: a terminal wraps them
 # itself, and a log or a pipe gets paths in them unbroken.
 err_console = Console(stderr=True, soft_wrap=True)
