@@ -44,3 +44,13 @@ def test_a_table_written_to_a_pipe_keeps_each_row_on_one_line() -> None:
     assert len(row) == 1, out
     assert "/store/" + "a-long-folder/" * 10 + "part.parquet" in row[0]
     assert "agent v1, agent v2" in row[0]
+
+
+def test_a_heading_written_to_a_pipe_is_a_line_wide() -> None:
+    script = "from spanmill.cli.console import heading\nheading('1. the embedded stack')\n"
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert "1. the embedded stack" in out
+    assert len(out.rstrip("\n")) == 80, out

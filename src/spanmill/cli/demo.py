@@ -19,7 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from spanmill.cli.console import console, handle_errors
+from spanmill.cli.console import console, handle_errors, heading
 from spanmill.demo import DemoPlan
 
 steps_plan = DemoPlan()  # the sizes the options default to
@@ -74,13 +74,13 @@ def demo(
                           concurrency=concurrency)  # fmt: skip
     urls = steps.stack_urls(settings)
 
-    console.rule("1. the embedded stack")
+    heading("1. the embedded stack")
     with console.status("starting tansu, MLflow, tritonserver, the gateway and the collector…"):
         steps.start_stack(
             settings, on_started=lambda s: console.print(f"  [green]✓[/] {s.name:<9} {s.url}")
         )
 
-    console.rule("2. SmolLM2-135M-Instruct as the calculator agent's champion")
+    heading("2. SmolLM2-135M-Instruct as the calculator agent's champion")
     with console.status("registering the base model in MLflow; the controller serves it…"):
         v1 = steps.serve_base_as_champion(settings)
         steps.reconcile_until(
@@ -89,14 +89,14 @@ def demo(
     console.print(f"  [green]✓[/] {steps.AGENT} v{v1} is champion and serves all traffic")
 
     sdk.configure("calculator-agent", kafka=steps.kafka_settings(settings), agent_name=steps.AGENT)
-    console.rule("3. before: the short zero-shot prompt on held-out problems")
+    heading("3. before: the short zero-shot prompt on held-out problems")
     with _bar() as bar:
         tick = _episodes(bar, "zero-shot, base", plan.eval_episodes)
         before = steps.run_agent(settings, plan.eval_episodes, split="heldout",
                                  prompt_style="zero_shot", concurrency=plan.concurrency,
                                  progress=tick)  # fmt: skip
 
-    console.rule("4. production traffic: the few-shot prompt, spans through Kafka")
+    heading("4. production traffic: the few-shot prompt, spans through Kafka")
     with _bar() as bar:
         tick = _episodes(bar, "few-shot, production", plan.traffic_episodes)
         steps.run_agent(settings, plan.traffic_episodes, split="train", prompt_style="few_shot",
@@ -105,7 +105,7 @@ def demo(
     stored = steps.wait_for_spans(settings, plan.traffic_episodes * 4)
     console.print(f"  [green]✓[/] {stored} spans in the store at {settings.span_store}")
 
-    console.rule("5. the flywheel pipeline (kfp local runner)")
+    heading("5. the flywheel pipeline (kfp local runner)")
     root = Path(settings.state_dir) / "pipeline-root"
     with console.status("build_dataset → train_lora → evaluate → register → deploy…"):
         steps.run_flywheel(settings, plan, root)
@@ -116,7 +116,7 @@ def demo(
         raise typer.Exit(1)
     console.print(f"  [green]✓[/] v{desired.challenger} registered as challenger and staged")
 
-    console.rule("6. rollout: canary, then promotion by the controller")
+    heading("6. rollout: canary, then promotion by the controller")
     with _bar() as bar:
         canary = _episodes(bar, "canary traffic", None)
         done = {"n": 0}
@@ -146,7 +146,7 @@ def demo(
     mark, outcome = ("[green]✓[/]", "promoted") if promoted else ("[yellow]✗[/]", "rolled back")
     console.print(f"  {mark} v{desired.challenger} {outcome}")
 
-    console.rule("7. after: the same held-out problems")
+    heading("7. after: the same held-out problems")
     with _bar() as bar:
         tick = _episodes(bar, f"zero-shot, v{new_champion}", plan.eval_episodes)
         after = steps.run_agent(settings, plan.eval_episodes, split="heldout",
