@@ -1,7 +1,8 @@
 """Generation throughput of the Python flavour where its Triton instance runs.
 
 Loads the served model the way a ``KIND_GPU`` instance does (the weights on
-``cuda:0``) when a GPU is present, else as a ``KIND_CPU`` one, in bf16, and
+``cuda:0``) when a GPU is present, else as a ``KIND_CPU`` one, in the format a
+served model takes there (bf16 where the device computes it natively, else fp32), and
 prints tokens/s for one request and for a batch of concurrent requests, each
 answering with up to ``SPANMILL_BENCH_GEN_TOKENS`` (64) tokens (tokens/s counts
 the tokens the answers kept, up to their end). The model is
@@ -29,11 +30,12 @@ def main() -> None:
     name = os.environ.get("SPANMILL_BENCH_GEN_MODEL", "smollm2-135m")
     path = name if os.path.isdir(name) else str(pull_model(name))
     tokens = int(os.environ.get("SPANMILL_BENCH_GEN_TOKENS", "64"))
-    generator = Generator(path, dtype="bfloat16", device=device)
+    generator = Generator(path, dtype="auto", device=device)
+    dtype = str(generator.model.dtype).removeprefix("torch.")
     where = (
         torch.cuda.get_device_name(0) if kind == "GPU" else f"{torch.get_num_threads()} CPU threads"
     )
-    print(f"generation on {device} ({where}), {name}, bf16, {tokens} tokens an answer")
+    print(f"generation on {device} ({where}), {name}, {dtype}, {tokens} tokens an answer")
     params = GenerationParams(max_tokens=tokens)
     question = [
         {"role": "user", "content": "Write a long story about a cat who travels the world."}

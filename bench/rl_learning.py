@@ -34,13 +34,14 @@ EXPLICIT_ONLY = True  # python -m bench runs it only when named
 
 
 def _served(model_dir: str, adapter: str | None) -> Any:
-    """The model (with the adapter merged) served in-process, bf16, on the GPU if any."""
+    """The model (with the adapter merged) served in-process, on the GPU if any; bf16 where
+    the device computes it natively, else fp32 (``spanmill.precision``)."""
     from spanmill.serving.generation import Generator
     from spanmill.train.policy import PolicyServer
     from spanmill.train.rl import placement
     from spanmill.train.settings import TrainSettings
 
-    generator = Generator(model_dir, adapter, dtype="bfloat16")
+    generator = Generator(model_dir, adapter, dtype="auto")
     device, _ = placement(TrainSettings(track=False))
     model = generator.model.to(device)
     return PolicyServer(model, generator.tokenizer, max_tokens_limit=128)
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             clock = time.perf_counter()
             train(dataset, sft, TrainSettings(
                 base_model=base, max_steps=args.sft_steps, batch_size=8, learning_rate=3e-4,
-                precision="bf16", track=False, eval_loss=False,
+                precision="auto", track=False, eval_loss=False,
             ))  # fmt: skip
             print(f"  sft: {args.sft_steps} steps in {time.perf_counter() - clock:.0f}s")
         scores, _ = _evaluate(task, base, str(sft), args.heldout, kafka, "sft")
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             max_steps=args.grpo_steps, group_size=args.group_size,
             groups_per_step=args.groups_per_step, rollout_temperature=args.temperature,
             learning_rate=args.grpo_lr, warmup_ratio=0.0, lr_scheduler="constant",
-            batch_size=8, precision="bf16", track=False, save_steps=1000,
+            batch_size=8, precision="auto", track=False, save_steps=1000,
         )  # fmt: skip
 
         def on_step(step: int, stats: dict[str, float]) -> None:

@@ -11,7 +11,8 @@ configuration runs in its own process so that its peak RSS is its own:
 
 Prints tokens/s (real tokens, padding excluded), peak RSS and the ratio to the
 plain loop. ``SPANMILL_BENCH_TRAIN_STEPS`` (default 8) and
-``SPANMILL_BENCH_TRAIN_PRECISION`` (default bf16) change the run.
+``SPANMILL_BENCH_TRAIN_PRECISION`` (default bf16 where the CPU computes it natively,
+else fp32) change the run.
 """
 
 from __future__ import annotations
@@ -143,7 +144,11 @@ def main() -> None:
     from spanmill.train import write_reference_dataset
 
     steps = int(os.environ.get("SPANMILL_BENCH_TRAIN_STEPS", "8"))
-    precision = os.environ.get("SPANMILL_BENCH_TRAIN_PRECISION", "bf16")
+    from spanmill.precision import bf16_native
+
+    # bf16 where this CPU computes it natively, else fp32 (spanmill.precision says why).
+    default = "bf16" if bf16_native("cpu") else "fp32"
+    precision = os.environ.get("SPANMILL_BENCH_TRAIN_PRECISION", default)
     model = str(pull_model("smollm2-135m", models_dir()))
     with tempfile.TemporaryDirectory() as tmp:
         dataset = write_reference_dataset(

@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spanmill import paths, semconv
 from spanmill.errors import ConfigError
+from spanmill.precision import ServingDtype
 
 LOOPBACK = "127.0.0.1"
 
@@ -145,7 +146,11 @@ class ServingSettings(BaseSettings):
     flavour: Literal["python", "vllm"] = Field(
         "python", description="python: transformers in Triton's Python backend; vllm: vLLM."
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: ServingDtype = Field(
+        "auto",
+        description="The weights' format where an instance loads them; auto: bfloat16 where "
+        "that device computes it natively (a GPU, a CPU with AVX512-BF16 or AMX), else float32.",
+    )
     num_threads: int = Field(0, ge=0, description="torch threads per Python-backend instance.")
     copy_base: bool = Field(
         False,

@@ -442,7 +442,7 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
         monkeypatch.setenv("SPANMILL_HOME", str(tmp_path / "pipeline-pod"))
         root = tmp_path / "pipeline-root"
         run_local(root, agent=AGENT, max_steps=STEPS, batch_size=4, learning_rate=5e-4,
-                  precision="bf16", num_threads=2, eval_instances=32)  # fmt: skip
+                  precision="auto", num_threads=2, eval_instances=32)  # fmt: skip
 
         card = json.loads(only(root, "card.json").read_text())
         assert card["counts"]["llm_calls"] == 240 and card["reward"] == "success"

@@ -145,7 +145,7 @@ def pipeline_params(world: World, **overrides: Any) -> dict[str, Any]:
     return {
         "agent": world.agent, "store_url": world.store, "min_reward": 1.0,
         "drop_examples": True, "eval_fraction": 0.4, "base_model": "", "max_steps": 30,
-        "batch_size": 4, "learning_rate": 5e-4, "precision": "bf16", "num_threads": 2,
+        "batch_size": 4, "learning_rate": 5e-4, "precision": "auto", "num_threads": 2,
         "eval_instances": 0, "evaluators": "tool_calls,judge", "gate_metric": GATE_METRIC,
         "judge_url": f"{world.gateway}/v1", "judge_model": world.agent, "margin": 0.05,
         "triton_url": world.triton.http_url,
@@ -232,7 +232,7 @@ def test_a_worse_challenger_is_refused(world: World, smollm2_dir: Path, tmp_path
     # wrong use of the tool, in less of the suite's time.
     steps.train_step(
         tmp_path / "failed", tmp_path / "adapter", base_model=str(smollm2_dir), max_steps=15,
-        batch_size=4, learning_rate=1e-3, precision="bf16", num_threads=2,
+        batch_size=4, learning_rate=1e-3, precision="auto", num_threads=2,
         tracking_uri=world.tracking_uri,
     )  # fmt: skip
     heldout = steps.build_dataset_step(

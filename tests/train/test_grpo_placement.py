@@ -20,8 +20,12 @@ def test_on_a_gpu_the_policy_generates_and_trains_there_in_bf16(
     assert placement(TrainSettings(track=False, precision="fp32")) == ("cuda", torch.float32)
 
 
-def test_on_a_cpu_it_is_fp32_unless_bf16_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_a_cpu_without_bf16_instructions_it_is_fp32_unless_bf16_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert placement(TrainSettings(track=False)) == ("cpu", torch.float32)
     assert placement(TrainSettings(track=False, precision="bf16")) == ("cpu", torch.bfloat16)
     with pytest.raises(Exception, match="fp16 needs a GPU"):

@@ -19,9 +19,9 @@ from typing import Any, Literal, Protocol
 
 from spanmill.config import ServingSettings, TritonSettings
 from spanmill.errors import SpanmillError
+from spanmill.precision import ServingDtype
 from spanmill.registry import names
 from spanmill.registry.client import RegisteredVersion
-from spanmill.serving.generation import Dtype
 from spanmill.serving.repository import (
     ENGINE_VERSION,
     RepositoryError,
@@ -51,7 +51,7 @@ class ServingOptions:
     """How versions are written; one set per controller."""
 
     flavour: Flavour = "python"
-    dtype: Dtype = "bfloat16"
+    dtype: ServingDtype = "auto"
     num_threads: int = 0
     copy_base: bool = False
     gpu: bool = False

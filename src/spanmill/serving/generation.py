@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from spanmill import precision
+from spanmill.precision import ServingDtype
 from spanmill.serving import protocol
 from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult, ProtocolError
 
 SERVING_SPEC = "spanmill-serving.json"
-Dtype = Literal["float32", "bfloat16", "float16"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class ServingSpec:
     # "transformers" serves base_model; "echo" answers with the last user message,
     # token ids being its UTF-8 bytes: a model with no compute, to measure overhead.
     engine: Literal["transformers", "echo"] = "transformers"
-    dtype: Dtype = "bfloat16"
+    # "auto": bf16 where the instance's device computes it natively, else fp32.
+    dtype: ServingDtype = "auto"
     num_threads: int = 0  # 0: torch's default
     max_tokens_limit: int = 1024
 
@@ -180,7 +182,7 @@ class Generator:
         model_path: str,
         adapter_path: str | None = None,
         *,
-        dtype: Dtype = "bfloat16",
+        dtype: ServingDtype = "auto",
         num_threads: int = 0,
         max_tokens_limit: int = 1024,
         version: str = "",
@@ -197,7 +199,9 @@ class Generator:
         if num_threads > 0:
             torch.set_num_threads(num_threads)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=getattr(torch, precision.resolve(dtype, device))
+        )
         if adapter_path:
             from peft import PeftModel
 

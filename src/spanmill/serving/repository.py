@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from spanmill.errors import SpanmillError
+from spanmill.precision import ServingDtype
 from spanmill.serving import protocol, vllm
-from spanmill.serving.generation import SERVING_SPEC, Dtype, ServingSpec
+from spanmill.serving.generation import SERVING_SPEC, ServingSpec
 
 Flavour = Literal["python", "vllm"]
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -88,7 +89,7 @@ def write_python_version(
     base_model: str | Path,
     adapter: Path | None = None,
     *,
-    dtype: Dtype = "bfloat16",
+    dtype: ServingDtype = "auto",
     copy_base: bool = False,
     num_threads: int = 0,
     max_tokens_limit: int = 1024,

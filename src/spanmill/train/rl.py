@@ -299,7 +299,8 @@ def train_grpo(
 
 def placement(settings: TrainSettings) -> tuple[str, Any]:
     """Where the policy lives and in which dtype: the first GPU when there is one, where
-    it both generates and trains (bf16 by default); else the CPU (fp32 unless asked)."""
+    it both generates and trains; else the CPU. The format is the precision setting's, auto
+    being bf16 where the device computes it natively (``spanmill.precision``), else fp32."""
     import torch
 
     bf16, fp16 = _precision(settings)

@@ -69,7 +69,9 @@ class TrainSettings(BaseSettings):
     dpo_beta: float = Field(0.1, gt=0.0, description="DPO's KL strength.")
     seed: int = 0
     precision: Precision = Field(
-        "auto", description="auto: bf16 on a GPU that supports it, else fp32."
+        "auto",
+        description="auto: bf16 where the device computes it natively (a GPU that supports "
+        "it, a CPU with AVX512-BF16 or AMX), else fp32.",
     )
     gradient_checkpointing: bool = False
     num_threads: int = Field(0, ge=0, description="CPU threads for torch; 0 keeps its default.")

@@ -33,9 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spanmill import precision
 from spanmill.contracts import CARD_FILE, TRAIN_MANIFEST_FILE, TrainManifest
 from spanmill.errors import ModelError
 from spanmill.models import resolve_model
+from spanmill.precision import ServingDtype
 from spanmill.train.data import TrainingData, load_training_data
 from spanmill.train.errors import CheckpointMismatchError, DatasetError, TrainError
 from spanmill.train.settings import TrainSettings
@@ -428,15 +430,20 @@ def lora_config(settings: TrainSettings) -> Any:
     )
 
 
+_FORMATS: dict[str, ServingDtype] = {
+    "auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"
+}  # fmt: skip
+
+
 def _precision(settings: TrainSettings) -> tuple[bool, bool]:
+    """(bf16, fp16) on the device training runs on: auto is bf16 where it is native."""
     import torch
 
-    cuda = torch.cuda.is_available()
-    if settings.precision == "auto":
-        return cuda and torch.cuda.is_bf16_supported(), False
-    if settings.precision == "fp16" and not cuda:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if settings.precision == "fp16" and device == "cpu":
         raise TrainError("precision fp16 needs a GPU; use fp32 or bf16 on a CPU")
-    return settings.precision == "bf16", settings.precision == "fp16"
+    dtype = precision.resolve(_FORMATS[settings.precision], device)
+    return dtype == "bfloat16", dtype == "float16"
 
 
 def _total_tokens(trainer: Any) -> float:
