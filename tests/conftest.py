@@ -70,10 +70,12 @@ class TritonService:
 
 # `make test` hands whole test files to two pytest-xdist workers (`--dist loadfile`,
 # `--no-loadscope-reorder`), in collection order, the files of tests marked slow first:
-# the longest start at once and the short ones fill in around them. The end-to-end
-# folder is one unit, run from start to end on one worker: its loops train and generate
-# on both cores, and two of them side by side spend the time contending.
-SERIAL_FOLDER = "tests/e2e/"
+# the longest start at once and the short ones fill in around them. A worker running an
+# end-to-end file is given no second one to queue behind it: the loops (the cluster
+# rehearsal, the own-agent flywheel) run side by side on the two workers. With torch's
+# idle threads asleep (`src/spanmill/__init__.py`) they share the cores; one after the
+# other they took longer than all the rest of the suite.
+END_TO_END = "tests/e2e/"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -82,12 +84,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class EndToEndInOne(LoadFileScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            scope: str = super()._split_scope(nodeid)
-            return SERIAL_FOLDER if scope.startswith(SERIAL_FOLDER) else scope
+    class EndToEndApart(LoadFileScheduling):  # type: ignore[misc]
+        def _assign_work_unit(self, node: Any) -> None:
+            running = [
+                scope
+                for scope, tests in self.assigned_work.get(node, {}).items()
+                if scope.startswith(END_TO_END) and not all(tests.values())
+            ]
+            if running:
+                # The first file in the queue that is not end-to-end goes first.
+                for scope in self.workqueue:
+                    if not scope.startswith(END_TO_END):
+                        self.workqueue.move_to_end(scope, last=False)
+                        break
+            super()._assign_work_unit(node)
 
-    return EndToEndInOne(config, log)
+    return EndToEndApart(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -442,7 +442,7 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
         monkeypatch.setenv("SPANMILL_HOME", str(tmp_path / "pipeline-pod"))
         root = tmp_path / "pipeline-root"
         run_local(root, agent=AGENT, max_steps=STEPS, batch_size=4, learning_rate=5e-4,
-                  precision="auto", num_threads=2, eval_instances=32)  # fmt: skip
+                  precision="auto", num_threads=2, eval_instances=16)  # fmt: skip
 
         card = json.loads(only(root, "card.json").read_text())
         assert card["counts"]["llm_calls"] == 240 and card["reward"] == "success"
@@ -498,11 +498,15 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
         def reasons() -> set[str]:
             return {e.reason for e in core.list_namespaced_event(NAMESPACE).items}
 
-        # The alias moves first, then the decision is recorded as an Event.
+        # The alias moves first, then the decision is recorded as an Event, then the pass
+        # ends by writing the route: the last canary step's (v1 at 0%) until then.
         eventually(lambda: {"Serving", "CanaryStarted", "StepAdvanced", "Promoted"} <= reasons(),
                    30, "the decisions as Events", controller)  # fmt: skip
-        backends = routed()[AGENT]["backends"]
-        assert [(b["version"], b["weight"]) for b in backends] == [(str(v2), 100.0)]
+
+        def backends() -> list[tuple[str, float]]:
+            return [(b["version"], b["weight"]) for b in routed()[AGENT]["backends"]]
+
+        eventually(lambda: backends() == [(str(v2), 100.0)], 30, "routing v2 alone", controller)
     finally:
         for pod in reversed(pods):
             pod.stop()

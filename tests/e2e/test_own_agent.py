@@ -56,7 +56,10 @@ pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 EPISODES = 132  # three times each of the 44 bundled questions
 TEMPERATURE = 0.7  # production samples: some resolved, many not
-CONCURRENCY = 8  # Triton's dynamic batcher generates concurrent replies together
+# A reply is one line: the base model's that end take 12 to 50 tokens. A batch lasts as
+# long as its longest reply, and of 32 replies together one rambles on to the limit.
+MAX_TOKENS = 64
+CONCURRENCY = 32  # Triton's dynamic batcher generates concurrent replies together (up to 32)
 GATE_METRIC = "tool_calls.name"
 
 
@@ -116,7 +119,7 @@ def production(name: str, gateway: str, key: str, provider: Any) -> list[simulat
 
     def ask(chunk: list[simulate.Question]) -> list[simulate.Outcome]:
         return simulate.simulate(client, name, chunk, faq=faq, tracer=tracer,
-                                 temperature=TEMPERATURE)  # fmt: skip
+                                 temperature=TEMPERATURE, max_tokens=MAX_TOKENS)  # fmt: skip
 
     chunks = [asked[i::CONCURRENCY] for i in range(CONCURRENCY)]
     with ThreadPoolExecutor(CONCURRENCY) as pool:
@@ -144,8 +147,8 @@ def wait_for_store(store: str, outcomes: list[simulate.Outcome], timeout: float 
 def pipeline_params(world: World, **overrides: Any) -> dict[str, Any]:
     return {
         "agent": world.agent, "store_url": world.store, "min_reward": 1.0,
-        "drop_examples": True, "eval_fraction": 0.4, "base_model": "", "max_steps": 30,
-        "batch_size": 4, "learning_rate": 5e-4, "precision": "auto", "num_threads": 2,
+        "drop_examples": True, "eval_fraction": 0.4, "base_model": "", "max_steps": 15,
+        "batch_size": 4, "learning_rate": 1e-3, "precision": "auto", "num_threads": 2,
         "eval_instances": 0, "evaluators": "tool_calls,judge", "gate_metric": GATE_METRIC,
         "judge_url": f"{world.gateway}/v1", "judge_model": world.agent, "margin": 0.05,
         "triton_url": world.triton.http_url,
@@ -228,11 +231,11 @@ def test_a_worse_challenger_is_refused(world: World, smollm2_dir: Path, tmp_path
     keep = [trace in unsearched for trace in table.column("trace_id").to_pylist()]
     pq.write_table(table.filter(keep), train_file)
     assert failed["counts"]["train"] > 0 and sum(keep) > 0, "no failure without a search"
-    # Half the steps of the good challenger's, at twice its rate: enough to learn the
-    # wrong use of the tool, in less of the suite's time.
+    # Half the good challenger's steps at twice its rate: enough to learn the wrong use
+    # of the tool, in less of the suite's time.
     steps.train_step(
-        tmp_path / "failed", tmp_path / "adapter", base_model=str(smollm2_dir), max_steps=15,
-        batch_size=4, learning_rate=1e-3, precision="auto", num_threads=2,
+        tmp_path / "failed", tmp_path / "adapter", base_model=str(smollm2_dir), max_steps=8,
+        batch_size=4, learning_rate=2e-3, precision="auto", num_threads=2,
         tracking_uri=world.tracking_uri,
     )  # fmt: skip
     heldout = steps.build_dataset_step(
