@@ -86,12 +86,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class EndToEndApart(LoadFileScheduling):  # type: ignore[misc]
         def _assign_work_unit(self, node: Any) -> None:
-            running = [
-                scope
+            if any(
+                scope.startswith(END_TO_END) and not all(tests.values())
                 for scope, tests in self.assigned_work.get(node, {}).items()
-                if scope.startswith(END_TO_END) and not all(tests.values())
-            ]
-            if running:
+            ):
                 # The first file in the queue that is not end-to-end goes first.
                 for scope in self.workqueue:
                     if not scope.startswith(END_TO_END):
