@@ -295,6 +295,63 @@ def test_resolve_existing_path_gives_it_back_absolute(
     assert not (tmp_path / "cache").exists()
 
 
+def _download_in_a_child(url: str, cache: Path, out: Any) -> None:
+    try:
+        out.put(resolve_model(url, cache))
+    except Exception as exc:  # the parent asserts on what came back
+        out.put(f"error: {type(exc).__name__}: {exc}")
+
+
+def test_processes_sharing_a_cache_download_a_remote_model_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The nodes of one TrainJob on one machine resolve the same s3:// model into one
+    # cache at the same moment; each copy is slowed down so that, without the lock,
+    # they overlap (the second rename then finds a whole folder in its way).
+    import multiprocessing
+
+    import fsspec.implementations.local as local_fs
+
+    source = tmp_path / "saved"
+    source.mkdir()
+    (source / "config.json").write_text('{"model_type": "llama"}')
+    (source / "model.safetensors").write_bytes(os.urandom(1 << 16))
+    copies = multiprocessing.get_context("fork").Value("i", 0)
+    original = local_fs.LocalFileSystem.get
+
+    def slow_get(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with copies.get_lock():
+            copies.value += 1
+        time.sleep(1.0)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(local_fs.LocalFileSystem, "get", slow_get)
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    cache = tmp_path / "cache"
+    children = [
+        context.Process(target=_download_in_a_child, args=(f"file://{source}", cache, out))
+        for _ in range(3)
+    ]
+    for child in children:
+        child.start()
+    answers = [out.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+    assert len(set(answers)) == 1, answers
+    folder = Path(answers[0])
+    assert folder.parent == cache / "remote"
+    assert copies.value == 1
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert (folder / "model.safetensors").read_bytes() == (
+        source / "model.safetensors"
+    ).read_bytes()
+    # Nothing half-copied is left beside it.
+    assert [p.name for p in (cache / "remote").iterdir() if not p.name.endswith(".lock")] == [
+        folder.name
+    ]
+
+
 def test_resolve_hf_id_passes_through_without_touching_the_cache(tmp_path: Path) -> None:
     for ref in ("HuggingFaceTB/SmolLM2-135M-Instruct", "org/model.v1_2", "a/b"):
         assert resolve_model(ref, tmp_path / "cache") == ref

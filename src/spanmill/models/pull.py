@@ -96,7 +96,7 @@ def pull_model(
 
     report = progress or (lambda _message: None)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(cache_dir / f".{entry.name}.lock", report):
+    with exclusive(cache_dir / f".{entry.name}.lock", report):
         # Another process may have finished the same pull while this one waited.
         if not force and is_complete(target, entry):
             return target
@@ -384,7 +384,7 @@ def _remove_leftovers(cache_dir: Path, name: str) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path, report: Progress) -> Iterator[None]:
+def exclusive(lock_path: Path, report: Progress) -> Iterator[None]:
     with open(lock_path, "a+b") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

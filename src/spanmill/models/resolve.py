@@ -11,7 +11,7 @@ from pathlib import Path
 
 from spanmill.errors import ModelError
 from spanmill.models.catalog import CATALOG, catalog_names
-from spanmill.models.pull import Progress, pull_model
+from spanmill.models.pull import Progress, exclusive, pull_model
 from spanmill.paths import models_dir
 
 # Hub ids start and end with a letter or digit on both sides of the slash and never
@@ -38,7 +38,11 @@ def resolve_model(
     if not ref:
         raise ModelError(f"no model given; use a local folder, an org/name id or one of {_known()}")
     if "://" in ref:
-        return str(download_model(ref, cache_dir if cache_dir is not None else models_dir()))
+        return str(
+            download_model(
+                ref, cache_dir if cache_dir is not None else models_dir(), progress=progress
+            )
+        )
     local = Path(ref).expanduser()
     if local.exists():
         return str(local.resolve())
@@ -58,12 +62,15 @@ def _known() -> str:
     return ", ".join(catalog_names())
 
 
-def download_model(url: str, cache_dir: Path) -> Path:
+def download_model(url: str, cache_dir: Path, *, progress: Progress | None = None) -> Path:
     """The model folder at ``url`` (any fsspec URL; S3 credentials, endpoint and region
     from the ``AWS_*`` environment), copied once into ``cache_dir``.
 
     The copy lands under a temporary name and is renamed when whole, so a process
     killed mid-download leaves nothing that a later call would take for the model.
+    Processes sharing ``cache_dir`` (the nodes of one TrainJob on one machine, or pods
+    mounting one volume) take turns under a file lock: the first downloads, the others
+    find the folder whole and use it.
     """
     import fsspec
 
@@ -72,14 +79,18 @@ def download_model(url: str, cache_dir: Path) -> Path:
     if (target / "config.json").is_file():
         return target
     try:
-        fs, root = fsspec.core.url_to_fs(url)
-        if not fs.exists(f"{root.rstrip('/')}/config.json"):
-            raise ModelError(f"{url} holds no config.json: give the folder of a saved model")
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f".{digest}-", dir=target.parent) as scratch:
-            fs.get(f"{root.rstrip('/')}/", f"{scratch}/model/", recursive=True)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(f"{scratch}/model", target)
+        with exclusive(target.parent / f".{digest}.lock", progress or (lambda _message: None)):
+            if (target / "config.json").is_file():
+                return target
+            fs, root = fsspec.core.url_to_fs(url)
+            if not fs.exists(f"{root.rstrip('/')}/config.json"):
+                raise ModelError(f"{url} holds no config.json: give the folder of a saved model")
+            with tempfile.TemporaryDirectory(prefix=f".{digest}-", dir=target.parent) as scratch:
+                fs.get(f"{root.rstrip('/')}/", f"{scratch}/model/", recursive=True)
+                # Under the lock, a folder without config.json is no model anyone uses.
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(f"{scratch}/model", target)
     except ModelError:
         raise
     except Exception as exc:  # credentials, network, missing bucket, unknown protocol
