@@ -61,14 +61,15 @@ def test_alike_requests_are_generated_together_and_answered_in_order() -> None:
         ask("d", GenerationParams(n=2)),  # several choices: alone
         ask("e", GenerationParams(temperature=0.8, seed=3)),  # seeded sampling: alone
         ask("f", tools=TOOLS),
-        ask("g", GenerationParams(max_tokens=3)),  # other parameters: its own group of one
+        ask("g", GenerationParams(max_tokens=3)),  # other parameters: a batch of its own
         ask("h", GenerationParams(temperature=0.8)),
         ask("i", GenerationParams(temperature=0.8)),  # unseeded sampling batches
     ]
     results = generate_all(engine, requests)
     texts = [r.choices[0].text for r in results if isinstance(r, GenerationResult)]
     assert texts == list("abcdefghi")
-    assert sorted(engine.batches) == [["a", "c"], ["b", "f"], ["h", "i"]]
+    # A batch of one still goes the batch way, where cached prompt prefixes are reused.
+    assert sorted(engine.batches) == [["a", "c"], ["b", "f"], ["g"], ["h", "i"]]
     assert len(results[3].choices) == 2  # type: ignore[union-attr]
 
 

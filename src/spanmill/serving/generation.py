@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 from spanmill import precision
 from spanmill.precision import ServingDtype
 from spanmill.serving import protocol
+from spanmill.serving.prefix_cache import PrefixCache
 from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult, ProtocolError
 
 SERVING_SPEC = "spanmill-serving.json"
@@ -41,6 +42,9 @@ class ServingSpec:
     dtype: ServingDtype = "auto"
     num_threads: int = 0  # 0: torch's default
     max_tokens_limit: int = 1024
+    # Keys and values of earlier prompts and replies kept for prompts that begin with
+    # them (spanmill.serving.prefix_cache); 0 keeps none.
+    prefix_cache_mb: int = 512
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
@@ -53,6 +57,19 @@ class ServingSpec:
     def resolve(self, version_dir: Path, value: str) -> str:
         candidate = version_dir / value
         return str(candidate) if candidate.exists() else value
+
+
+@dataclass
+class _Batch:
+    """A batch of prompts ready for ``generate``: see :meth:`Generator._batch`."""
+
+    input_ids: Any
+    attention_mask: Any
+    past: Any
+    kept: int
+    width: int
+    # Per row: the first column of its kept tokens and of the rest of its prompt.
+    starts: list[tuple[int, int]]
 
 
 class ContextLengthError(ProtocolError):
@@ -187,6 +204,7 @@ class Generator:
         max_tokens_limit: int = 1024,
         version: str = "",
         device: str = "cpu",
+        prefix_cache_mb: int = 512,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -209,6 +227,8 @@ class Generator:
             model = PeftModel.from_pretrained(model, adapter_path).merge_and_unload()
         model.to(device).eval()
         self._attach(model, tokenizer, max_tokens_limit=max_tokens_limit, version=version)
+        # The weights stay as loaded, so what was computed for a prompt stays true.
+        self.prefix_cache = PrefixCache(prefix_cache_mb << 20)
 
     @classmethod
     def around(
@@ -217,9 +237,11 @@ class Generator:
         """A generator over a model already in memory (the policy a trainer is updating).
 
         The model is used as it is: the caller puts it in eval mode for generation.
+        Nothing is cached between generations: the weights may change under it.
         """
         generator = cls.__new__(cls)
         generator._attach(model, tokenizer, max_tokens_limit=max_tokens_limit, version=version)
+        generator.prefix_cache = PrefixCache(0)
         return generator
 
     def _attach(self, model: Any, tokenizer: Any, *, max_tokens_limit: int, version: str) -> None:
@@ -260,6 +282,7 @@ class Generator:
             max_tokens_limit=spec.max_tokens_limit,
             version=version or version_dir.name,
             device=device,
+            prefix_cache_mb=spec.prefix_cache_mb,
         )
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
@@ -369,14 +392,6 @@ class Generator:
             self.tokenizer(self.render(messages, tools), add_special_tokens=False)["input_ids"]
             for messages in conversations
         ]
-        # Left padding keeps every prompt's last token at the same position, where
-        # generation continues; the attention mask hides the padding.
-        width = max(len(ids) for ids in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, width - len(ids) :] = 1
         options: dict[str, Any] = {
             "max_new_tokens": min(params.max_tokens, self.max_tokens_limit),
             "return_dict_in_generate": True,
@@ -392,29 +407,113 @@ class Generator:
             options.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if params.stop:
             options.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
-        watched = [(lst, [row]) for row, lst in enumerate(listeners or []) if lst is not None]
-        if watched:
-            options.update(stopping_criteria=_watch(width, watched))
         with self._lock, torch.inference_mode():
+            batch = self._batch(prompts)
+            watched = [(lst, [row]) for row, lst in enumerate(listeners or []) if lst is not None]
+            if watched:
+                options.update(stopping_criteria=_watch(batch.width, watched))
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             out = self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                cache=batch.past,
+                use_cache=True,
                 **options,
             )
             scores = self.model.compute_transition_scores(
                 out.sequences, out.scores, normalize_logits=True
             )
-        new_tokens = out.sequences[:, width:]
+            new_tokens = out.sequences[:, batch.width :].tolist()
+            if self.prefix_cache.enabled:
+                self._keep(batch, prompts, new_tokens, out.cache)
         return [
             GenerationResult(
-                choices=[self._choice(new_tokens[row].tolist(), scores[row].tolist(), params)],
+                choices=[self._choice(new_tokens[row], scores[row].tolist(), params)],
                 prompt_token_ids=list(prompts[row]),
                 model_version=self.version,
             )
             for row in range(len(prompts))
         ]
+
+    def _batch(self, prompts: list[list[int]]) -> _Batch:
+        """The prompts as one batch, each starting from the longest run of its first
+        tokens that the prefix cache holds.
+
+        A row is laid out as [padding, kept tokens | padding, the rest of its prompt]:
+        the kept tokens' keys and values fill the cache part (columns before ``kept``),
+        and the model computes the columns after it. Left padding within each part
+        keeps every prompt's last token in the last column, where generation goes on.
+        """
+        torch = self._torch
+        found = [self.prefix_cache.lookup(ids) for ids in prompts]
+        kept = max(n for n, _ in found)
+        width = kept + max(len(ids) - n for ids, (n, _) in zip(prompts, found, strict=True))
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, (ids, (n, _)) in enumerate(zip(prompts, found, strict=True)):
+            input_ids[row, kept - n : kept] = torch.tensor(ids[:n], dtype=torch.long)
+            attention_mask[row, kept - n : kept] = 1
+            rest = ids[n:]
+            input_ids[row, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            attention_mask[row, width - len(rest) :] = 1
+        self.prefix_cache.stats.reused_tokens += sum(n for n, _ in found)
+        self.prefix_cache.stats.computed_tokens += sum(len(ids) for ids in prompts) - sum(
+            n for n, _ in found
+        )
+        past = None
+        if kept:
+            from transformers import DynamicCache
+
+            past = DynamicCache(config=self.model.config)
+            sample = next(entry for _, entry in found if entry is not None)
+            for layer, (keys, values) in enumerate(zip(sample.keys, sample.values, strict=True)):
+                heads, _, dim = keys.shape
+                shape = (len(prompts), heads, kept, dim)
+                layer_keys = keys.new_zeros(shape)
+                layer_values = values.new_zeros(shape)
+                for row, (n, entry) in enumerate(found):
+                    if entry is not None and n:
+                        layer_keys[row, :, kept - n :] = entry.keys[layer][:, :n]
+                        layer_values[row, :, kept - n :] = entry.values[layer][:, :n]
+                past.update(layer_keys, layer_values, layer)
+        return _Batch(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            past=past,
+            kept=kept,
+            width=width,
+            starts=[
+                (kept - n, width - (len(ids) - n))
+                for ids, (n, _) in zip(prompts, found, strict=True)
+            ],
+        )
+
+    def _keep(
+        self, batch: _Batch, prompts: list[list[int]], new_tokens: list[list[int]], past: Any
+    ) -> None:
+        """Put each row's prompt and reply, with their keys and values, in the prefix cache."""
+        torch = self._torch
+        layers = [(layer.keys, layer.values) for layer in past.layers]
+        computed = int(layers[0][0].shape[2])
+        for row, (ids, tokens) in enumerate(zip(prompts, new_tokens, strict=True)):
+            reply = next(
+                (tokens[:i] for i, token in enumerate(tokens) if token in self.eos_ids), tokens
+            )
+            # The last token generated was never fed back, so it has no keys yet.
+            reply = reply[: max(0, computed - batch.width)]
+            first, rest = batch.starts[row]
+            columns = torch.cat(
+                [
+                    torch.arange(first, batch.kept),
+                    torch.arange(rest, batch.width + len(reply)),
+                ]
+            ).to(layers[0][0].device)
+            self.prefix_cache.store(
+                list(ids) + list(reply),
+                [keys[row].index_select(1, columns) for keys, _ in layers],
+                [values[row].index_select(1, columns) for _, values in layers],
+            )
 
     def _choice(self, tokens: list[int], logprobs: list[float], params: GenerationParams) -> Choice:
         finish: Literal["stop", "length"] = "length"
@@ -490,9 +589,7 @@ def generate_all(
         else:
             groups.setdefault(key, []).append(index)
     for indices in groups.values():
-        if len(indices) == 1:
-            alone.extend(indices)
-            continue
+        # A group of one goes the batch way too: that way reuses cached prompt prefixes.
         first = requests[indices[0]]
         try:
             batch = generator.generate_batch(

@@ -1,0 +1,138 @@
+"""Prompt prefixes computed once: the cache's bookkeeping, and SmolLM2 answering the
+same with it as without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from spanmill.evaluate.play import play_episodes
+from spanmill.serving.generation import Generator
+from spanmill.serving.prefix_cache import PrefixCache
+from spanmill.serving.protocol import GenerationParams
+from spanmill.tasks import get_task
+
+# One layer of keys and values for n tokens: (heads, tokens, dim), 4 bytes a number.
+HEADS, DIM = 2, 4
+BYTES_PER_TOKEN = 2 * HEADS * DIM * 4
+
+
+def layer(tokens: list[int]) -> list[torch.Tensor]:
+    # Each token's vectors hold its id, so a test can see which token they belong to.
+    ids = torch.tensor(tokens, dtype=torch.float32)
+    return [ids.view(1, -1, 1).expand(HEADS, -1, DIM).clone()]
+
+
+def keep(cache: PrefixCache, tokens: list[int]) -> None:
+    cache.store(tokens, layer(tokens), layer(tokens))
+
+
+def test_the_longest_kept_run_is_found_but_never_the_whole_prompt() -> None:
+    cache = PrefixCache(1 << 20)
+    keep(cache, [1, 2, 3, 4, 5])
+    keep(cache, [1, 2, 9])
+    n, entry = cache.lookup([1, 2, 3, 4, 7, 8])
+    assert n == 4 and entry is not None
+    assert entry.keys[0][0, :n, 0].tolist() == [1, 2, 3, 4]
+    assert cache.lookup([1, 2, 9, 9])[0] == 3
+    # The prompt itself is kept whole: its last token is still computed, to generate from.
+    assert cache.lookup([1, 2, 3, 4, 5])[0] == 4
+    assert cache.lookup([7, 1, 2]) == (0, None)
+    assert cache.lookup([1]) == (0, None)
+
+
+def test_an_entry_that_a_longer_one_begins_with_is_dropped() -> None:
+    cache = PrefixCache(1 << 20)
+    keep(cache, [1, 2, 3])
+    keep(cache, [1, 2, 3, 4, 5])  # the next turn of the same conversation
+    keep(cache, [1, 2, 8])
+    assert cache.stats.entries == 2
+    assert cache.stats.stored_bytes == (5 + 3) * BYTES_PER_TOKEN
+
+
+def test_the_least_recently_used_go_first_when_over_budget() -> None:
+    cache = PrefixCache(10 * BYTES_PER_TOKEN)
+    keep(cache, [1, 1, 1, 1])
+    keep(cache, [2, 2, 2, 2])
+    assert cache.lookup([1, 1, 1, 9])[0] == 3  # the 1s were used last
+    keep(cache, [3, 3, 3, 3])
+    assert cache.stats.evictions == 1
+    assert cache.lookup([2, 2, 2, 9]) == (0, None)
+    assert cache.lookup([1, 1, 1, 9])[0] == 3
+    keep(cache, list(range(100, 111)))  # larger than the whole budget: not kept
+    assert cache.lookup(list(range(100, 112))) == (0, None)
+    assert cache.stats.stored_bytes <= 10 * BYTES_PER_TOKEN
+
+
+def test_a_budget_of_zero_keeps_nothing() -> None:
+    cache = PrefixCache(0)
+    keep(cache, [1, 2, 3])
+    assert not cache.enabled
+    assert cache.lookup([1, 2, 3, 4]) == (0, None)
+
+
+@pytest.fixture(scope="module")
+def generators(smollm2_dir: Path) -> tuple[Generator, Generator]:
+    return (
+        Generator(str(smollm2_dir), dtype="float32", prefix_cache_mb=0),
+        Generator(str(smollm2_dir), dtype="float32", prefix_cache_mb=256),
+    )
+
+
+def test_multi_turn_episodes_answer_the_same_from_kept_prefixes(
+    generators: tuple[Generator, Generator],
+) -> None:
+    plain, cached = generators
+    task = get_task("calculator")
+    instances = task.instances("heldout", 6, seed=5)
+    # Batches of 4 then 2: the second batch's first turn starts from the system prompt
+    # and tools kept from the first, and every later turn from its own last prompt and
+    # reply, each row from a run of its own length.
+    without = play_episodes(plain, task, instances, prompt_style="few_shot", batch_size=4)
+    with_cache = play_episodes(cached, task, instances, prompt_style="few_shot", batch_size=4)
+    assert [o.transcript for o in with_cache] == [o.transcript for o in without]
+    assert [o.success for o in with_cache] == [o.success for o in without]
+    assert any(o.replies > 1 for o in without)  # a later turn was played
+    stats = cached.prefix_cache.stats
+    assert plain.prefix_cache.stats.reused_tokens == 0
+    assert stats.reused_tokens > stats.computed_tokens
+    assert stats.entries == len(instances)
+
+
+def test_kept_prefixes_give_the_same_tokens_and_logprobs(
+    generators: tuple[Generator, Generator],
+) -> None:
+    plain, cached = generators
+    conversation = [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "Name a colour."},
+    ]
+    params = GenerationParams(max_tokens=12)
+    first = cached.generate_batch([conversation], params)[0]
+    follow_up = [
+        *conversation,
+        {"role": "assistant", "content": first.choices[0].text},
+        {"role": "user", "content": "And another one?"},
+    ]
+    before = cached.prefix_cache.stats.reused_tokens
+    # The follow-up beside a conversation the cache has never seen.
+    other = [{"role": "user", "content": "Count to three."}]
+    got = cached.generate_batch([follow_up, other], params)
+    want = plain.generate_batch([follow_up, other], params)
+    assert cached.prefix_cache.stats.reused_tokens - before >= len(first.prompt_token_ids)
+    for a, b in zip(got, want, strict=True):
+        assert a.prompt_token_ids == b.prompt_token_ids
+        assert a.choices[0].token_ids == b.choices[0].token_ids
+        assert a.choices[0].logprobs == pytest.approx(b.choices[0].logprobs, abs=1e-3)
+
+
+def test_a_generator_over_a_policy_in_training_keeps_nothing(
+    generators: tuple[Generator, Generator],
+) -> None:
+    _, cached = generators
+    live = Generator.around(cached.model, cached.tokenizer)
+    live.generate_batch([[{"role": "user", "content": "Hi"}]], GenerationParams(max_tokens=2))
+    assert not live.prefix_cache.enabled
+    assert live.prefix_cache.stats.entries == 0
