@@ -48,7 +48,7 @@ def test_an_entry_that_a_longer_one_begins_with_is_dropped() -> None:
     keep(cache, [1, 2, 3])
     keep(cache, [1, 2, 3, 4, 5])  # the next turn of the same conversation
     keep(cache, [1, 2, 8])
-    assert cache.stats.entries == 2
+    assert len(cache) == 2
     assert cache.stats.stored_bytes == (5 + 3) * BYTES_PER_TOKEN
 
 
@@ -98,7 +98,7 @@ def test_multi_turn_episodes_answer_the_same_from_kept_prefixes(
     stats = cached.prefix_cache.stats
     assert plain.prefix_cache.stats.reused_tokens == 0
     assert stats.reused_tokens > stats.computed_tokens
-    assert stats.entries == len(instances)
+    assert len(cached.prefix_cache) == len(instances)
 
 
 def test_kept_prefixes_give_the_same_tokens_and_logprobs(
@@ -135,4 +135,4 @@ def test_a_generator_over_a_policy_in_training_keeps_nothing(
     live = Generator.around(cached.model, cached.tokenizer)
     live.generate_batch([[{"role": "user", "content": "Hi"}]], GenerationParams(max_tokens=2))
     assert not live.prefix_cache.enabled
-    assert live.prefix_cache.stats.entries == 0
+    assert len(live.prefix_cache) == 0

@@ -497,11 +497,8 @@ class Generator:
         layers = [(layer.keys, layer.values) for layer in past.layers]
         computed = int(layers[0][0].shape[2])
         for row, (ids, tokens) in enumerate(zip(prompts, new_tokens, strict=True)):
-            reply = next(
-                (tokens[:i] for i, token in enumerate(tokens) if token in self.eos_ids), tokens
-            )
             # The last token generated was never fed back, so it has no keys yet.
-            reply = reply[: max(0, computed - batch.width)]
+            reply = tokens[: min(self._end(tokens), max(0, computed - batch.width))]
             first, rest = batch.starts[row]
             columns = torch.cat(
                 [
@@ -515,13 +512,13 @@ class Generator:
                 [values[row].index_select(1, columns) for _, values in layers],
             )
 
+    def _end(self, tokens: list[int]) -> int:
+        """Where the reply ends: its first end-of-sequence token, or its length."""
+        return next((i for i, token in enumerate(tokens) if token in self.eos_ids), len(tokens))
+
     def _choice(self, tokens: list[int], logprobs: list[float], params: GenerationParams) -> Choice:
-        finish: Literal["stop", "length"] = "length"
-        end = len(tokens)
-        for i, token in enumerate(tokens):
-            if token in self.eos_ids:
-                end, finish = i, "stop"
-                break
+        end = self._end(tokens)
+        finish: Literal["stop", "length"] = "stop" if end < len(tokens) else "length"
         tokens, logprobs = tokens[:end], logprobs[:end]
         text = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
         for stop in params.stop:

@@ -44,12 +44,11 @@ class Entry:
 
 @dataclass
 class CacheStats:
-    """Prompt tokens taken from the cache and prompt tokens computed, since loading."""
+    """Prompt tokens taken from the cache and computed, bytes kept, entries evicted."""
 
     reused_tokens: int = 0
     computed_tokens: int = 0
     stored_bytes: int = 0
-    entries: int = 0
     evictions: int = 0
 
 
@@ -66,10 +65,8 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.budget_bytes > 0
 
-    def clear(self) -> None:
-        self._entries.clear()
-        self.stats.stored_bytes = 0
-        self.stats.entries = 0
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def lookup(self, tokens: list[int]) -> tuple[int, Entry | None]:
         """The longest kept run of tokens that ``tokens`` begins with, at most all but
@@ -115,9 +112,7 @@ class PrefixCache:
             oldest = next(iter(self._entries))
             self._drop(oldest)
             self.stats.evictions += 1
-        self.stats.entries = len(self._entries)
 
     def _drop(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
         self.stats.stored_bytes -= entry.nbytes
-        self.stats.entries = len(self._entries)
