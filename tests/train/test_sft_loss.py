@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from spanmill.train.sft import SAMPLE_WEIGHT, SpanmillSFTTrainer
+from spanmill.train.sft import (
+    MIN_SHARED_PREFIX,
+    SAMPLE_WEIGHT,
+    SpanmillSFTTrainer,
+    shared_prefix,
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +78,64 @@ def test_weights_scale_each_samples_tokens(trainer: SpanmillSFTTrainer) -> None:
     expected = first_alone * scored[0] / scored.sum()
     assert weighted.item() == pytest.approx(expected.item(), rel=1e-5)
     assert SAMPLE_WEIGHT in batch_of(trainer, [0.5, 2.0])
+
+
+def lora_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: param.grad.detach().clone()
+        for name, param in model.named_parameters()
+        if param.requires_grad and param.grad is not None
+    }
+
+
+def test_a_shared_prefix_is_computed_once_with_the_same_loss_and_gradients(
+    trainer: SpanmillSFTTrainer,
+) -> None:
+    model = trainer.model
+    batch = batch_of(trainer, [1.0, 1.0, 1.0, 1.0])
+    scored = (batch["labels"][:, 1:] != -100).any(dim=0).nonzero().flatten()
+    shared = shared_prefix(batch["input_ids"], batch["attention_mask"], int(scored.min()))
+    # The fixture's samples begin with one system prompt: the batch has a prefix to share.
+    assert shared >= MIN_SHARED_PREFIX
+
+    model.zero_grad()
+    own = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        labels=batch["labels"],
+    ).loss
+    own.backward()
+    expected = lora_gradients(model)
+
+    calls: list[tuple[int, ...]] = []
+    handle = model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    model.zero_grad()
+    try:
+        lean = trainer.compute_loss(model, dict(batch))
+        lean.backward()
+    finally:
+        handle.remove()
+    got = lora_gradients(model)
+    model.zero_grad()
+
+    width = batch["input_ids"].shape[1]
+    assert calls == [(1, shared), (4, width - shared)]
+    assert lean.item() == pytest.approx(own.item(), rel=1e-5)
+    assert expected and got.keys() == expected.keys()
+    for name, gradient in expected.items():
+        torch.testing.assert_close(got[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_shared_prefix_stops_at_padding_a_differing_token_and_the_limit() -> None:
+    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 1, 2], [5, 6, 7, 8, 3]])
+    ones = torch.ones_like(ids)
+    assert shared_prefix(ids, ones, limit=10) == 3
+    assert shared_prefix(ids, ones, limit=2) == 2
+    assert shared_prefix(ids[:1], ones[:1], limit=10) == 0  # one row shares with no one
+    assert shared_prefix(ids[[0, 0]], ones[:2], limit=10) == 4  # a token is always left
+    left_padded = ones.clone()
+    left_padded[1, 0] = 0
+    assert shared_prefix(ids, left_padded, limit=10) == 0
+    assert shared_prefix(ids, None, limit=10) == 3
