@@ -35,13 +35,17 @@ class DemoPlan:
 
     eval_episodes: int = 100
     # 300 episodes and 60 steps: 60% held-out success where 400 and 90 gave 63% (one run
-    # each, 2026-12-04), in 18.6 minutes against 22.1 on the same slow afternoon.
-    traffic_episodes: int = 300
+    # each, 2026-12-04); 240 keeps about 110 successes to train on, 60 steps about two
+    # epochs of them.
+    traffic_episodes: int = 240
     max_steps: int = 60
-    eval_instances: int = 60
+    # The gate compares a base model that never answers with a candidate near 50%: 40
+    # instances tell them apart.
+    eval_instances: int = 40
     margin: float = 0.05
-    # Episodes in flight at once: Triton's dynamic batcher generates their turns together.
-    concurrency: int = 16
+    # Episodes in flight at once: Triton's dynamic batcher generates their turns together
+    # (up to its largest batch, spanmill.serving.protocol.MAX_BATCH_SIZE).
+    concurrency: int = 32
 
 
 def stack_urls(settings: StackSettings) -> dict[str, str]:
