@@ -28,7 +28,7 @@ from spanmill.serving.repository import write_python_version
 pytestmark = pytest.mark.services
 
 MODEL = "streamer"
-QUEUED = "queued"  # the same model, whose queue holds one request
+QUEUED = "queued"  # the same model, generating one row at a time, with one more waiting
 STORY = [{"role": "user", "content": "Write a long story about a cat who travels the world."}]
 
 
@@ -36,7 +36,7 @@ STORY = [{"role": "user", "content": "Write a long story about a cat who travels
 def streamer(triton, smollm2_dir: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
     write_python_version(triton.model_repository, MODEL, 1, smollm2_dir, num_threads=2)
     write_python_version(triton.model_repository, QUEUED, 1, smollm2_dir, num_threads=2,
-                         max_queue_size=1)  # fmt: skip
+                         max_queue_size=1, max_batch_size=1)  # fmt: skip
     client = triton_http.InferenceServerClient(triton.http_url, network_timeout=300)
     client.load_model(MODEL)
     client.load_model(QUEUED)
@@ -175,8 +175,8 @@ def test_a_full_queue_is_refused_at_once_with_retry_after(gateway) -> None:  # t
     with ThreadPoolExecutor(4) as pool:
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=long, timeout=300) as busy:
             next(events(busy))  # the model instance is generating the long answer
-            # Four more arrive while it does. The queue holds one (and Triton's batcher
-            # may already hold the next batch of one): the others are refused at once.
+            # Four more arrive while it does. The model's one row is taken and one more
+            # may wait (Triton's own queue may hold another): the others are refused at once.
             calls = [pool.submit(httpx.post, f"{url}/v1/chat/completions", json=short,
                                  timeout=300) for _ in range(4)]  # fmt: skip
             deadline = time.monotonic() + 60

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 from spanmill import precision
 from spanmill.precision import ServingDtype
 from spanmill.serving import protocol
-from spanmill.serving.prefix_cache import PrefixCache
+from spanmill.serving.prefix_cache import Entry, PrefixCache
 from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult, ProtocolError
 
 SERVING_SPEC = "spanmill-serving.json"
@@ -347,12 +347,15 @@ class Generator:
         if listener is not None:
             rows = list(range(params.n))
             options.update(stopping_criteria=_watch(prompt_ids.shape[1], [(listener, rows)]))
+        from spanmill.serving.kv_cache import RoomyCache
+
         with self._lock, torch.inference_mode():
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             out = self.model.generate(
                 input_ids=prompt_ids.to(self.device),
                 attention_mask=encoded["attention_mask"].to(self.device),
+                cache=RoomyCache(self.model.config),
                 **options,
             )
             scores = self.model.compute_transition_scores(
@@ -436,7 +439,9 @@ class Generator:
             for row in range(len(prompts))
         ]
 
-    def _batch(self, prompts: list[list[int]]) -> _Batch:
+    def _batch(
+        self, prompts: list[list[int]], found: list[tuple[int, Entry | None]] | None = None
+    ) -> _Batch:
         """The prompts as one batch, each starting from the longest run of its first
         tokens that the prefix cache holds.
 
@@ -446,7 +451,8 @@ class Generator:
         keeps every prompt's last token in the last column, where generation goes on.
         """
         torch = self._torch
-        found = [self.prefix_cache.lookup(ids) for ids in prompts]
+        if found is None:
+            found = [self.prefix_cache.lookup(ids) for ids in prompts]
         kept = max(n for n, _ in found)
         width = kept + max(len(ids) - n for ids, (n, _) in zip(prompts, found, strict=True))
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -461,11 +467,11 @@ class Generator:
         self.prefix_cache.stats.computed_tokens += sum(len(ids) for ids in prompts) - sum(
             n for n, _ in found
         )
-        past = None
-        if kept:
-            from transformers import DynamicCache
+        from spanmill.serving.kv_cache import RoomyCache
 
-            past = DynamicCache(config=self.model.config)
+        # Always a cache of spanmill's own, so that decoding writes in place.
+        past = RoomyCache(self.model.config)
+        if kept:
             sample = next(entry for _, entry in found if entry is not None)
             for layer, (keys, values) in enumerate(zip(sample.keys, sample.values, strict=True)):
                 heads, _, dim = keys.shape

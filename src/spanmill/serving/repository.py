@@ -63,13 +63,14 @@ def python_config(
     instances: int = 1,
     gpu: bool = False,
     max_queue_size: int = protocol.MAX_QUEUE_SIZE,
+    max_batch_size: int = protocol.MAX_BATCH_SIZE,
 ) -> str:
     """config.pbtxt of the Python-backend flavour, complete (no auto-complete needed)."""
     kind = "KIND_GPU" if gpu else "KIND_CPU"
     return (
         f'name: "{model_name}"\n'
         'backend: "python"\n'
-        f"max_batch_size: {protocol.MAX_BATCH_SIZE}\n"
+        f"max_batch_size: {max_batch_size}\n"
         f"dynamic_batching {{ max_queue_delay_microseconds: {protocol.MAX_QUEUE_DELAY_US}"
         f" default_queue_policy {{ max_queue_size: {max_queue_size} }} }}\n"
         # Every version present is served, so champion and challenger can run side by side.
@@ -95,6 +96,7 @@ def write_python_version(
     max_tokens_limit: int = 1024,
     gpu: bool = False,
     max_queue_size: int = protocol.MAX_QUEUE_SIZE,
+    max_batch_size: int = protocol.MAX_BATCH_SIZE,
 ) -> Path:
     """Write (or replace) one version of a Python-backend model; returns the version folder.
 
@@ -135,7 +137,9 @@ def write_python_version(
     (staging / SERVING_SPEC).write_text(spec.to_json())
 
     config = version_dir.parent / "config.pbtxt"
-    config_text = python_config(model_name, gpu=gpu, max_queue_size=max_queue_size)
+    config_text = python_config(
+        model_name, gpu=gpu, max_queue_size=max_queue_size, max_batch_size=max_batch_size
+    )
     if config.exists() and 'backend: "python"' not in config.read_text():
         raise RepositoryError(f"{config.parent} holds a model of another flavour")
     config.write_text(config_text)

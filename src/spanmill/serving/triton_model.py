@@ -9,6 +9,7 @@ backend stub (the venv locally, the serving image on a cluster).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,16 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from spanmill.serving import protocol
+from spanmill.serving.batcher import QueueFull, batch_limits, scheduler_for
 from spanmill.serving.generation import (
     Cancellation,
     Generator,
     Listener,
     Request,
     TextStream,
-    generate_all,
     instance_device,
 )
+from spanmill.serving.protocol import GenerationResult
 
 
 class TritonPythonModel:
@@ -37,13 +39,18 @@ class TritonPythonModel:
         )
         self.generator = Generator.from_version_dir(version_dir, version=version, device=device)
         self.metrics = _Metrics(str(args.get("model_name", "")), version)
+        rows, waiting = batch_limits(json.loads(args.get("model_config") or "{}"))
+        self.scheduler = scheduler_for(
+            self.generator, max_rows=rows, max_waiting=waiting, on_step=self.metrics.step
+        )
+        self.scheduler.start()
 
     def execute(self, requests: list[Any]) -> None:
-        # Triton's dynamic batcher hands over the requests that arrived together. The
-        # model is decoupled: every answer goes out through its request's sender, the
-        # streamed pieces as they come, and a final response that closes the request.
-        senders = []
-        decoded: list[Request] = []
+        # The model is decoupled: execute hands each request to the scheduler and
+        # returns, so Triton passes on the next requests at once and they join the
+        # running batch between two tokens. Every answer goes out through its
+        # request's sender, the streamed pieces as they come, and a final response
+        # that closes the request.
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -68,50 +75,81 @@ class TritonPythonModel:
                     send=send,
                     cancelled=sender.is_cancelled,
                 )
-            senders.append(sender)
-            decoded.append(Request(messages, params, tools, listener))
-        for sender, answer in zip(senders, generate_all(self.generator, decoded), strict=True):
-            tokens = 0 if isinstance(answer, Exception) else answer.completion_tokens
+            try:
+                self.scheduler.submit(
+                    Request(messages, params, tools, listener), self._answering(sender)
+                )
+            except QueueFull as exc:
+                # In the words of Triton's own refusal, which the gateway answers with 429.
+                _close(sender, _error(str(exc), pb_utils.TritonError.UNAVAILABLE))
+
+    def _answering(self, sender: Any) -> Callable[[GenerationResult | Exception], None]:
+        def answer(result: GenerationResult | Exception) -> None:
+            tokens = 0 if isinstance(result, Exception) else result.completion_tokens
             if sender.is_cancelled():
                 self.metrics.count("cancelled", tokens)
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            elif isinstance(answer, Exception):
+            elif isinstance(result, Exception):
                 self.metrics.count("failed")
-                _close(sender, _error(f"generation failed: {type(answer).__name__}: {answer}"))
+                _close(sender, _error(f"generation failed: {type(result).__name__}: {result}"))
             else:
                 self.metrics.count("answered", tokens)
-                outputs = protocol.encode_result(answer)
+                outputs = protocol.encode_result(result)
                 _close(
                     sender,
                     pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]),
                 )
 
+        return answer
+
+    def finalize(self) -> None:
+        self.scheduler.stop()
+
 
 class _Metrics:
     """Requests and generated tokens by outcome, on Triton's metrics endpoint: answered,
     cancelled (the client went away; its tokens are the work done before it stopped),
-    failed, or refused (out of protocol)."""
+    failed, or refused (out of protocol); and the decode steps with the rows they
+    advanced."""
 
     def __init__(self, model: str, version: str) -> None:
-        counter = pb_utils.MetricFamily.COUNTER
-        requests = pb_utils.MetricFamily(
-            name="spanmill_generation_requests_total",
-            description="Generation requests by outcome",
-            kind=counter,
-        )
-        tokens = pb_utils.MetricFamily(
-            name="spanmill_generation_tokens_total",
-            description="Tokens generated, by the outcome of their request",
-            kind=counter,
-        )
+        families = {
+            name: pb_utils.MetricFamily(
+                name=name, description=description, kind=pb_utils.MetricFamily.COUNTER
+            )
+            for name, description in (
+                ("spanmill_generation_requests_total", "Generation requests by outcome"),
+                (
+                    "spanmill_generation_tokens_total",
+                    "Tokens generated, by the outcome of their request",
+                ),
+                (
+                    "spanmill_generation_steps_total",
+                    "Decode steps: one token for every row generating",
+                ),
+                (
+                    "spanmill_generation_step_rows_total",
+                    "Rows the decode steps advanced (over steps: the mean batch)",
+                ),
+            )
+        }
         # The families must outlive their metrics: Triton deletes a metric with its family.
-        self.families = (requests, tokens)
+        self.families = families
+        requests = families["spanmill_generation_requests_total"]
+        tokens = families["spanmill_generation_tokens_total"]
+        labels = {"model": model, "version": version}
+        self.steps = families["spanmill_generation_steps_total"].Metric(labels=labels)
+        self.rows = families["spanmill_generation_step_rows_total"].Metric(labels=labels)
         self.requests = {}
         self.tokens = {}
         for outcome in ("answered", "cancelled", "failed", "refused"):
             labels = {"model": model, "version": version, "outcome": outcome}
             self.requests[outcome] = requests.Metric(labels=labels)
             self.tokens[outcome] = tokens.Metric(labels=labels)
+
+    def step(self, rows: int) -> None:
+        self.steps.increment(1)
+        self.rows.increment(rows)
 
     def count(self, outcome: str, tokens: int = 0) -> None:
         self.requests[outcome].increment(1)

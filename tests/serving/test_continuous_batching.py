@@ -1,0 +1,227 @@
+"""Continuous batching on SmolLM2: rows join and leave a running batch between tokens
+and answer as they would alone; the key/value cache grows in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import DynamicCache
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from spanmill.evaluate.play import play_episodes
+from spanmill.messages import to_model_messages
+from spanmill.serving.batcher import ContinuousBatcher, QueueFull, _pick
+from spanmill.serving.generation import Cancellation, Generator, Request
+from spanmill.serving.kv_cache import RoomyCache, RoomyLayer
+from spanmill.serving.protocol import GenerationParams, GenerationResult
+from spanmill.tasks import get_task
+
+
+def test_decode_steps_write_into_the_room_left_and_read_as_a_concatenation() -> None:
+    layer = RoomyLayer()
+    reference_keys = torch.randn(2, 3, 5, 4)
+    reference_values = torch.randn(2, 3, 5, 4)
+    layer.update(reference_keys, reference_values)
+    buffer = layer.keys.untyped_storage().data_ptr()
+    for _ in range(10):
+        keys, values = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+        got_keys, got_values = layer.update(keys, values)
+        reference_keys = torch.cat([reference_keys, keys], dim=2)
+        reference_values = torch.cat([reference_values, values], dim=2)
+        assert torch.equal(got_keys, reference_keys)
+        assert torch.equal(got_values, reference_values)
+    # Fifteen columns fit in the first buffer's room: no step copied the cache.
+    assert layer.keys.untyped_storage().data_ptr() == buffer
+    assert layer.get_seq_length() == 15
+    # Past the room the buffer grows, and keeps what it held.
+    big = torch.randn(2, 3, 100, 4)
+    got_keys, _ = layer.update(big, big)
+    assert torch.equal(got_keys, torch.cat([reference_keys, big], dim=2))
+
+
+def test_tensors_replaced_from_outside_are_taken_as_they_are() -> None:
+    layer = RoomyLayer()
+    layer.update(torch.randn(3, 2, 4, 4), torch.randn(3, 2, 4, 4))
+    layer.batch_select_indices(torch.tensor([0, 2]))  # what generate does to finished rows
+    kept = layer.keys.clone()
+    got_keys, _ = layer.update(torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4))
+    assert got_keys.shape == (2, 2, 5, 4)
+    assert torch.equal(got_keys[:, :, :4], kept)
+    assert torch.equal(got_keys[:, :, 4], torch.ones(2, 2, 4))
+
+
+def test_sampled_rows_are_drawn_after_temperature_and_top_p_and_logprobs_are_theirs() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    params = [
+        GenerationParams(),  # greedy
+        GenerationParams(temperature=0.7, top_p=0.5),
+        GenerationParams(temperature=1.3),
+    ]
+    for _ in range(20):
+        tokens, logprobs = _pick(torch, logits, params)
+        assert tokens[0] == int(logits[0].argmax())
+        assert logprobs[0] == pytest.approx(float(logits[0].log_softmax(-1).max()), abs=1e-5)
+        for row, p in ((1, params[1]), (2, params[2])):
+            warpers = LogitsProcessorList([TemperatureLogitsWarper(p.temperature)])
+            if p.top_p < 1.0:
+                warpers.append(TopPLogitsWarper(p.top_p))
+            scores = warpers(None, logits[row : row + 1].clone()).log_softmax(-1)[0]
+            assert torch.isfinite(scores[tokens[row]])  # drawn from inside the nucleus
+            assert logprobs[row] == pytest.approx(float(scores[tokens[row]]), abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def generator(smollm2_dir: Path) -> Generator:
+    return Generator(str(smollm2_dir), dtype="float32", prefix_cache_mb=0)
+
+
+def conversations(n: int) -> list[list[dict[str, Any]]]:
+    task = get_task("calculator")
+    return [
+        to_model_messages(task.messages(instance, "few_shot"))
+        for instance in task.instances("heldout", n, seed=3)
+    ]
+
+
+def collect(batcher: ContinuousBatcher, requests: list[Request]) -> list[Any]:
+    results: list[Any] = [None] * len(requests)
+    for index, request in enumerate(requests):
+        batcher.submit(request, lambda result, index=index: results.__setitem__(index, result))
+    return results
+
+
+def test_rows_that_join_a_running_batch_answer_as_they_would_alone(
+    generator: Generator,
+) -> None:
+    chats = conversations(5)
+    params = GenerationParams(max_tokens=20)
+    alone = [generator.generate_batch([chat], params)[0] for chat in chats]
+    batcher = ContinuousBatcher(generator, max_rows=4)
+    first = collect(batcher, [Request(chat, params) for chat in chats[:2]])
+    for _ in range(6):
+        batcher.step()
+    assert len(batcher._rows) == 2 and all(r is None for r in first)
+    # Three more join the two running, one waits for a row to leave.
+    later = collect(batcher, [Request(chat, params) for chat in chats[2:]])
+    batcher.step()
+    assert len(batcher._rows) == 4 and len(batcher._waiting) == 1
+    batcher.drain()
+    for got, want in zip(first + later, alone, strict=True):
+        assert isinstance(got, GenerationResult)
+        assert got.prompt_token_ids == want.prompt_token_ids
+        assert got.choices[0].token_ids == want.choices[0].token_ids
+        assert got.choices[0].text == want.choices[0].text
+        assert got.choices[0].logprobs == pytest.approx(want.choices[0].logprobs, abs=1e-3)
+    assert batcher.joined == 5 and not batcher._rows and batcher._mask is None
+
+
+def test_each_row_leaves_at_its_own_limit_stop_or_listener(generator: Generator) -> None:
+    chat = conversations(1)[0]
+    stopped = {"after": 0}
+
+    def cancelled() -> bool:
+        stopped["after"] += 1
+        return stopped["after"] > 4
+
+    batcher = ContinuousBatcher(generator, max_rows=8)
+    results = collect(
+        batcher,
+        [
+            Request(chat, GenerationParams(max_tokens=3)),
+            Request(chat, GenerationParams(max_tokens=40)),
+            Request(chat, GenerationParams(max_tokens=40, stop=('"',))),
+            Request(chat, GenerationParams(max_tokens=40), listener=Cancellation(cancelled)),
+        ],
+    )
+    batcher.drain()
+    short, full, cut, gone = (r.choices[0] for r in results)
+    assert len(short.token_ids) == 3 and short.finish_reason == "length"
+    assert full.token_ids[:3] == short.token_ids and len(full.token_ids) > 3
+    assert '"' in full.text and '"' not in cut.text and cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.index('"')]
+    assert len(gone.token_ids) == 5  # the listener said stop after its fifth token
+
+
+def test_a_full_queue_refuses_at_once_in_the_words_the_gateway_maps_to_429(
+    generator: Generator,
+) -> None:
+    batcher = ContinuousBatcher(generator, max_rows=2, max_waiting=2)
+    chat = conversations(1)[0]
+    collect(batcher, [Request(chat, GenerationParams(max_tokens=2))] * 2)
+    with pytest.raises(QueueFull, match="maximum queue size"):
+        batcher.submit(Request(chat, GenerationParams(max_tokens=2)), lambda _: None)
+    batcher.drain()
+    assert batcher.busy == 0
+
+
+def test_a_request_that_cannot_be_rendered_fails_alone(generator: Generator) -> None:
+    chat = conversations(1)[0]
+    batcher = ContinuousBatcher(generator)
+    results = collect(
+        batcher,
+        [
+            Request(chat, GenerationParams(max_tokens=4)),
+            Request([{"role": "user", "content": 5}], GenerationParams(max_tokens=4)),
+            Request(chat, GenerationParams(max_tokens=4, n=2, temperature=0.8)),  # alone
+        ],
+    )
+    batcher.drain()
+    assert isinstance(results[0], GenerationResult)
+    assert isinstance(results[1], Exception)
+    assert len(results[2].choices) == 2
+
+
+def test_the_thread_serves_episodes_that_come_and_go(generator: Generator) -> None:
+    import threading
+
+    task = get_task("calculator")
+    instances = task.instances("heldout", 4, seed=7)
+    lockstep = play_episodes(generator, task, instances, prompt_style="few_shot", batch_size=4)
+    batcher = ContinuousBatcher(generator, max_rows=3)
+    batcher.start()
+    try:
+
+        class Served:
+            """Each turn's requests go to the batcher's thread; answers come back there."""
+
+            def generate_batch(self, chats: Any, params: Any, tools: Any = None) -> Any:
+                answered = threading.Semaphore(0)
+                results: list[Any] = [None] * len(chats)
+
+                def answer(index: int) -> Any:
+                    def done(result: Any) -> None:
+                        results[index] = result
+                        answered.release()
+
+                    return done
+
+                for index, chat in enumerate(chats):
+                    batcher.submit(Request(chat, params, tools), answer(index))
+                for _ in chats:
+                    assert answered.acquire(timeout=300)
+                return results
+
+        served = play_episodes(Served(), task, instances, prompt_style="few_shot", batch_size=4)
+    finally:
+        batcher.stop()
+    assert [o.transcript for o in served] == [o.transcript for o in lockstep]
+
+
+def test_a_roomy_cache_keeps_sliding_window_layers_as_transformers_makes_them() -> None:
+    from transformers import LlamaConfig, MistralConfig
+
+    config = MistralConfig(num_hidden_layers=2, sliding_window=8, layer_types=None)
+    cache = RoomyCache(config)
+    plain = DynamicCache(config=config)
+    assert [type(layer) for layer in cache.layers] == [type(layer) for layer in plain.layers]
+    assert not any(isinstance(layer, RoomyLayer) for layer in cache.layers)
+    llama = RoomyCache(LlamaConfig(num_hidden_layers=2))
+    assert [type(layer) for layer in llama.layers] == [RoomyLayer, RoomyLayer]
