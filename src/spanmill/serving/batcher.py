@@ -238,6 +238,17 @@ class ContinuousBatcher:
             for row in rows:
                 _deliver(row.done, exc)
             return
+        if generator.prefix_cache.enabled:
+            # Kept now, not only when the reply ends: a conversation that joins later
+            # and opens the same way (an agent's system prompt, tools and examples)
+            # starts from it while this one still generates.
+            for index, row in enumerate(rows):
+                columns = mask[index].nonzero().flatten()
+                generator.prefix_cache.store(
+                    row.prompt,
+                    [layer.keys[index].index_select(1, columns) for layer in out.cache.layers],
+                    [layer.values[index].index_select(1, columns) for layer in out.cache.layers],
+                )
         self._join(rows, mask, out.cache)
         self.joined += len(rows)
         self._advance(rows, out.logits[:, -1, :])
