@@ -189,8 +189,9 @@ def test_a_full_queue_is_refused_at_once_with_retry_after(gateway) -> None:  # t
     refused = [a for a in answers if a.status_code == 429]
     accepted = [a for a in answers if a.status_code != 429]
     # What came back first was a refusal. An accepted answer was among the first two
-    # in about one run of three (the long answer's client reads nothing after its
-    # first piece, and its row was freed early); the refusals are checked below.
+    # in about one run of three: the long answer's client reads nothing after its
+    # first piece, and by then Triton counts that answer cancelled, which frees its
+    # row for the request waiting. The refusals are checked below.
     assert any(a in refused for a in early), [(a.status_code, a.text[:300]) for a in early]
     for answer in refused:
         assert answer.headers["retry-after"] == "1"
