@@ -74,22 +74,18 @@ def test_the_trainer_trains_on_the_tokens_the_gateway_recorded(
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     policy = PolicyServer(model, tokenizer, max_tokens_limit=48)
-    # What the policy generated, as it left the model, in batches or alone.
+    # What the policy generated, as it left the model's scheduler.
     generated: list[Any] = []
-    batched, alone = policy.generator.generate_batch, policy.generator.generate
+    submit = policy.batcher.submit
 
-    def batch_recorded(*args: Any, **kwargs: Any) -> Any:
-        results = batched(*args, **kwargs)
-        generated.extend(results)
-        return results
+    def submit_recorded(request: Any, done: Any) -> None:
+        def recorded(result: Any) -> None:
+            generated.append(result)
+            done(result)
 
-    def alone_recorded(*args: Any, **kwargs: Any) -> Any:
-        result = alone(*args, **kwargs)
-        generated.append(result)
-        return result
+        submit(request, recorded)
 
-    policy.generator.generate_batch = batch_recorded  # type: ignore[method-assign]
-    policy.generator.generate = alone_recorded  # type: ignore[method-assign]
+    policy.batcher.submit = submit_recorded  # type: ignore[method-assign]
     topic = rollout_kafka.rollouts_topic
     written = rollout_kafka.model_copy(update={"spans_topic": topic})
     sdk.configure("calculator-rollouts", kafka=written, agent_name="calculator", set_global=False)
