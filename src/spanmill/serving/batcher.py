@@ -218,8 +218,10 @@ class ContinuousBatcher:
             max_new = min(request.params.max_tokens, generator.max_tokens_limit)
             rows.append(_Row(request, list(prompt), waiting.done, max_new))
             found.append(generator.prefix_cache.lookup(prompt))
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i].prompt) - found[i][0])
-        for group in _similar(order, [len(rows[i].prompt) - found[i][0] for i in order]):
+        # What each row must compute: its prompt past the kept run.
+        costs = [len(row.prompt) - n for row, (n, _) in zip(rows, found, strict=True)]
+        order = sorted(range(len(rows)), key=costs.__getitem__)
+        for group in _similar(order, [costs[i] for i in order]):
             self._prefill([rows[i] for i in group], [found[i] for i in group])
 
     def _prefill(self, rows: list[_Row], found: list[Any]) -> None:
@@ -244,11 +246,7 @@ class ContinuousBatcher:
             # starts from it while this one still generates.
             for index, row in enumerate(rows):
                 columns = mask[index].nonzero().flatten()
-                generator.prefix_cache.store(
-                    row.prompt,
-                    [layer.keys[index].index_select(1, columns) for layer in out.cache.layers],
-                    [layer.values[index].index_select(1, columns) for layer in out.cache.layers],
-                )
+                generator.prefix_cache.store_row(row.prompt, out.cache, index, columns)
         self._join(rows, mask, out.cache)
         self.joined += len(rows)
         self._advance(rows, out.logits[:, -1, :])
@@ -348,11 +346,7 @@ class ContinuousBatcher:
         # an end-of-sequence token belong to the conversation.
         reply = row.tokens[: min(self.generator._end(row.tokens), len(row.tokens) - 1)]
         columns = self._mask[index].nonzero().flatten()[: len(row.prompt) + len(reply)]
-        self.generator.prefix_cache.store(
-            row.prompt + reply,
-            [layer.keys[index].index_select(1, columns) for layer in self._past.layers],
-            [layer.values[index].index_select(1, columns) for layer in self._past.layers],
-        )
+        self.generator.prefix_cache.store_row(row.prompt + reply, self._past, index, columns)
 
 
 class Immediate:

@@ -500,8 +500,7 @@ class Generator:
     ) -> None:
         """Put each row's prompt and reply, with their keys and values, in the prefix cache."""
         torch = self._torch
-        layers = [(layer.keys, layer.values) for layer in past.layers]
-        computed = int(layers[0][0].shape[2])
+        computed = int(past.layers[0].keys.shape[2])
         for row, (ids, tokens) in enumerate(zip(prompts, new_tokens, strict=True)):
             # The last token generated was never fed back, so it has no keys yet.
             reply = tokens[: min(self._end(tokens), max(0, computed - batch.width))]
@@ -511,12 +510,8 @@ class Generator:
                     torch.arange(first, batch.kept),
                     torch.arange(rest, batch.width + len(reply)),
                 ]
-            ).to(layers[0][0].device)
-            self.prefix_cache.store(
-                list(ids) + list(reply),
-                [keys[row].index_select(1, columns) for keys, _ in layers],
-                [values[row].index_select(1, columns) for _, values in layers],
-            )
+            ).to(past.layers[0].keys.device)
+            self.prefix_cache.store_row(list(ids) + list(reply), past, row, columns)
 
     def _end(self, tokens: list[int]) -> int:
         """Where the reply ends: its first end-of-sequence token, or its length."""

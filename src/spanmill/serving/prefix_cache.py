@@ -113,6 +113,15 @@ class PrefixCache:
             self._drop(oldest)
             self.stats.evictions += 1
 
+    def store_row(self, tokens: list[int], past: Any, row: int, columns: Any) -> None:
+        """Keep ``tokens`` with the keys and values of one row of a batch's cache
+        (``past``, a transformers cache): those of its ``columns``, in order."""
+        self.store(
+            tokens,
+            [layer.keys[row].index_select(1, columns) for layer in past.layers],
+            [layer.values[row].index_select(1, columns) for layer in past.layers],
+        )
+
     def _drop(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
         self.stats.stored_bytes -= entry.nbytes
