@@ -490,7 +490,7 @@ async def _answer(
             media_type="text/event-stream",
             headers=headers,
             # Also after a stream that never started (the client left at once).
-            background=BackgroundTask(release),
+            background=_after(release),
         )
     try:
         result = await _within(
@@ -511,7 +511,18 @@ async def _answer(
         ],
         "usage": usage,
     }  # fmt: skip
-    return JSONResponse(payload, headers=headers, background=BackgroundTask(call.flush))
+    return JSONResponse(payload, headers=headers, background=_after(call.flush))
+
+
+def _after(step: Callable[[], None]) -> BackgroundTask:
+    """A quick step to run once the response has left, in the event loop: Starlette runs
+    a plain function's background task in its thread pool, whose hand-over to a worker
+    thread and back cost more than the step itself."""
+
+    async def run() -> None:
+        step()
+
+    return BackgroundTask(run)
 
 
 async def _within(call: _Call, step: Awaitable[T]) -> T:
