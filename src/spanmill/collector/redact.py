@@ -123,6 +123,13 @@ class Rule:
         return next(self._found(text), None) is not None
 
     def sub(self, text: str) -> tuple[str, int]:
+        if self.gates:
+            # Every match holds one of the gates: most texts of a span hold none.
+            for gate in self.gates:
+                if gate in text:
+                    break
+            else:
+                return text, 0
         if self.plain:
             return self.pattern.subn(self.replacement, text)
         pieces: list[str] = []
