@@ -119,6 +119,7 @@ typedef struct {
 typedef struct {
     const uint8_t *literal;
     Py_ssize_t length;
+    Py_ssize_t anchor;      /* the literal's least common byte in text: the one sought */
     const uint8_t *allowed; /* 256 flags: the bytes that may follow the literal */
     Py_ssize_t need;        /* how many of them must */
 } Gate;
@@ -128,8 +129,8 @@ typedef struct {
 enum { PLAIN = 0, START = 1, DIGIT = 2, SEPARATOR = 4, WIDE = 8 };
 
 /* The texts of the spans being decoded that redaction would read, and what is sought:
- * gates, each byte's kind, and by first byte the gates that begin with it (first[c]:
- * a gate's index plus one, 0 for none; then next[] along the gates that share it). */
+ * gates, each byte's kind, and by anchor byte the gates anchored on it (first[c]: a
+ * gate's index plus one, 0 for none; then next[] along the gates that share it). */
 typedef struct {
     Py_ssize_t count;
     Py_ssize_t need;
@@ -356,6 +357,23 @@ static int hex_id(Buf bytes, Py_ssize_t size, PyObject **out)
 }
 
 
+/* Bytes of English text and JSON values, the most common first; any other is rarer. */
+static const char COMMON[] = " etaoinsrhldcumfpgwybv,.-\"kjqxz";
+
+/* The position in a literal of the byte least common in text (the first of equals): the
+ * scan stops at each byte some gate is anchored on, and most stops are no gate. */
+static Py_ssize_t anchor_of(const uint8_t *literal, Py_ssize_t length)
+{
+    Py_ssize_t best = 0, best_rank = -1;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        const char *at = literal[i] ? strchr(COMMON, literal[i]) : NULL;
+        Py_ssize_t rank = at != NULL ? at - COMMON : (Py_ssize_t)sizeof COMMON;
+        if (rank > best_rank)
+            best = i, best_rank = rank;
+    }
+    return best;
+}
+
 static int parse_gates(PyObject *gates, Gate *out, Py_ssize_t *count)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(gates);
@@ -378,6 +396,7 @@ static int parse_gates(PyObject *gates, Gate *out, Py_ssize_t *count)
             return -1;
         out[i].literal = (const uint8_t *)PyBytes_AS_STRING(literal);
         out[i].length = PyBytes_GET_SIZE(literal);
+        out[i].anchor = anchor_of(out[i].literal, out[i].length);
         out[i].allowed = (const uint8_t *)PyBytes_AS_STRING(table);
         out[i].need = need;
     }
@@ -385,13 +404,15 @@ static int parse_gates(PyObject *gates, Gate *out, Py_ssize_t *count)
     return 0;
 }
 
-static int gate_here(const Gate *gate, const uint8_t *p, const uint8_t *end)
+/* Whether the gate's literal, and what must follow it, lie where its anchor byte is at
+ * `p` (a text runs from `start` to `end`). */
+static int gate_here(const Gate *gate, const uint8_t *start, const uint8_t *p,
+                     const uint8_t *end)
 {
-    if (end - p < gate->length)
+    if (p - start < gate->anchor || end - (p -= gate->anchor) < gate->length)
         return 0;
-    for (Py_ssize_t i = 1; i < gate->length; i++) /* the first byte is known to match */
-        if (p[i] != gate->literal[i])
-            return 0;
+    if (memcmp(p, gate->literal, (size_t)gate->length) != 0)
+        return 0;
     const uint8_t *q = p + gate->length;
     Py_ssize_t run = 0;
     while (run < gate->need && q < end && gate->allowed[*q])
@@ -411,7 +432,7 @@ static void byte_kinds(Scan *scanning)
         scanning->kind[c] = DIGIT;
     scanning->kind[' '] = scanning->kind['-'] = SEPARATOR;
     for (Py_ssize_t g = scanning->count - 1; g >= 0; g--) {
-        uint8_t lead = scanning->gates[g].literal[0];
+        uint8_t lead = scanning->gates[g].literal[scanning->gates[g].anchor];
         scanning->kind[lead] |= START;
         scanning->next[g] = scanning->first[lead];
         scanning->first[lead] = (uint8_t)(g + 1);
@@ -419,13 +440,13 @@ static void byte_kinds(Scan *scanning)
 }
 
 /*
- * One pass over the bytes: at each byte that starts a gate's literal, the gates it
- * starts are tried; and decimal digits (any script) are counted in runs, a single
+ * One pass over the bytes: at each byte a gate is anchored on, the gates anchored on it
+ * are tried; and decimal digits (any script) are counted in runs, a single
  * space or dash allowed between two, until `need` of them (need 0: no run is looked for).
  */
 static int scan(const uint8_t *p, const uint8_t *end, const Scan *s)
 {
-    const uint8_t *kind = s->kind;
+    const uint8_t *kind = s->kind, *start = p;
     Py_ssize_t digits = 0, need = s->need;
     int separated = 0;
     while (p < end) {
@@ -446,7 +467,7 @@ static int scan(const uint8_t *p, const uint8_t *end, const Scan *s)
         }
         if (k & START)
             for (int g = s->first[c]; g; g = s->next[g - 1])
-                if (gate_here(&s->gates[g - 1], p, end))
+                if (gate_here(&s->gates[g - 1], start, p, end))
                     return 1;
         int digit = k & DIGIT, size = 1;
         if (k & WIDE) {

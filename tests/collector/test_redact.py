@@ -197,6 +197,26 @@ def test_the_prefilter_passes_plain_records() -> None:
         assert not may_match(redactor, _payload(text, "attributes")), text
 
 
+def test_each_gate_is_found_wherever_it_sits_and_only_whole() -> None:
+    """The scan stops at each gate's least common byte (``_`` of ``ghp_``, ``B`` of
+    ``Bearer``), not its first, and looks back from there: a gate at a text's very start or
+    end, or after longer characters, is found; one whose head lies outside the text is not."""
+    redactor = Redactor()
+    assert redactor.prefilter is not None
+    gates, _ = redactor.prefilter
+    for literal, table, need in gates:
+        gate = literal.decode()
+        # A letter that may follow (digits would make a run the card rule scans for).
+        letter = next(chr(c) for c in range(256) if table[c] and chr(c).isalpha()) if need else ""
+        follow = letter * need
+        for text in (gate + follow, "x " + gate + follow, "\u00e9\U0001f600" + gate + follow):
+            assert may_match(redactor, _payload(text, "attributes")), text
+        # The literal without its first character, at the start of the text.
+        assert not may_match(redactor, _payload(gate[1:] + follow, "attributes")), gate
+        if need:  # one character short of what must follow, at the text's end
+            assert not may_match(redactor, _payload(gate + follow[1:], "attributes")), gate
+
+
 def test_custom_patterns_are_never_prefiltered(tmp_path: Path) -> None:
     """A pattern with nothing to scan for: every record takes the steps, none the native path."""
     redactor = Redactor(patterns={"ticket": r"TICKET-\d+"})

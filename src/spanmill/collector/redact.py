@@ -174,7 +174,7 @@ BUILTIN_RULES: Final[dict[str, tuple[Rule, ...]]] = {
     ),
     "api_key": (
         # First: a bearer token is replaced whole, whatever key it holds.
-        _key(r"[Bb]earer\s+[A-Za-z0-9._~+/-]{20,}=*", "earer"),
+        _key(r"[Bb]earer\s+[A-Za-z0-9._~+/-]{20,}=*", "Bearer", "bearer"),
         # OpenAI/Anthropic-style secret, publishable and restricted keys.
         _key(r"k-[A-Za-z0-9_-]{16,}", "k-", follow=_ALNUM + "_-", at_least=16, lead="spr"),
         _key(
