@@ -37,6 +37,7 @@ import psutil
 from spanmill import semconv as sc
 from spanmill.collector.decode import FAST_PATH
 from spanmill.collector.loop import fetch_options
+from spanmill.collector.sizing import available_cpus, layout
 from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings
 from spanmill.spans import Span, encode_otlp_protobuf
@@ -50,11 +51,9 @@ from spanmill.stack.services import KafkaBroker
 SPANS = int(os.environ.get("SPANMILL_BENCH_SPANS", "1000000"))
 BATCH_MAX_SECONDS = 0.5
 # Collector set-ups, PROCESSES x WORKERS: consumer processes, and decode-and-write
-# worker processes for each (0: a thread of the consumer's); 1x1 is the default.
-SETUPS = [
-    tuple(int(n) for n in setup.split("x"))
-    for setup in os.environ.get("SPANMILL_BENCH_SETUPS", "1x0,1x1,1x2,2x0,3x0").split(",")
-]
+# worker processes for each (0: a thread of the consumer's); "auto" is the default,
+# the layout spanmill.collector.sizing works out for this machine and the topic.
+SETUPS = os.environ.get("SPANMILL_BENCH_SETUPS", "auto,1x0,1x1,1x2,2x0").split(",")
 PARTITIONS = 3
 # Spans a record, one shape each; SPANMILL_BENCH_SHAPES="1" measures one shape alone.
 SHAPES = [int(n) for n in os.environ.get("SPANMILL_BENCH_SHAPES", "1,100").split(",")]
@@ -207,9 +206,7 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
-def collector_run(
-    bootstrap: str, topic: str, count: int, processes: int, workers: int
-) -> tuple[float, float, float]:
+def collector_run(bootstrap: str, topic: str, count: int, setup: str) -> tuple[float, float, float]:
     """Spans/s in steady state, peak RSS in MiB, and the share of the spans measured.
 
     The rate counts the spans written from the moment the collector is ready (every
@@ -228,14 +225,17 @@ def collector_run(
             "SPANMILL_COLLECTOR_STORE_URL": store,
             "SPANMILL_COLLECTOR_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
             "SPANMILL_COLLECTOR_HTTP_PORT": str(port),
-            "SPANMILL_COLLECTOR_WORKERS": str(workers),
-            "SPANMILL_COLLECTOR_PROCESSES": str(processes),
             "SPANMILL_COLLECTOR_RECEIVER_ENABLED": "false",
             # A finite run ends with partial batches; the default 5 s age limit would
             # add that much idle tail to the timing.
             "SPANMILL_COLLECTOR_BATCH_MAX_SECONDS": str(BATCH_MAX_SECONDS),
         }
     )
+    for name in ("PROCESSES", "WORKERS", "CPUS"):
+        env.pop(f"SPANMILL_COLLECTOR_{name}", None)
+    if setup != "auto":
+        processes, workers = setup.split("x")
+        env["SPANMILL_COLLECTOR_PROCESSES"], env["SPANMILL_COLLECTOR_WORKERS"] = processes, workers
     process = subprocess.Popen(
         [sys.executable, "-m", "spanmill.collector"],
         env=env,
@@ -322,9 +322,9 @@ def measure_shape(bootstrap: str, broker: KafkaBroker, per_record: int) -> None:
         f"spans/s; in a process left at the defaults: {default:,.0f} spans/s"
     )
     rates = []
-    for index, (processes, workers) in enumerate(SETUPS):
-        rate, peak, share = collector_run(bootstrap, topic, SPANS, processes, workers)
-        rates.append((processes, workers, rate, peak, share))
+    for index, setup in enumerate(SETUPS):
+        rate, peak, share = collector_run(bootstrap, topic, SPANS, setup)
+        rates.append((setup, rate, peak, share))
         if index == len(SETUPS) // 2 - 1:
             raws.append(raw_consume(bootstrap, topic, count) * per_record)
     raws.append(raw_consume(bootstrap, topic, count) * per_record)
@@ -334,9 +334,12 @@ def measure_shape(bootstrap: str, broker: KafkaBroker, per_record: int) -> None:
         + ", ".join(f"{r:,.0f}" for r in raws)
         + f" spans/s; median {raw:,.0f}"
     )
-    for processes, workers, rate, peak, share in rates:
+    auto = layout(available_cpus(), PARTITIONS)
+    for setup, rate, peak, share in rates:
+        if setup == "auto":
+            setup = f"default (auto: {auto.processes}x{auto.workers})"
         print(
-            f"collector processes={processes} workers={workers}: {rate:,.0f} spans/s to "
+            f"collector {setup} (processes x workers): {rate:,.0f} spans/s to "
             f"durable Parquet ({share:.0%} of the spans in steady state), "
             f"ratio {rate / raw:.2f}, peak RSS {peak:,.0f} MiB"
         )

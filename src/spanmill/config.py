@@ -224,18 +224,22 @@ class CollectorSettings(BaseSettings):
     # exporters batch) by this, about 13,000 spans, so that large records cost no more
     # memory a span than small ones (bench/collector_throughput.py measures both).
     batch_max_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Bytes per batch.")
-    workers: int = Field(
-        1,
-        ge=0,
-        le=64,
-        description="Processes that decode and write; 0: a thread of the consumer's own.",
+    workers: int | Literal["auto"] = Field(
+        "auto",
+        description="Processes that decode and write behind each consumer; 0: a thread of "
+        "the consumer's own; auto: 0, or the cores the consumers leave (collector.sizing).",
     )
-    processes: int = Field(
-        1,
-        ge=1,
-        le=64,
+    processes: int | Literal["auto"] = Field(
+        "auto",
         description="Consumer processes, each with its own consumer in the group and its own "
-        "workers: the Kafka client parses records on one core per consumer.",
+        "workers: the Kafka client parses records on one core per consumer. auto: one per "
+        "core and one more, at most the topic's partitions (collector.sizing).",
+    )
+    cpus: float | None = Field(
+        None,
+        ge=0,
+        description="CPUs the auto layout sizes for; unset or 0: this process's CPU affinity "
+        "and cgroup quota.",
     )
     max_inflight_batches: int = Field(
         4, gt=0, description="Batches being written at once before consuming pauses."
@@ -290,6 +294,22 @@ class CollectorSettings(BaseSettings):
         description="How long a batch the store refuses is retried before the collector stops "
         "with an error (nothing committed past it: a restart writes it again).",
     )
+
+    @field_validator("processes", "workers", mode="before")
+    @classmethod
+    def _count_or_auto(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        least = 1 if info.field_name == "processes" else 0
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or (number != value and str(number) != str(value).strip()):
+            raise ValueError(f"must be a whole number from {least} to 64, or auto")
+        if not least <= number <= 64:
+            raise ValueError(f"must be from {least} to 64, or auto")
+        return number
 
     @field_validator("redact_patterns")
     @classmethod

@@ -153,11 +153,16 @@ def test_service_env_values_load_into_the_settings(
     for name, entry in env_of(_deployment(rendered, service)).items():
         # Secret values are whatever the Secret holds; any string stands in for them.
         value = entry.get("value", "from-a-secret")
+        if "resourceFieldRef" in entry.get("valueFrom", {}):
+            # The kubelet gives a whole number of the divisor: cores, rounded up.
+            assert entry["valueFrom"]["resourceFieldRef"]["divisor"] == "1"
+            value = "1"
         monkeypatch.setenv(name, value)
     settings: Any = load_settings(SERVICES[service])
     if service == "collector":
         assert settings.http_host == "0.0.0.0"
         assert settings.store_url.startswith("s3://")
+        assert (settings.processes, settings.workers, settings.cpus) == ("auto", "auto", 1)
     if service == "gateway":
         assert settings.host == "0.0.0.0"
         # One routing source: the ConfigMap through the API, or the same mounted as a file.

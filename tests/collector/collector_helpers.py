@@ -73,6 +73,9 @@ def collector_process(
             "SPANMILL_COLLECTOR_HTTP_PORT": str(port),
         }
     )
+    # One consumer process with one worker unless a test says otherwise: the set-up the
+    # crash and fault tests were written for, whatever the machine's cores.
+    settings = {"processes": "1", "workers": "1", **settings}
     env.update({f"SPANMILL_COLLECTOR_{name.upper()}": value for name, value in settings.items()})
     with open(log, "ab") as out:
         # A session of its own: SIGKILL to the group takes every process down with it.

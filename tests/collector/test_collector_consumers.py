@@ -80,8 +80,11 @@ def _start(topics: Topics, store: Path, log: Path, port: int) -> subprocess.Pope
         log,
         port,
         batch_max_spans="400",
-        workers="0",
-        processes="3",
+        # The default layout, worked out for two CPUs and the topic's three partitions:
+        # three consumer processes, each decoding on a thread of its own.
+        processes="auto",
+        workers="auto",
+        cpus="2",
         receiver_enabled="false",
     )
 
@@ -101,7 +104,7 @@ def _produce(topics: Topics) -> set[tuple[str, str]]:
 
 
 @pytest.mark.services
-def test_three_consumer_processes_share_the_topic_and_stop_together(
+def test_the_default_layout_runs_three_consumer_processes_that_share_the_topic_and_stop(
     topics: Topics, tmp_path: Path
 ) -> None:
     expected = _produce(topics)
@@ -125,6 +128,8 @@ def test_three_consumer_processes_share_the_topic_and_stop_together(
         children = psutil.Process(process.pid).children()
         consumers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
         assert len(consumers) == 2, "two more consumer processes beside the first"
+        assert all(not c.children() for c in consumers), "no worker processes: threads"
+        assert "collector layout: 3 consumer process(es), 0 worker(s) each" in log.read_text()
         text = metrics()
         # Each process read its own share: the consumed counters of all three add up.
         assert _metric(text, "spanmill_collector_records_consumed_total") == RECORDS

@@ -47,6 +47,7 @@ from spanmill.collector.batch import (
 from spanmill.collector.decode import FAST_PATH
 from spanmill.collector.dlq import DeadLetter
 from spanmill.collector.metrics import CollectorMetrics
+from spanmill.collector.sizing import settled, sized
 from spanmill.config import CollectorSettings
 from spanmill.errors import SpanmillError
 from spanmill.store.layout import BatchId, fingerprint
@@ -149,7 +150,10 @@ class Collector:
         metrics: CollectorMetrics | None = None,
         collector_id: str | None = None,
     ) -> None:
-        self.settings = settings
+        if settings.processes == "auto":  # the one consume loop is this one
+            settings = settings.model_copy(update={"processes": 1})
+        self.settings = settings = sized(settings)
+        self.workers = settled(settings).workers
         self.topic = settings.kafka.spans_topic
         self.metrics = metrics if metrics is not None else CollectorMetrics()
         self.collector_id = collector_id or f"{socket.gethostname()}/{os.getpid()}"
@@ -199,9 +203,7 @@ class Collector:
                 collector._events.append(("lost", list(lost)))
 
         settings = self.settings
-        self.processing = make_processing(
-            ProcessingConfig.from_settings(settings), settings.workers
-        )
+        self.processing = make_processing(ProcessingConfig.from_settings(settings), self.workers)
         options = settings.kafka.client_options()
         session = settings.session_timeout_ms
         try:
@@ -246,7 +248,7 @@ class Collector:
             settings.group_id,
             settings.store_url,
             FAST_PATH,
-            settings.workers,
+            self.workers,
         )
 
     def stop(self) -> None:

@@ -15,6 +15,7 @@ from spanmill.collector.app import Health, create_app
 from spanmill.collector.consumers import ConsumerProcesses, MergedMetrics, Supervised
 from spanmill.collector.loop import Collector, CollectorError
 from spanmill.collector.receiver import OtlpReceiver
+from spanmill.collector.sizing import settled, sized, topic_partitions
 from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings, load_settings
 from spanmill.errors import SpanmillError
@@ -99,9 +100,10 @@ def run_collector(settings: CollectorSettings) -> None:
     With ``processes`` above 1, the other consumer processes start first and stop
     with this one; see :mod:`spanmill.collector.consumers`.
     """
-    children = (
-        ConsumerProcesses(settings, settings.processes - 1) if settings.processes > 1 else None
-    )
+    if "auto" in (settings.processes, settings.workers):
+        settings = sized(settings, topic_partitions(settings))
+    processes = settled(settings).processes
+    children = ConsumerProcesses(settings, processes - 1) if processes > 1 else None
     tune_process()
     collector = Collector(settings)
     failure: list[str] = []

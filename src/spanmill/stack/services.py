@@ -391,3 +391,10 @@ class CollectorProcess(SpanmillProcess):
             },
             timeout=timeout,
         )
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        # One consumer process unless set: on one machine the collector shares the
+        # cores with Triton, the gateway and training, and an agent's traffic is light.
+        env.setdefault("SPANMILL_COLLECTOR_PROCESSES", "1")
+        return env

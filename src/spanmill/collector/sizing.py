@@ -1,0 +1,138 @@
+"""How many consumer processes and decode-and-write workers a collector runs on ``auto``.
+
+The Kafka client parses every record in Python, on the core of its consumer's
+process, and each consumer waits on its fetches part of the time (the broker builds
+the answer, the client reads it). So a collector is fastest with a consumer process
+per core and one more, to fill the waits, and its batches decoded and written on a
+thread of each consumer's process (``workers=0``). Measured on a 2-core machine with
+a topic of 3 partitions (``bench/collector_throughput.py``): 3 processes reached 0.73
+of the raw consume rate at 100 spans a record and about 1.0 at one span a record,
+one process with one worker 0.51 and 0.82.
+
+A consumer beyond the topic's partitions has nothing to read, so the processes are
+at most the partitions (where the topic exists yet). Cores left over when the
+partitions are fewer than the cores go to worker processes behind each consumer.
+The cores are what this process may run on: its CPU affinity, the cgroup's CPU
+quota, or ``SPANMILL_COLLECTOR_CPUS`` (the Helm chart sets it from the pod's CPU
+request).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from spanmill.config import CollectorSettings
+
+log = logging.getLogger(__name__)
+
+CGROUP: Final = Path("/sys/fs/cgroup")
+# Worker processes a consumer gets at most from spare cores: past two, the consumer's
+# own parsing is the limit.
+MAX_AUTO_WORKERS: Final = 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Consumer processes, and decode-and-write worker processes behind each."""
+
+    processes: int
+    workers: int
+
+
+def available_cpus(cgroup: Path = CGROUP) -> float:
+    """CPUs this process may use: its affinity, bounded by a cgroup v2 or v1 CPU quota."""
+    cpus = float(len(os.sched_getaffinity(0)))
+    quota = _cgroup_quota(cgroup)
+    return min(cpus, quota) if quota is not None else cpus
+
+
+def _cgroup_quota(cgroup: Path) -> float | None:
+    """The CPU quota in CPUs (quota over period), or None where there is none."""
+    try:
+        fields = (cgroup / "cpu.max").read_text().split()  # v2: "max 100000", "150000 100000"
+    except OSError:
+        fields = []
+    if len(fields) == 2:
+        return None if fields[0] == "max" else int(fields[0]) / int(fields[1])
+    for folder in ("cpu", "cpu,cpuacct"):  # v1: -1 for no quota
+        try:
+            quota = int((cgroup / folder / "cpu.cfs_quota_us").read_text())
+            period = int((cgroup / folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return quota / period if quota > 0 and period > 0 else None
+    return None
+
+
+def layout(cpus: float, partitions: int | None) -> Layout:
+    """The auto layout for ``cpus`` CPUs and a topic of ``partitions`` (None: not known)."""
+    cores = max(1, math.floor(cpus))
+    processes = cores + 1
+    if partitions is not None and partitions > 0:
+        processes = min(processes, partitions)
+    spare = cores - processes
+    workers = min(MAX_AUTO_WORKERS, spare // processes) if spare > 0 else 0
+    return Layout(processes, workers)
+
+
+def sized(settings: CollectorSettings, partitions: int | None = None) -> CollectorSettings:
+    """``settings`` with ``processes`` and ``workers`` as numbers, ``auto`` worked out.
+
+    A set number stands; where only ``workers`` is ``auto``, it is worked out for
+    the processes set.
+    """
+    if settings.processes != "auto" and settings.workers != "auto":
+        return settings
+    cpus = settings.cpus or available_cpus()  # 0: not said (a pod without a CPU request)
+    auto = layout(cpus, partitions)
+    processes = auto.processes if settings.processes == "auto" else settings.processes
+    workers = settings.workers
+    if workers == "auto":
+        workers = layout(cpus, processes).workers if settings.processes != "auto" else auto.workers
+    log.info(
+        "collector layout: %d consumer process(es), %d worker(s) each (%.1f CPUs, %s partitions)",
+        processes,
+        workers,
+        cpus,
+        partitions if partitions is not None else "unknown",
+    )
+    return settings.model_copy(update={"processes": processes, "workers": workers})
+
+
+def settled(settings: CollectorSettings) -> Layout:
+    """The layout of settings that :func:`sized` has worked out."""
+    processes, workers = settings.processes, settings.workers
+    if processes == "auto" or workers == "auto":
+        raise ValueError("the collector's processes and workers are not worked out yet: sized()")
+    return Layout(processes, workers)
+
+
+def topic_partitions(settings: CollectorSettings) -> int | None:
+    """How many partitions the span topic has, or None where Kafka cannot say yet."""
+    from kafka import KafkaConsumer
+    from kafka.errors import KafkaError
+
+    try:
+        consumer = KafkaConsumer(
+            **settings.kafka.client_options(),
+            client_id="spanmill-collector-sizing",
+            request_timeout_ms=10_000,
+            api_version_auto_timeout_ms=10_000,
+        )
+    except KafkaError as exc:
+        log.warning("could not ask Kafka for the span topic's partitions: %s", exc)
+        return None
+    try:
+        found = consumer.partitions_for_topic(settings.kafka.spans_topic)
+        return len(found) if found else None
+    except KafkaError as exc:
+        log.warning("could not ask Kafka for the span topic's partitions: %s", exc)
+        return None
+    finally:
+        consumer.close()

@@ -1,0 +1,111 @@
+"""The collector's auto layout: consumer processes and workers from the CPUs and partitions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spanmill.collector.loop import Collector
+from spanmill.collector.sizing import Layout, available_cpus, layout, settled, sized
+from spanmill.config import CollectorSettings, load_settings
+from spanmill.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("cpus", "partitions", "expected"),
+    [
+        (2, 3, Layout(3, 0)),  # a consumer per core and one more, each on a thread
+        (2, None, Layout(3, 0)),  # the topic not there yet: the cores decide
+        (2, 1, Layout(1, 1)),  # one partition: the spare core decodes and writes
+        (1, 6, Layout(2, 0)),
+        (0.25, 6, Layout(2, 0)),  # a fraction of a core counts as one
+        (2.5, 6, Layout(3, 0)),
+        (8, 6, Layout(6, 0)),  # never more consumers than partitions
+        (8, 2, Layout(2, 2)),  # spare cores shared out as workers, at most two each
+        (64, 6, Layout(6, 2)),
+    ],
+)
+def test_the_layout_follows_the_cores_and_the_partitions(
+    cpus: float, partitions: int | None, expected: Layout
+) -> None:
+    assert layout(cpus, partitions) == expected
+
+
+def _cgroup(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_available_cpus_reads_the_cgroup_quota(tmp_path: Path) -> None:
+    import os
+
+    affinity = len(os.sched_getaffinity(0))
+    assert available_cpus(tmp_path / "none") == affinity
+    v2 = _cgroup(tmp_path / "v2", {"cpu.max": "50000 100000\n"})
+    assert available_cpus(v2) == min(0.5, affinity)
+    unlimited = _cgroup(tmp_path / "v2max", {"cpu.max": "max 100000\n"})
+    assert available_cpus(unlimited) == affinity
+    v1 = _cgroup(
+        tmp_path / "v1",
+        {"cpu,cpuacct/cpu.cfs_quota_us": "25000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+    )
+    assert available_cpus(v1) == min(0.25, affinity)
+    v1_none = _cgroup(
+        tmp_path / "v1none",
+        {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"},
+    )
+    assert available_cpus(v1_none) == affinity
+
+
+def test_set_numbers_stand_and_auto_workers_follow_the_set_processes(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    set_both = CollectorSettings(processes=2, workers=3, cpus=8, store_url=store)
+    assert sized(set_both, 6) is set_both
+    assert settled(sized(CollectorSettings(processes=2, cpus=8, store_url=store), 6)) == Layout(
+        2, 2
+    )
+    assert settled(sized(CollectorSettings(workers=1, cpus=2, store_url=store), 3)) == Layout(
+        3, 1
+    )
+    assert settled(sized(CollectorSettings(cpus=2, store_url=store), 3)) == Layout(3, 0)
+    # 0, as the chart's CPU request gives where the pod has none: this process's CPUs.
+    mine = layout(available_cpus(), 3)
+    assert settled(sized(CollectorSettings(cpus=0, store_url=store), 3)) == mine
+    with pytest.raises(ValueError, match="not worked out"):
+        settled(CollectorSettings(store_url=store))
+
+
+def test_a_lone_collector_is_one_consume_loop_with_the_spare_cores_as_workers(
+    tmp_path: Path,
+) -> None:
+    collector = Collector(CollectorSettings(cpus=2, store_url=str(tmp_path / "store")))
+    assert settled(collector.settings) == Layout(1, 1)
+    assert collector.workers == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("PROCESSES", "0", "from 1 to 64, or auto"),
+        ("PROCESSES", "2.5", "whole number from 1 to 64, or auto"),
+        ("WORKERS", "-1", "from 0 to 64, or auto"),
+        ("WORKERS", "many", "whole number from 0 to 64, or auto"),
+        ("CPUS", "-1", "greater than or equal to 0"),
+    ],
+)
+def test_a_bad_count_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(f"SPANMILL_COLLECTOR_{name}", value)
+    with pytest.raises(ConfigError, match=f"SPANMILL_COLLECTOR_{name}.*{message}"):
+        load_settings(CollectorSettings)
+
+
+def test_auto_and_numbers_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPANMILL_COLLECTOR_PROCESSES", "Auto")
+    monkeypatch.setenv("SPANMILL_COLLECTOR_WORKERS", "0")
+    settings = load_settings(CollectorSettings)
+    assert (settings.processes, settings.workers) == ("auto", 0)
