@@ -63,3 +63,29 @@ def test_a_body_over_the_limit_is_refused_with_413_and_never_reaches_triton() ->
             served = http.post("/v1/chat/completions", content=content, headers=JSON)
             assert served.status_code == 200
         assert upstream.calls == 2
+
+
+def test_a_bad_body_is_refused_with_400_naming_what_is_wrong_and_never_reaches_triton() -> None:
+    upstream = CountingUpstream()
+    with client(upstream) as http:
+        broken = http.post("/v1/chat/completions", content=b'{"model": "echo", "mess', headers=JSON)
+        assert broken.status_code == 400
+        error = broken.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["message"].startswith("invalid request: Invalid JSON")
+        wrong = http.post(
+            "/v1/chat/completions",
+            json={"model": "echo", "messages": [{"role": "robot", "content": "hi"}],
+                  "temperature": 3},
+        )  # fmt: skip
+        assert wrong.status_code == 400
+        message = wrong.json()["error"]["message"]
+        assert "messages.0.role: " in message and "temperature: " in message
+        assert http.post("/v1/chat/completions", content=body(10), headers=JSON).status_code == 200
+        # The request's schema is still in the gateway's OpenAPI document.
+        schema = http.get("/openapi.json").json()["paths"]["/v1/chat/completions"]["post"]
+        assert (
+            "messages"
+            in schema["requestBody"]["content"]["application/json"]["schema"]["properties"]
+        )
+    assert upstream.calls == 1
