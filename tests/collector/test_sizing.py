@@ -67,9 +67,7 @@ def test_set_numbers_stand_and_auto_workers_follow_the_set_processes(tmp_path: P
     assert settled(sized(CollectorSettings(processes=2, cpus=8, store_url=store), 6)) == Layout(
         2, 2
     )
-    assert settled(sized(CollectorSettings(workers=1, cpus=2, store_url=store), 3)) == Layout(
-        3, 1
-    )
+    assert settled(sized(CollectorSettings(workers=1, cpus=2, store_url=store), 3)) == Layout(3, 1)
     assert settled(sized(CollectorSettings(cpus=2, store_url=store), 3)) == Layout(3, 0)
     # 0, as the chart's CPU request gives where the pod has none: this process's CPUs.
     mine = layout(available_cpus(), 3)
