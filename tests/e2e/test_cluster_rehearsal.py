@@ -182,6 +182,8 @@ def pod_env(
             if ref["name"] not in SECRETS and ref.get("optional"):
                 continue
             value = SECRETS[ref["name"]][ref["key"]]
+        elif "resourceFieldRef" in entry["valueFrom"]:
+            value = str(_resource_field(container, entry["valueFrom"]["resourceFieldRef"]))
         else:
             field = entry["valueFrom"]["fieldRef"]["fieldPath"]
             value = {"metadata.name": pod, "metadata.namespace": NAMESPACE}[field]
@@ -193,6 +195,19 @@ def pod_env(
             value = str(scratch / "secrets" / volume) + value[len(mount) :]
         env[entry["name"]] = value
     return env
+
+
+def _millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else round(float(quantity) * 1000)
+
+
+def _resource_field(container: dict[str, Any], ref: dict[str, Any]) -> int:
+    """A CPU request or limit as the kubelet gives it: in divisors, rounded up."""
+    kind, name = ref["resource"].split(".")
+    assert name == "cpu", f"only CPU is given by resourceFieldRef here, not {name}"
+    quantity = container["resources"][kind]["cpu"]
+    divisor = _millicores(str(ref.get("divisor", "1")))
+    return -(-_millicores(str(quantity)) // divisor)
 
 
 class Pod:
@@ -527,11 +542,13 @@ def test_pod_env_follows_the_kubelet(tmp_path: Path) -> None:
         {"name": "K", "valueFrom": {"secretKeyRef": {"name": "spanmill-s3",
                                                      "key": "AWS_ACCESS_KEY_ID"}}},
         {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    ]}  # fmt: skip
+        {"name": "CPUS", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu",
+                                                            "divisor": "1"}}},
+    ], "resources": {"requests": {"cpu": "250m"}}}  # fmt: skip
     volumes = [{"name": "keys", "secret": {"secretName": "spanmill-producer-keys"}}]
     env = pod_env(container, volumes, "p-0", tmp_path)
     keys = tmp_path / "secrets" / "keys" / "keys"
     assert keys.read_text() == SECRETS["spanmill-producer-keys"]["keys"]
     assert env == {"A": "1", "KEYS": str(keys), "REPO": "/tmp/models/x", "HOME": str(tmp_path),
                    "SPANMILL_HOME": f"{tmp_path}/spanmill", "K": "rehearsal",
-                   "POD": "p-0"}  # fmt: skip
+                   "POD": "p-0", "CPUS": "1"}  # fmt: skip
