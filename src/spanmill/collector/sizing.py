@@ -92,9 +92,9 @@ def sized(settings: CollectorSettings, partitions: int | None = None) -> Collect
     cpus = settings.cpus or available_cpus()  # 0: not said (a pod without a CPU request)
     auto = layout(cpus, partitions)
     processes = auto.processes if settings.processes == "auto" else settings.processes
-    workers = settings.workers
-    if workers == "auto":
-        workers = layout(cpus, processes).workers if settings.processes != "auto" else auto.workers
+    # The spare cores of the processes run, set or worked out (for the latter the same
+    # as auto.workers).
+    workers = layout(cpus, processes).workers if settings.workers == "auto" else settings.workers
     log.info(
         "collector layout: %d consumer process(es), %d worker(s) each (%.1f CPUs, %s partitions)",
         processes,
