@@ -233,13 +233,21 @@ class CollectorSettings(BaseSettings):
         "auto",
         description="Consumer processes, each with its own consumer in the group and its own "
         "workers: the Kafka client parses records on one core per consumer. auto: one per "
-        "core and one more, at most the topic's partitions (collector.sizing).",
+        "core and one more, at most this collector's share of the topic's partitions "
+        "(collector.sizing).",
     )
     cpus: float | None = Field(
         None,
         ge=0,
         description="CPUs the auto layout sizes for; unset or 0: this process's CPU affinity "
         "and cgroup quota.",
+    )
+    instances: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="Collectors that read the topic in one consumer group at most (pods): "
+        "auto gives each at most its share of the topic's partitions (collector.sizing).",
     )
     max_inflight_batches: int = Field(
         4, gt=0, description="Batches being written at once before consuming pauses."

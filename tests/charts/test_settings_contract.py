@@ -163,6 +163,11 @@ def test_service_env_values_load_into_the_settings(
         assert settings.http_host == "0.0.0.0"
         assert settings.store_url.startswith("s3://")
         assert (settings.processes, settings.workers, settings.cpus) == ("auto", "auto", 1)
+        # The most pods the group may have: the autoscaler's maximum, or the replicas.
+        hpa = rendered.find("HorizontalPodAutoscaler", "spanmill-collector")
+        deployment = rendered.get("Deployment", "spanmill-collector")
+        most = hpa["spec"]["maxReplicas"] if hpa else deployment["spec"]["replicas"]
+        assert settings.instances == most
     if service == "gateway":
         assert settings.host == "0.0.0.0"
         # One routing source: the ConfigMap through the API, or the same mounted as a file.

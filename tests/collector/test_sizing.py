@@ -32,6 +32,23 @@ def test_the_layout_follows_the_cores_and_the_partitions(
     assert layout(cpus, partitions) == expected
 
 
+@pytest.mark.parametrize(
+    ("cpus", "partitions", "instances", "expected"),
+    [
+        (1, 6, 6, Layout(1, 0)),  # six pods on six partitions: one consumer each
+        (2, 6, 6, Layout(1, 1)),  # the pod's other core decodes and writes
+        (1, 6, 2, Layout(2, 0)),  # two pods: each may take three, its cores decide
+        (8, 12, 3, Layout(4, 1)),  # its share of twelve: four, the spare cores as workers
+        (1, 6, 12, Layout(1, 0)),  # more pods than partitions: still one consumer
+        (2, None, 6, Layout(3, 0)),  # the topic not there yet: the cores decide
+    ],
+)
+def test_each_collector_in_the_group_takes_at_most_its_share_of_the_partitions(
+    cpus: float, partitions: int | None, instances: int, expected: Layout
+) -> None:
+    assert layout(cpus, partitions, instances) == expected
+
+
 def _cgroup(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +86,8 @@ def test_set_numbers_stand_and_auto_workers_follow_the_set_processes(tmp_path: P
     )
     assert settled(sized(CollectorSettings(workers=1, cpus=2, store_url=store), 3)) == Layout(3, 1)
     assert settled(sized(CollectorSettings(cpus=2, store_url=store), 3)) == Layout(3, 0)
+    shared = CollectorSettings(cpus=2, instances=3, store_url=store)
+    assert settled(sized(shared, 3)) == Layout(1, 1)
     # 0, as the chart's CPU request gives where the pod has none: this process's CPUs.
     mine = layout(available_cpus(), 3)
     assert settled(sized(CollectorSettings(cpus=0, store_url=store), 3)) == mine
@@ -92,6 +111,7 @@ def test_a_lone_collector_is_one_consume_loop_with_the_spare_cores_as_workers(
         ("WORKERS", "-1", "from 0 to 64, or auto"),
         ("WORKERS", "many", "whole number from 0 to 64, or auto"),
         ("CPUS", "-1", "greater than or equal to 0"),
+        ("INSTANCES", "0", "greater than or equal to 1"),
     ],
 )
 def test_a_bad_count_is_refused_by_name(

@@ -10,8 +10,13 @@ of the raw consume rate at 100 spans a record and about 1.0 at one span a record
 one process with one worker 0.51 and 0.82.
 
 A consumer beyond the topic's partitions has nothing to read, so the processes are
-at most the partitions (where the topic exists yet). Cores left over when the
-partitions are fewer than the cores go to worker processes behind each consumer.
+at most the partitions (where the topic exists yet), shared among the collectors
+of the consumer group (``SPANMILL_COLLECTOR_INSTANCES``, the most that run at once:
+the Helm chart sets it from its replicas or its autoscaler's maximum): each takes at
+most its share, at least one. Where there are more collectors than that, more of
+them run (the autoscaler adds pods) rather than more consumers in each. Cores left
+over when the consumers are fewer than the cores go to worker processes behind
+each consumer.
 The cores are what this process may run on: its CPU affinity, the cgroup's CPU
 quota, or ``SPANMILL_COLLECTOR_CPUS`` (the Helm chart sets it from the pod's CPU
 request).
@@ -70,12 +75,13 @@ def _cgroup_quota(cgroup: Path) -> float | None:
     return None
 
 
-def layout(cpus: float, partitions: int | None) -> Layout:
-    """The auto layout for ``cpus`` CPUs and a topic of ``partitions`` (None: not known)."""
+def layout(cpus: float, partitions: int | None, instances: int = 1) -> Layout:
+    """The auto layout for ``cpus`` CPUs and a topic of ``partitions`` (None: not known)
+    read by at most ``instances`` collectors in one consumer group."""
     cores = max(1, math.floor(cpus))
     processes = cores + 1
     if partitions is not None and partitions > 0:
-        processes = min(processes, partitions)
+        processes = min(processes, max(1, partitions // max(1, instances)))
     spare = cores - processes
     workers = min(MAX_AUTO_WORKERS, spare // processes) if spare > 0 else 0
     return Layout(processes, workers)
@@ -90,17 +96,19 @@ def sized(settings: CollectorSettings, partitions: int | None = None) -> Collect
     if settings.processes != "auto" and settings.workers != "auto":
         return settings
     cpus = settings.cpus or available_cpus()  # 0: not said (a pod without a CPU request)
-    auto = layout(cpus, partitions)
+    auto = layout(cpus, partitions, settings.instances)
     processes = auto.processes if settings.processes == "auto" else settings.processes
     # The spare cores of the processes run, set or worked out (for the latter the same
     # as auto.workers).
     workers = layout(cpus, processes).workers if settings.workers == "auto" else settings.workers
     log.info(
-        "collector layout: %d consumer process(es), %d worker(s) each (%.1f CPUs, %s partitions)",
+        "collector layout: %d consumer process(es), %d worker(s) each "
+        "(%.1f CPUs, %s partitions, at most %d collector(s) in the group)",
         processes,
         workers,
         cpus,
         partitions if partitions is not None else "unknown",
+        settings.instances,
     )
     return settings.model_copy(update={"processes": processes, "workers": workers})
 
