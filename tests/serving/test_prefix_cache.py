@@ -136,3 +136,37 @@ def test_a_generator_over_a_policy_in_training_keeps_nothing(
     live.generate_batch([[{"role": "user", "content": "Hi"}]], GenerationParams(max_tokens=2))
     assert not live.prefix_cache.enabled
     assert len(live.prefix_cache) == 0
+
+
+def test_the_policy_keeps_prefixes_for_one_version_of_its_weights(
+    generators: tuple[Generator, Generator],
+) -> None:
+    import asyncio
+
+    from spanmill.gateway.upstream import Target
+    from spanmill.train.policy import PolicyServer
+
+    plain, _ = generators
+    policy = PolicyServer(plain.model, plain.tokenizer, max_tokens_limit=4)
+    messages = [{"role": "user", "content": "What is 12 plus 30? Answer with the number."}]
+    params = GenerationParams(max_tokens=2)
+
+    def ask() -> list[int]:
+        answer = asyncio.run(policy.generate(Target("policy", "1"), messages, params, None))
+        return answer.choices[0].token_ids
+
+    try:
+        first = ask()
+        kept = policy.generator.prefix_cache
+        assert kept.enabled and len(kept) > 0
+        assert kept.stats.reused_tokens == 0
+        policy.version = "1"  # the same weights: what they computed stays
+        assert ask() == first
+        assert policy.generator.prefix_cache is kept and kept.stats.reused_tokens > 0
+        policy.version = "2"  # new weights: nothing the old ones computed is used
+        renewed = policy.generator.prefix_cache
+        assert renewed is not kept and renewed.enabled and len(renewed) == 0
+        assert ask() == first  # these weights did not change, so neither does the answer
+        assert renewed.stats.reused_tokens == 0 and renewed.stats.computed_tokens > 0
+    finally:
+        asyncio.run(policy.close())

@@ -232,16 +232,24 @@ class Generator:
 
     @classmethod
     def around(
-        cls, model: Any, tokenizer: Any, *, max_tokens_limit: int = 1024, version: str = ""
+        cls,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_tokens_limit: int = 1024,
+        version: str = "",
+        prefix_cache_mb: int = 0,
     ) -> Generator:
         """A generator over a model already in memory (the policy a trainer is updating).
 
         The model is used as it is: the caller puts it in eval mode for generation.
-        Nothing is cached between generations: the weights may change under it.
+        Nothing is kept between generations unless ``prefix_cache_mb`` says so: the
+        weights may change under it, and whoever changes them must drop what was kept
+        (:meth:`spanmill.train.policy.PolicyServer.version`).
         """
         generator = cls.__new__(cls)
         generator._attach(model, tokenizer, max_tokens_limit=max_tokens_limit, version=version)
-        generator.prefix_cache = PrefixCache(0)
+        generator.prefix_cache = PrefixCache(prefix_cache_mb << 20)
         return generator
 
     def _attach(self, model: Any, tokenizer: Any, *, max_tokens_limit: int, version: str) -> None:

@@ -17,7 +17,8 @@ them again: where a row's kept tokens then sit in a padded batch does not matter
 since the attention mask hides the padding and positions come from the mask.
 
 Weights must not change under a cache: a generator over a policy being trained
-has none.
+keeps its prefixes for one version of the weights, and a new version starts with
+none (:class:`spanmill.train.policy.PolicyServer`).
 """
 
 from __future__ import annotations

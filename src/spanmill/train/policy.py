@@ -32,15 +32,25 @@ from spanmill.gateway.routing import Backend, Route, RoutingTable
 from spanmill.gateway.upstream import Target
 from spanmill.serving.batcher import ContinuousBatcher
 from spanmill.serving.generation import Generator, Request
+from spanmill.serving.prefix_cache import PrefixCache
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
 log = logging.getLogger(__name__)
 
 POLICY_MODEL = "policy"  # the name the routing table gives the in-process model
+# Keys and values kept of the prompts the policy has answered, for the calls that begin
+# the same way (a group's episodes share their prompt, an episode's turns their past):
+# kept for one version of the weights only.
+PREFIX_CACHE_MB = 512  # as the served model keeps by default (ServingSpec.prefix_cache_mb)
 
 
 class PolicyServer:
-    """The live model as the gateway's upstream. ``version`` names the policy serving now."""
+    """The live model as the gateway's upstream. ``version`` names the policy serving now.
+
+    Prompts' keys and values are kept (``prefix_cache_mb``; 0 keeps none) while the
+    version stays: the weights must change only together with the version, between
+    rollouts, as the trainer does (:func:`spanmill.train.rl.train_grpo`).
+    """
 
     url = "in-process policy"
 
@@ -51,9 +61,15 @@ class PolicyServer:
         *,
         max_tokens_limit: int = 1024,
         max_rows: int = 64,
+        prefix_cache_mb: int = PREFIX_CACHE_MB,
     ) -> None:
+        self.prefix_cache_mb = prefix_cache_mb
         self.generator = Generator.around(
-            model, tokenizer, max_tokens_limit=max_tokens_limit, version="1"
+            model,
+            tokenizer,
+            max_tokens_limit=max_tokens_limit,
+            version="1",
+            prefix_cache_mb=prefix_cache_mb,
         )
         self.batcher = ContinuousBatcher(self.generator, max_rows=max_rows)
         self.batcher.start()
@@ -64,6 +80,10 @@ class PolicyServer:
 
     @version.setter
     def version(self, value: str) -> None:
+        if value != self.generator.version:
+            # New weights: what the old ones computed is dropped. A cache of its own, not
+            # the old one emptied, so that the batcher's thread never sees it change.
+            self.generator.prefix_cache = PrefixCache(self.prefix_cache_mb << 20)
         self.generator.version = value
 
     async def ready(self) -> bool:
