@@ -3,6 +3,7 @@ same with it as without it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -141,8 +142,6 @@ def test_a_generator_over_a_policy_in_training_keeps_nothing(
 def test_the_policy_keeps_prefixes_for_one_version_of_its_weights(
     generators: tuple[Generator, Generator],
 ) -> None:
-    import asyncio
-
     from spanmill.gateway.upstream import Target
     from spanmill.train.policy import PolicyServer
 
@@ -168,5 +167,38 @@ def test_the_policy_keeps_prefixes_for_one_version_of_its_weights(
         assert renewed is not kept and renewed.enabled and len(renewed) == 0
         assert ask() == first  # these weights did not change, so neither does the answer
         assert renewed.stats.reused_tokens == 0 and renewed.stats.computed_tokens > 0
+    finally:
+        asyncio.run(policy.close())
+
+
+def test_a_call_that_spans_a_new_version_keeps_nothing_for_the_new_weights(
+    generators: tuple[Generator, Generator],
+) -> None:
+    import threading
+    import time
+
+    from spanmill.serving.generation import Request
+    from spanmill.train.policy import PolicyServer
+
+    plain, _ = generators
+    policy = PolicyServer(plain.model, plain.tokenizer, max_tokens_limit=64)
+    request = Request(
+        [{"role": "user", "content": "Count from 1 to 100, separated by commas."}],
+        GenerationParams(max_tokens=64),
+    )
+    finished = threading.Event()
+    try:
+        old = policy.generator.prefix_cache
+        policy.batcher.submit(request, lambda _: finished.set())
+        deadline = time.monotonic() + 60
+        while len(old) == 0 and time.monotonic() < deadline:  # its prompt computed
+            time.sleep(0.005)
+        assert len(old) == 1
+        policy.version = "2"  # the weights change while it generates
+        assert not finished.is_set(), "the call ended before the version changed"
+        assert finished.wait(120)
+        assert len(policy.generator.prefix_cache) == 0  # nothing of the old weights
+        (entry,) = old._entries.values()  # its prompt and reply, where it began
+        assert len(entry.tokens) > 32
     finally:
         asyncio.run(policy.close())

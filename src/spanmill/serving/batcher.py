@@ -29,6 +29,7 @@ from typing import Any
 from spanmill.serving import protocol
 from spanmill.serving.generation import EchoGenerator, Generator, Request, generate_all
 from spanmill.serving.kv_cache import RoomyCache
+from spanmill.serving.prefix_cache import PrefixCache
 from spanmill.serving.protocol import GenerationResult
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class _Row:
     prompt: list[int]
     done: Done
     max_new: int
+    # The generator's prefix cache when the row joined: its keys and values are kept
+    # there, never in a cache made since for new weights (PolicyServer.version).
+    cache: PrefixCache
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finished: bool = False
@@ -204,6 +208,7 @@ class ContinuousBatcher:
         for the longest.
         """
         generator = self.generator
+        cache = generator.prefix_cache
         rows: list[_Row] = []
         found = []
         for waiting in admitted:
@@ -216,8 +221,8 @@ class ContinuousBatcher:
                 _deliver(waiting.done, exc)
                 continue
             max_new = min(request.params.max_tokens, generator.max_tokens_limit)
-            rows.append(_Row(request, list(prompt), waiting.done, max_new))
-            found.append(generator.prefix_cache.lookup(prompt))
+            rows.append(_Row(request, list(prompt), waiting.done, max_new, cache))
+            found.append(cache.lookup(prompt))
         # What each row must compute: its prompt past the kept run.
         costs = [len(row.prompt) - n for row, (n, _) in zip(rows, found, strict=True)]
         order = sorted(range(len(rows)), key=costs.__getitem__)
@@ -240,13 +245,13 @@ class ContinuousBatcher:
             for row in rows:
                 _deliver(row.done, exc)
             return
-        if generator.prefix_cache.enabled:
-            # Kept now, not only when the reply ends: a conversation that joins later
-            # and opens the same way (an agent's system prompt, tools and examples)
-            # starts from it while this one still generates.
-            for index, row in enumerate(rows):
+        # Kept now, not only when the reply ends: a conversation that joins later and
+        # opens the same way (an agent's system prompt, tools and examples) starts from
+        # it while this one still generates.
+        for index, row in enumerate(rows):
+            if row.cache.enabled:
                 columns = mask[index].nonzero().flatten()
-                generator.prefix_cache.store_row(row.prompt, out.cache, index, columns)
+                row.cache.store_row(row.prompt, out.cache, index, columns)
         self._join(rows, mask, out.cache)
         self.joined += len(rows)
         self._advance(rows, out.logits[:, -1, :])
@@ -315,7 +320,7 @@ class ContinuousBatcher:
         for index, row in enumerate(self._rows):
             if not row.finished:
                 continue
-            if generator.prefix_cache.enabled:
+            if row.cache.enabled:
                 self._store(index, row)
             choice = generator._choice(row.tokens, row.logprobs, row.request.params)
             result = GenerationResult(
@@ -346,7 +351,7 @@ class ContinuousBatcher:
         # an end-of-sequence token belong to the conversation.
         reply = row.tokens[: min(self.generator._end(row.tokens), len(row.tokens) - 1)]
         columns = self._mask[index].nonzero().flatten()[: len(row.prompt) + len(reply)]
-        self.generator.prefix_cache.store_row(row.prompt + reply, self._past, index, columns)
+        row.cache.store_row(row.prompt + reply, self._past, index, columns)
 
 
 class Immediate:
