@@ -3,9 +3,11 @@
 Everything real: tansu (the gateway emits its spans), tritonserver with an echo
 model and with SmolLM2-135M-Instruct, and the gateway as its own process
 (`spanmill gateway`). Prints p50/p99 latency of both paths in one run, the
-difference, requests/s through the gateway against Triton's own at the same
-concurrency, and requests/s under concurrency (SmolLM2's with Triton's dynamic batching
-against one request at a time, in the same run).
+difference, the p50 of the same request through a bare Python proxy (the floor
+any Python gateway starts from on this machine, ``bench/_bare_proxy.py``),
+requests/s through the gateway against Triton's own at the same concurrency, and
+requests/s under concurrency (SmolLM2's with Triton's dynamic batching against one
+request at a time, in the same run).
 """
 
 from __future__ import annotations
@@ -110,22 +112,35 @@ async def direct_throughput(
         return total / (time.perf_counter() - started)
 
 
-def compare(name: str, triton_url: str, gateway_url: str, n: int, max_tokens: int) -> None:
+def compare(
+    name: str, triton_url: str, gateway_url: str, bare_url: str, n: int, max_tokens: int
+) -> None:
+    """Direct, through the gateway and through the bare proxy, in turn; each comes first,
+    second and third equally often, since a request is slowed by the work the one
+    before it left behind (the gateway's span on its way to Kafka)."""
     tclient = httpx.Client(base_url=f"http://{triton_url}", timeout=300)
-    with tclient, httpx.Client(base_url=gateway_url, timeout=300) as gclient:
-        for _ in range(3):  # warm both paths
-            direct(tclient, name, max_tokens)
-            through_gateway(gclient, name, max_tokens)
-        pairs = [(direct(tclient, name, max_tokens), through_gateway(gclient, name, max_tokens))
-                 for _ in range(n)]  # fmt: skip
-    d = [p[0] * 1000 for p in pairs]
-    g = [p[1] * 1000 for p in pairs]
+    gclient = httpx.Client(base_url=gateway_url, timeout=300)
+    with tclient, gclient, httpx.Client(base_url=bare_url, timeout=300) as bclient:
+        paths = [
+            lambda: direct(tclient, name, max_tokens),
+            lambda: through_gateway(gclient, name, max_tokens),
+            lambda: through_gateway(bclient, name, max_tokens),
+        ]
+        for path in paths * 3:  # warm every path
+            path()
+        times: list[list[float]] = [[], [], []]
+        for i in range(n):
+            for k in range(3):
+                times[(i + k) % 3].append(paths[(i + k) % 3]() * 1000)
+    d, g, b = times
+    p50 = percentile(d, 0.5)
     print(
-        f"{name:<8} n={n:<4} direct p50 {percentile(d, 0.5):8.2f} ms"
+        f"{name:<8} n={n:<4} direct p50 {p50:8.2f} ms"
         f"  p99 {percentile(d, 0.99):8.2f}"
         f" | gateway p50 {percentile(g, 0.5):8.2f} ms  p99 {percentile(g, 0.99):8.2f}"
-        f" | overhead p50 {percentile(g, 0.5) - percentile(d, 0.5):+7.2f} ms"
-        f"  ratio {statistics.median(g) / statistics.median(d):.2f}x",
+        f" | overhead p50 {percentile(g, 0.5) - p50:+7.2f} ms"
+        f"  ratio {statistics.median(g) / statistics.median(d):.2f}x"
+        f" | bare proxy p50 {percentile(b, 0.5):8.2f} ms ({percentile(b, 0.5) - p50:+.2f})",
         flush=True,
     )
 
@@ -140,7 +155,7 @@ def main() -> None:
         "127.0.0.1", work / "triton", repository,
         http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
     ).start()  # fmt: skip
-    gateway = None
+    gateway = bare = None
     try:
         client = triton_http.InferenceServerClient(triton.url, network_timeout=300)
         client.load_model("echo")
@@ -159,11 +174,20 @@ def main() -> None:
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
+        bare_port = free_port()
+        bare = subprocess.Popen(
+            [sys.executable, "-m", "bench._bare_proxy", triton.url, str(bare_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        bare_url = f"http://127.0.0.1:{bare_port}"
         wait_until(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=60,
                    what="gateway")  # fmt: skip
-        print("latency, one request at a time (gateway includes span emission to Kafka):")
-        compare("echo", triton.url, url, n=300, max_tokens=32)
-        compare("smollm2", triton.url, url, n=20, max_tokens=16)
+        wait_until(lambda: httpx.get(bare_url).status_code == 200, timeout=60,
+                   what="bare proxy")  # fmt: skip
+        print("latency, one request at a time (gateway includes span emission to Kafka; the "
+              "bare proxy is the floor of a Python proxy here, bench/_bare_proxy.py):")  # fmt: skip
+        compare("echo", triton.url, url, bare_url, n=300, max_tokens=32)
+        compare("smollm2", triton.url, url, bare_url, n=20, max_tokens=16)
         print("throughput, echo model, 32-token answers, through the gateway vs direct:")
         for concurrency in (1, 8, 32):
             rps = asyncio.run(throughput(url, "echo", concurrency, total=400))
@@ -188,9 +212,10 @@ def main() -> None:
         ]
         print("  " + "; ".join(emitted))
     finally:
-        if gateway is not None:
-            gateway.terminate()
-            gateway.wait(timeout=30)
+        for process in (gateway, bare):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)
         triton.stop()
         broker.stop()
 
