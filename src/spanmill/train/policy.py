@@ -31,7 +31,7 @@ from spanmill.config import GatewaySettings, KafkaSettings
 from spanmill.gateway.routing import Backend, Route, RoutingTable
 from spanmill.gateway.upstream import Target
 from spanmill.serving.batcher import ContinuousBatcher
-from spanmill.serving.generation import Generator, Request
+from spanmill.serving.generation import Generator, Request, ServingSpec
 from spanmill.serving.prefix_cache import PrefixCache
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
@@ -41,7 +41,7 @@ POLICY_MODEL = "policy"  # the name the routing table gives the in-process model
 # Keys and values kept of the prompts the policy has answered, for the calls that begin
 # the same way (a group's episodes share their prompt, an episode's turns their past):
 # kept for one version of the weights only.
-PREFIX_CACHE_MB = 512  # as the served model keeps by default (ServingSpec.prefix_cache_mb)
+PREFIX_CACHE_MB = ServingSpec.prefix_cache_mb  # as the served model keeps by default
 
 
 class PolicyServer:
@@ -63,7 +63,6 @@ class PolicyServer:
         max_rows: int = 64,
         prefix_cache_mb: int = PREFIX_CACHE_MB,
     ) -> None:
-        self.prefix_cache_mb = prefix_cache_mb
         self.generator = Generator.around(
             model,
             tokenizer,
@@ -83,7 +82,7 @@ class PolicyServer:
         if value != self.generator.version:
             # New weights: what the old ones computed is dropped. A cache of its own, not
             # the old one emptied, so that the batcher's thread never sees it change.
-            self.generator.prefix_cache = PrefixCache(self.prefix_cache_mb << 20)
+            self.generator.prefix_cache = PrefixCache(self.generator.prefix_cache.budget_bytes)
         self.generator.version = value
 
     async def ready(self) -> bool:
