@@ -199,12 +199,12 @@ class Generator:
         model_path: str,
         adapter_path: str | None = None,
         *,
-        dtype: ServingDtype = "auto",
-        num_threads: int = 0,
-        max_tokens_limit: int = 1024,
+        dtype: ServingDtype = ServingSpec.dtype,
+        num_threads: int = ServingSpec.num_threads,
+        max_tokens_limit: int = ServingSpec.max_tokens_limit,
         version: str = "",
         device: str = "cpu",
-        prefix_cache_mb: int = 512,
+        prefix_cache_mb: int = ServingSpec.prefix_cache_mb,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -236,7 +236,7 @@ class Generator:
         model: Any,
         tokenizer: Any,
         *,
-        max_tokens_limit: int = 1024,
+        max_tokens_limit: int = ServingSpec.max_tokens_limit,
         version: str = "",
         prefix_cache_mb: int = 0,
     ) -> Generator:
