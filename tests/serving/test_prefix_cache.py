@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -187,9 +188,10 @@ def test_a_call_that_spans_a_new_version_keeps_nothing_for_the_new_weights(
         GenerationParams(max_tokens=64),
     )
     finished = threading.Event()
+    answers: list[Any] = []
     try:
         old = policy.generator.prefix_cache
-        policy.batcher.submit(request, lambda _: finished.set())
+        policy.batcher.submit(request, lambda answer: (answers.append(answer), finished.set()))
         deadline = time.monotonic() + 60
         while len(old) == 0 and time.monotonic() < deadline:  # its prompt computed
             time.sleep(0.005)
@@ -197,8 +199,95 @@ def test_a_call_that_spans_a_new_version_keeps_nothing_for_the_new_weights(
         policy.version = "2"  # the weights change while it generates
         assert not finished.is_set(), "the call ended before the version changed"
         assert finished.wait(120)
-        assert len(policy.generator.prefix_cache) == 0  # nothing of the old weights
+        new = policy.generator.prefix_cache
+        assert len(new) == 0  # nothing of the old weights
+        # Its prompt was computed, and counted, by the cache it joined under.
+        assert new.stats.computed_tokens == 0 and old.stats.computed_tokens > 0
         (entry,) = old._entries.values()  # its prompt and reply, where it began
         assert len(entry.tokens) > 32
+        # The answer is the version it began under.
+        assert answers[0].model_version == "1"
+    finally:
+        asyncio.run(policy.close())
+
+
+def _policy_call(policy: Any, max_tokens: int) -> Any:
+    from spanmill.gateway.upstream import Target
+
+    return policy.generate(
+        Target(model="policy", version=policy.version),
+        [{"role": "user", "content": "Count from 1 to 300, separated by commas."}],
+        GenerationParams(max_tokens=max_tokens),
+        None,
+    )
+
+
+async def _until(check: Any, timeout_s: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_a_call_whose_caller_gave_up_stops_generating(
+    generators: tuple[Generator, Generator],
+) -> None:
+    """An episode that timed out leaves no call behind to hold the policy's rows."""
+    from spanmill.train.policy import PolicyServer
+
+    plain, _ = generators
+    policy = PolicyServer(plain.model, plain.tokenizer, max_tokens_limit=256)
+
+    async def scenario() -> int:
+        call = asyncio.ensure_future(_policy_call(policy, 200))
+        await _until(lambda: policy.batcher.steps >= 4)  # decoding
+        call.cancel()  # the gateway's deadline gave up on it
+        at_cancel = policy.batcher.steps
+        await _until(lambda: policy.batcher.busy == 0)
+        return policy.batcher.steps - at_cancel
+
+    try:
+        # Without the stop it would decode on to its 200th token.
+        assert asyncio.run(scenario()) <= 3
+    finally:
+        asyncio.run(policy.close())
+
+
+def test_hold_stops_what_is_generating_and_lets_the_kept_prefixes_go(
+    generators: tuple[Generator, Generator],
+) -> None:
+    """Between a version's rollouts and the update: nothing generates beside the update,
+    and the kept keys and values are not held through it."""
+    from spanmill.gateway.upstream import UpstreamError
+    from spanmill.train.policy import PolicyServer
+
+    plain, _ = generators
+    policy = PolicyServer(plain.model, plain.tokenizer, max_tokens_limit=256)
+    budget = policy.generator.prefix_cache.budget_bytes
+    assert budget > 0
+
+    async def scenario() -> tuple[int, BaseException | None, int]:
+        done = await _policy_call(policy, 8)  # kept for the next call
+        assert done.model_version == "1"
+        kept = len(policy.generator.prefix_cache)
+        call = asyncio.ensure_future(_policy_call(policy, 200))
+        await _until(lambda: policy.batcher.busy == 1 and policy.batcher.steps >= 12)
+        stopped = await asyncio.to_thread(policy.hold)
+        error = await asyncio.gather(call, return_exceptions=True)
+        return kept, error[0], stopped
+
+    try:
+        kept, error, stopped = asyncio.run(scenario())
+        assert kept == 1 and stopped == 1
+        assert isinstance(error, UpstreamError) and error.status == 503
+        assert policy.batcher.busy == 0
+        assert len(policy.generator.prefix_cache) == 0
+        assert not policy.generator.prefix_cache.enabled  # nothing kept until the next version
+        policy.version = "2"
+        assert policy.generator.prefix_cache.budget_bytes == budget
+        answer = asyncio.run(_policy_call(policy, 4))
+        assert answer.model_version == "2"
     finally:
         asyncio.run(policy.close())

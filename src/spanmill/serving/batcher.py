@@ -50,9 +50,11 @@ class _Row:
     prompt: list[int]
     done: Done
     max_new: int
-    # The generator's prefix cache when the row joined: its keys and values are kept
-    # there, never in a cache made since for new weights (PolicyServer.version).
+    # The generator's prefix cache and version when the row joined: its keys and values
+    # are kept there, never in a cache made since for new weights (PolicyServer.version),
+    # and its answer is that version's.
     cache: PrefixCache
+    version: str
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finished: bool = False
@@ -208,7 +210,7 @@ class ContinuousBatcher:
         for the longest.
         """
         generator = self.generator
-        cache = generator.prefix_cache
+        cache, version = generator.prefix_cache, generator.version
         rows: list[_Row] = []
         found = []
         for waiting in admitted:
@@ -221,7 +223,7 @@ class ContinuousBatcher:
                 _deliver(waiting.done, exc)
                 continue
             max_new = min(request.params.max_tokens, generator.max_tokens_limit)
-            rows.append(_Row(request, list(prompt), waiting.done, max_new, cache))
+            rows.append(_Row(request, list(prompt), waiting.done, max_new, cache, version))
             found.append(cache.lookup(prompt))
         # What each row must compute: its prompt past the kept run.
         costs = [len(row.prompt) - n for row, (n, _) in zip(rows, found, strict=True)]
@@ -231,7 +233,7 @@ class ContinuousBatcher:
 
     def _prefill(self, rows: list[_Row], found: list[Any]) -> None:
         generator = self.generator
-        batch = generator._batch([row.prompt for row in rows], found)
+        batch = generator._batch([row.prompt for row in rows], found, rows[0].cache)
         mask = batch.attention_mask
         try:
             out = generator.model(
@@ -324,7 +326,7 @@ class ContinuousBatcher:
                 self._store(index, row)
             choice = generator._choice(row.tokens, row.logprobs, row.request.params)
             result = GenerationResult(
-                choices=[choice], prompt_token_ids=row.prompt, model_version=generator.version
+                choices=[choice], prompt_token_ids=row.prompt, model_version=row.version
             )
             _deliver(row.done, result)
         if not keep:

@@ -448,10 +448,14 @@ class Generator:
         ]
 
     def _batch(
-        self, prompts: list[list[int]], found: list[tuple[int, Entry | None]] | None = None
+        self,
+        prompts: list[list[int]],
+        found: list[tuple[int, Entry | None]] | None = None,
+        cache: PrefixCache | None = None,
     ) -> _Batch:
         """The prompts as one batch, each starting from the longest run of its first
-        tokens that the prefix cache holds.
+        tokens that the prefix cache holds (``cache``, where the caller looked them up
+        in one it holds: the generator's may have been replaced since).
 
         A row is laid out as [padding, kept tokens | padding, the rest of its prompt]:
         the kept tokens' keys and values fill the cache part (columns before ``kept``),
@@ -459,8 +463,9 @@ class Generator:
         keeps every prompt's last token in the last column, where generation goes on.
         """
         torch = self._torch
+        cache = cache if cache is not None else self.prefix_cache
         if found is None:
-            found = [self.prefix_cache.lookup(ids) for ids in prompts]
+            found = [cache.lookup(ids) for ids in prompts]
         kept = max(n for n, _ in found)
         width = kept + max(len(ids) - n for ids, (n, _) in zip(prompts, found, strict=True))
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -471,10 +476,8 @@ class Generator:
             rest = ids[n:]
             input_ids[row, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
             attention_mask[row, width - len(rest) :] = 1
-        self.prefix_cache.stats.reused_tokens += sum(n for n, _ in found)
-        self.prefix_cache.stats.computed_tokens += sum(len(ids) for ids in prompts) - sum(
-            n for n, _ in found
-        )
+        cache.stats.reused_tokens += sum(n for n, _ in found)
+        cache.stats.computed_tokens += sum(len(ids) for ids in prompts) - sum(n for n, _ in found)
         from spanmill.serving.kv_cache import RoomyCache
 
         # Always a cache of spanmill's own, so that decoding writes in place.

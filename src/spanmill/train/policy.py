@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from spanmill.config import GatewaySettings, KafkaSettings
 from spanmill.gateway.routing import Backend, Route, RoutingTable
-from spanmill.gateway.upstream import Target
+from spanmill.gateway.upstream import Target, UpstreamError
 from spanmill.serving.batcher import ContinuousBatcher
-from spanmill.serving.generation import Generator, Request, ServingSpec
+from spanmill.serving.generation import Cancellation, Generator, Request, ServingSpec
 from spanmill.serving.prefix_cache import PrefixCache
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 
@@ -48,8 +48,9 @@ class PolicyServer:
     """The live model as the gateway's upstream. ``version`` names the policy serving now.
 
     Prompts' keys and values are kept (``prefix_cache_mb``; 0 keeps none) while the
-    version stays: the weights must change only together with the version, between
-    rollouts, as the trainer does (:func:`spanmill.train.rl.train_grpo`).
+    version stays. The weights change between rollouts, as the trainer changes them
+    (:func:`spanmill.train.rl.train_grpo`): :meth:`hold` once a version's rollouts are
+    over, then the update, then the new ``version``.
     """
 
     url = "in-process policy"
@@ -72,6 +73,8 @@ class PolicyServer:
         )
         self.batcher = ContinuousBatcher(self.generator, max_rows=max_rows)
         self.batcher.start()
+        self._cache_bytes = self.generator.prefix_cache.budget_bytes
+        self._held = False
 
     @property
     def version(self) -> str:
@@ -79,11 +82,30 @@ class PolicyServer:
 
     @version.setter
     def version(self, value: str) -> None:
-        if value != self.generator.version:
+        if value != self.generator.version or self._held:
             # New weights: what the old ones computed is dropped. A cache of its own, not
             # the old one emptied, so that the batcher's thread never sees it change.
-            self.generator.prefix_cache = PrefixCache(self.generator.prefix_cache.budget_bytes)
+            self.generator.prefix_cache = PrefixCache(self._cache_bytes)
         self.generator.version = value
+        self._held = False
+
+    def hold(self, timeout_s: float = 60.0) -> int:
+        """Make way for new weights, once a version's rollouts are over: the calls still
+        being answered (an episode that timed out left its call behind) stop at their
+        next token and fail, nothing more is kept, and what was kept is let go, so the
+        update has the memory and never runs beside a generation. Calls are answered
+        again from the next ``version``. Returns how many calls were stopped."""
+        self._held = True
+        self.generator.prefix_cache = PrefixCache(0)
+        stopped = self.batcher.busy
+        deadline = time.monotonic() + timeout_s
+        while self.batcher.busy:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.batcher.busy} policy calls still generating after {timeout_s:g} s"
+                )
+            time.sleep(0.005)
+        return stopped
 
     async def ready(self) -> bool:
         return True
@@ -99,9 +121,14 @@ class PolicyServer:
         answer: asyncio.Future[GenerationResult] = loop.create_future()
 
         def done(result: GenerationResult | Exception) -> None:
+            if self._held:
+                result = UpstreamError("the policy's weights are being updated", 503)
             loop.call_soon_threadsafe(_settle, answer, result)
 
-        self.batcher.submit(Request(messages, params, tools), done)
+        # A call stops generating when its caller has gone (the gateway's deadline
+        # cancels the wait), or for new weights.
+        stop = Cancellation(lambda: self._held or answer.done())
+        self.batcher.submit(Request(messages, params, tools, stop), done)
         return await answer
 
     async def stream(

@@ -440,6 +440,9 @@ def _run(
                 max_tokens=settings.rollout_max_tokens,
                 concurrency=settings.rollout_concurrency or episodes_per_step,
             )  # fmt: skip
+            stopped = policy.hold()
+            if stopped:
+                log.info("GRPO step %d: %d calls of abandoned episodes stopped", step + 1, stopped)
             finished = [r for r in results if r.error is None]
             if not sdk.force_flush():
                 raise TrainError("the episodes' spans were not all written to the rollout topic")
