@@ -330,6 +330,11 @@ def test_rbac_is_exactly_what_the_controller_and_gateway_use(rendered: Rendered)
 def test_collectors_never_outnumber_partitions(rendered: Rendered) -> None:
     values = merged_values(rendered.name)
     partitions = values["kafka"]["topics"]["partitions"]
+    if not values["collector"]["autoscaling"]["enabled"]:
+        assert rendered.find("HorizontalPodAutoscaler", f"{FULLNAME}-collector") is None
+        deployment = rendered.get("Deployment", f"{FULLNAME}-collector")
+        assert 1 <= deployment["spec"]["replicas"] <= partitions
+        return
     hpa = rendered.get("HorizontalPodAutoscaler", f"{FULLNAME}-collector")
     assert hpa["spec"]["maxReplicas"] <= partitions
     metrics = hpa["spec"]["metrics"]
@@ -337,6 +342,17 @@ def test_collectors_never_outnumber_partitions(rendered: Rendered) -> None:
         assert metrics[0]["pods"]["metric"]["name"] == "spanmill_collector_lag"
     else:
         assert metrics[0]["resource"]["name"] == "cpu"
+
+
+def test_a_collector_parked_at_no_replicas_starts_as_one_of_one(helm: Path) -> None:
+    """Scaled up by hand from 0, a pod must not refuse its own settings (instances >= 1)."""
+    extra = ["--set", "collector.autoscaling.enabled=false", "--set", "collector.replicas=0"]
+    result = template(helm, extra=extra)
+    assert result.returncode == 0, result.output
+    parked = parse("parked-collector", result.stdout)
+    assert parked.get("Deployment", f"{FULLNAME}-collector")["spec"]["replicas"] == 0
+    env = env_of(parked.container(f"{FULLNAME}-collector"))
+    assert env["SPANMILL_COLLECTOR_INSTANCES"]["value"] == "1"
 
 
 def test_services_probes_and_policies_point_at_declared_ports(rendered: Rendered) -> None:
