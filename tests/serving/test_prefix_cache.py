@@ -291,3 +291,38 @@ def test_hold_stops_what_is_generating_and_lets_the_kept_prefixes_go(
         assert answer.model_version == "2"
     finally:
         asyncio.run(policy.close())
+
+
+def test_the_policy_refuses_what_cannot_fit_and_answers_failures_as_an_upstream(
+    generators: tuple[Generator, Generator],
+) -> None:
+    """As Triton's model does: an oversized prompt is refused at once with the context
+    length code, and a generation that fails reaches the gateway as an upstream error
+    (answered and recorded), not as an exception of its own."""
+    from spanmill.gateway.upstream import Target, UpstreamError
+    from spanmill.serving import protocol
+    from spanmill.train.policy import PolicyServer
+
+    plain, _ = generators
+    policy = PolicyServer(plain.model, plain.tokenizer, max_tokens_limit=64)
+    target = Target(model="policy", version="1")
+    long = [{"role": "user", "content": "seven " * (policy.generator.context_window + 10)}]
+    try:
+        with pytest.raises(UpstreamError) as refused:
+            asyncio.run(policy.generate(target, long, GenerationParams(max_tokens=8), None))
+        assert refused.value.status == 400
+        assert refused.value.code == protocol.CONTEXT_LENGTH_EXCEEDED
+        assert policy.batcher.steps == 0  # never joined the batch
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("out of memory")
+
+        policy.generator.model.forward = broken  # on the instance, over its class's
+        try:
+            with pytest.raises(UpstreamError) as failed:
+                asyncio.run(_policy_call(policy, 8))
+        finally:
+            del policy.generator.model.forward
+        assert failed.value.status == 500 and "out of memory" in str(failed.value)
+    finally:
+        asyncio.run(policy.close())

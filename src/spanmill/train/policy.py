@@ -33,7 +33,7 @@ from spanmill.gateway.upstream import Target, UpstreamError
 from spanmill.serving.batcher import ContinuousBatcher
 from spanmill.serving.generation import Cancellation, Generator, Request, ServingSpec
 from spanmill.serving.prefix_cache import PrefixCache
-from spanmill.serving.protocol import GenerationParams, GenerationResult
+from spanmill.serving.protocol import GenerationParams, GenerationResult, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +117,19 @@ class PolicyServer:
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
     ) -> GenerationResult:
+        try:  # as Triton's model checks it: refused at once, not after a batch's wait
+            self.generator.check_fits(messages, params, tools)
+        except ProtocolError as exc:
+            raise UpstreamError(str(exc), 400, code=getattr(exc, "code", None)) from None
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[GenerationResult] = loop.create_future()
 
         def done(result: GenerationResult | Exception) -> None:
             if self._held:
                 result = UpstreamError("the policy's weights are being updated", 503)
+            elif isinstance(result, Exception) and not isinstance(result, UpstreamError):
+                # The gateway answers, and records, an upstream's errors as such.
+                result = UpstreamError(f"the policy failed: {type(result).__name__}: {result}", 500)
             loop.call_soon_threadsafe(_settle, answer, result)
 
         # A call stops generating when its caller has gone (the gateway's deadline
