@@ -196,6 +196,8 @@ def parse_feedback_body(raw: bytes) -> list[FeedbackItem]:
         decoded = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FeedbackError(f"body: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise FeedbackError("body: JSON nested too deeply") from None
     return parse_feedback(decoded)
 
 

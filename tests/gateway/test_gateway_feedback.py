@@ -121,6 +121,12 @@ def test_a_body_declared_over_the_limit_is_refused_unread(
     assert "over the limit" in too_big.json()["error"]["message"]
 
 
+def test_json_nested_past_the_parser_is_400(client: TestClient) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000  # well under the size limit
+    reply = client.post("/v1/feedback", content=deep, headers={"content-type": "application/json"})
+    assert reply.status_code == 400 and "nested too deeply" in reply.json()["error"]["message"]
+
+
 def test_not_json_is_400(client: TestClient) -> None:
     reply = client.post("/v1/feedback", content=b"thumbs up")
     assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]

@@ -102,6 +102,11 @@ def test_the_admin_routes_take_their_own_credential(two_clients: tuple[Path, str
         assert client.put("/admin/routes", content=routes, headers=auth(admin)).json() == {
             "revision": 3
         }
+        # A bad table is the request's fault, answered in the API's error shape.
+        bad = client.put("/admin/routes", content=b'{"routes": 7}', headers=auth(admin))
+        assert bad.status_code == 400
+        assert "request body is invalid" in bad.json()["error"]["message"]
+        assert client.get("/admin/routes", headers=auth(admin)).json()["revision"] == 3
         # ... and the admin credential is no client key.
         assert (
             client.post("/v1/chat/completions", json=CHAT, headers=auth(admin)).status_code == 401

@@ -89,3 +89,36 @@ def test_a_bad_body_is_refused_with_400_naming_what_is_wrong_and_never_reaches_t
             in schema["requestBody"]["content"]["application/json"]["schema"]["properties"]
         )
     assert upstream.calls == 1
+
+
+class BrokenUpstream(EchoUpstream):
+    """An upstream with a bug: it raises what no upstream error names."""
+
+    async def generate(self, *args: Any) -> Any:
+        raise KeyError("TEXT")
+
+    async def stream(self, *args: Any) -> Any:
+        yield ["Hel"]
+        raise KeyError("TEXT")
+
+
+def test_a_fault_of_the_gateways_own_is_answered_and_recorded() -> None:
+    """Not a bare 500 from the server, and no call unrecorded: the API's error shape,
+    and the call's span with its error."""
+    emitter = FakeEmitter()
+    table = RoutingTable.model_validate(
+        {"routes": {"echo": {"triton_model": "echo", "backends": [{"version": "1", "weight": 1}]}}}
+    )
+    app = create_app(GatewaySettings(), emitter=emitter, upstream=BrokenUpstream(), table=table)  # type: ignore[arg-type]
+    chat = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(app) as http:
+        whole = http.post("/v1/chat/completions", json=chat)
+        assert whole.status_code == 500
+        assert whole.json()["error"]["message"] == "the gateway failed: KeyError: 'TEXT'"
+        streamed = http.post("/v1/chat/completions", json={**chat, "stream": True})
+        assert streamed.status_code == 200  # the stream had begun
+        events = [line for line in streamed.text.splitlines() if line.startswith("data:")]
+        assert "the gateway failed: KeyError" in events[-2] and events[-1] == "data: [DONE]"
+    assert [span.status_message for span in emitter.emitted] == [
+        "the gateway failed: KeyError: 'TEXT'"
+    ] * 2

@@ -51,6 +51,15 @@ def test_weighted_choice_follows_the_weights() -> None:
          "version"),
         ('{"routes": {"m": {"triton_model": "m", "backends": [{"version": "1", "weight": 0}]}}}',
          "add up to more than 0"),
+        # Python's JSON reads these; a weight that is not a finite number would fail
+        # every request of the route at the weighted choice.
+        ('{"routes": {"m": {"triton_model": "m", "backends": [{"version": "1",'
+         ' "weight": Infinity}]}}}', "finite"),
+        ('{"routes": {"m": {"triton_model": "m", "backends": [{"version": "1", "weight": NaN}]}}}',
+         "finite"),
+        ('{"routes": {"m": {"triton_model": "m", "backends": [{"version": "1", "weight": 1e308},'
+         ' {"version": "2", "weight": 1e308}]}}}', "finite number"),
+        ("[" * 100_000, "nested too deeply"),
     ],
 )  # fmt: skip
 def test_bad_tables_are_refused(text: str, message: str) -> None:
@@ -202,8 +211,50 @@ def _sse_response(outputs: dict[str, Any]) -> Any:
     )
 
 
-async def _generate(replicas: Replicas, calls: int = 1) -> tuple[list[Any], int]:
-    """``calls`` generations through one TritonUpstream; (results or errors, retries)."""
+class Gathering(Replicas):
+    """A Triton that answers only once ``count`` requests are in at the same time, as a
+    model generating long answers holds every one of them open."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(["ok"])
+        self.count = count
+        self.arrived = 0
+        self.all_in: Any = None
+
+    async def infer(self, request: Any) -> Any:
+        import asyncio
+
+        self.all_in = self.all_in or asyncio.Event()
+        self.arrived += 1
+        if self.arrived >= self.count:
+            self.all_in.set()
+        await asyncio.wait_for(self.all_in.wait(), 20)
+        return await super().infer(request)
+
+
+class StreamsThenMisses(Replicas):
+    """A Triton that streams a piece of text, then an error in Triton's words for a
+    version it lacks: too late for another replica to answer instead."""
+
+    async def infer(self, request: Any) -> Any:
+        from aiohttp import web
+
+        from spanmill.serving import protocol
+
+        await request.read()
+        self.requests.append(len(self.requests))
+        pieces = f"data: {json.dumps(as_event(protocol.encode_partial(['Hel'])))}\n\n"
+        error = f"data: {json.dumps({'error': MISSING})}\n\n"
+        return web.Response(text=pieces + error, content_type="text/event-stream")
+
+
+async def _generate(
+    replicas: Replicas, calls: int = 1, *, together: bool = False, stream: bool = False
+) -> tuple[list[Any], int]:
+    """``calls`` generations through one TritonUpstream, one after the other or all at
+    once (``together``), streamed or not; (results or errors, retries)."""
+    import asyncio
+
     from aiohttp import web
 
     from spanmill.gateway.upstream import Target, TritonUpstream, UpstreamError
@@ -223,21 +274,49 @@ async def _generate(replicas: Replicas, calls: int = 1) -> tuple[list[Any], int]
         retries += 1
 
     upstream = TritonUpstream(f"127.0.0.1:{port}", timeout_s=10, on_retry=count)
-    outcomes: list[Any] = []
+
+    async def call() -> Any:
+        target, messages = Target("calculator", "2"), [{"role": "user", "content": "2+3"}]
+        params = GenerationParams(max_tokens=2)
+        try:
+            if not stream:
+                return await upstream.generate(target, messages, params, None)
+            return [event async for event in upstream.stream(target, messages, params, None)]
+        except UpstreamError as exc:
+            return exc
+
     try:
-        for _ in range(calls):
-            try:
-                outcomes.append(
-                    await upstream.generate(Target("calculator", "2"),
-                                            [{"role": "user", "content": "2+3"}],
-                                            GenerationParams(max_tokens=2), None)
-                )  # fmt: skip
-            except UpstreamError as exc:
-                outcomes.append(exc)
+        if together:
+            outcomes = list(await asyncio.gather(*(call() for _ in range(calls))))
+        else:
+            outcomes = [await call() for _ in range(calls)]
     finally:
         await upstream.close()
         await runner.cleanup()
     return outcomes, retries
+
+
+def test_more_generations_at_once_than_a_connection_pool_holds() -> None:
+    """Each generation holds its connection to its end: the 101st must not wait for one
+    of the first hundred to finish (and fail at the connect timeout meanwhile)."""
+    import asyncio
+
+    replicas = Gathering(120)
+    outcomes, retries = asyncio.run(_generate(replicas, calls=120, together=True))
+    assert [getattr(o, "model_version", o) for o in outcomes] == ["2"] * 120
+    assert replicas.arrived == 120 and retries == 0
+
+
+def test_no_other_replica_once_the_answer_has_begun_to_stream() -> None:
+    import asyncio
+
+    from spanmill.gateway.upstream import UpstreamError
+
+    replicas = StreamsThenMisses(["ok"])
+    (outcome,), retries = asyncio.run(_generate(replicas, stream=True))
+    # The caller already has "Hel": a second generation would follow it with another.
+    assert isinstance(outcome, UpstreamError) and outcome.missing
+    assert replicas.requests == [0] and retries == 0
 
 
 def test_a_missing_version_is_tried_once_more_on_a_fresh_connection() -> None:

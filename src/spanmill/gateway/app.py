@@ -40,6 +40,7 @@ from starlette.background import BackgroundTask
 from spanmill import feedback
 from spanmill import messages as chat
 from spanmill.config import GatewaySettings
+from spanmill.errors import ConfigError
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
 from spanmill.gateway.emitter import EmitterBusy, SpanEmitter
 from spanmill.gateway.limits import KeyLimits
@@ -217,7 +218,13 @@ def create_app(
     metrics = GatewayMetrics()
     state = GatewayState(
         settings=settings,
-        upstream=upstream or TritonUpstream(settings.triton.http_url, on_retry=metrics.retries.inc),
+        upstream=upstream
+        or TritonUpstream(
+            settings.triton.http_url,
+            # Past the gateway's own deadline, which answers 504 and stops the generation.
+            timeout_s=settings.request_timeout_s + 30,
+            on_retry=metrics.retries.inc,
+        ),
         emitter=emitter
         or SpanEmitter(settings.kafka, metrics, settings.span_queue_size, settings.span_outage_s),
         metrics=metrics,
@@ -299,10 +306,17 @@ def create_app(
 
     @app.put("/admin/routes")
     async def put_routes(request: Request) -> JSONResponse:
-        table = RoutingTable.parse(await request.body(), "request body")
-        state.table = table
+        try:
+            table = RoutingTable.parse(await request.body(), "request body")
+        except ConfigError as exc:
+            return _error(400, str(exc), "invalid_request_error")
         if state.routing_file is not None:
-            state.routing_file.write(table)
+            try:  # a file, or the Kubernetes API: off the event loop, which serves calls
+                await asyncio.to_thread(state.routing_file.write, table)
+            except Exception as exc:
+                log.warning("routing revision %s not stored: %s", table.revision, exc)
+                return _error(503, f"the routing table was not stored: {exc}", "unavailable")
+        state.table = table
         return JSONResponse({"revision": table.revision})
 
     @app.post("/v1/feedback")
@@ -510,12 +524,12 @@ async def _answer(
             # Errors Triton answers at once (a bad parameter, a version it lacks) keep
             # their HTTP status; the stream starts with the first piece of text.
             first = await _within(call, anext(events))
-        except (UpstreamError, StopAsyncIteration) as exc:
+        except (Exception, StopAsyncIteration) as exc:
             await events.aclose()
             failure = (
-                exc
-                if isinstance(exc, UpstreamError)
-                else UpstreamError(f"Triton model {route.triton_model} sent no answer", 502)
+                UpstreamError(f"Triton model {route.triton_model} sent no answer", 502)
+                if isinstance(exc, StopAsyncIteration)
+                else _as_upstream_error(exc)
             )
             call.failed(str(failure), failure.status)
             return _upstream_error(failure)
@@ -531,9 +545,10 @@ async def _answer(
             call,
             state.upstream.generate(target, messages, params, body.tools),
         )
-    except UpstreamError as exc:
-        call.failed(str(exc), exc.status)
-        return _upstream_error(exc)
+    except Exception as exc:
+        failure = _as_upstream_error(exc)
+        call.failed(str(failure), failure.status)
+        return _upstream_error(failure)
     choices, usage = call.answered(result)
     payload = {
         **call.head(result),
@@ -577,6 +592,16 @@ async def _within(call: _Call, step: Awaitable[T]) -> T:
             "its generation was stopped",
             504,
         ) from None
+
+
+def _as_upstream_error(exc: Exception) -> UpstreamError:
+    """Any failure of a call, as the upstream error the client is answered with: a
+    fault that is neither Triton's answer nor its absence (a bug, in the gateway or an
+    upstream of another kind) is still answered in the API's shape, and recorded."""
+    if isinstance(exc, UpstreamError):
+        return exc
+    log.error("a call failed in the gateway", exc_info=exc)
+    return UpstreamError(f"the gateway failed: {type(exc).__name__}: {exc}", 500)
 
 
 def _upstream_error(exc: UpstreamError) -> JSONResponse:
@@ -655,9 +680,10 @@ async def _stream(
                     raise UpstreamError(
                         f"Triton model {call.triton_model} ended early", 502
                     ) from None
-        except UpstreamError as exc:
-            call.failed(str(exc), exc.status)
-            yield f"data: {json.dumps(error_body(str(exc), 'upstream_error'))}\n\n"
+        except Exception as exc:
+            failure = _as_upstream_error(exc)
+            call.failed(str(failure), failure.status)
+            yield f"data: {json.dumps(error_body(str(failure), 'upstream_error'))}\n\n"
             yield "data: [DONE]\n\n"
             return
         except BaseException:

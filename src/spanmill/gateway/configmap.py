@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 ROUTES_KEY = "routes.json"
 LABELS = {"app.kubernetes.io/name": "spanmill", "app.kubernetes.io/component": "routing"}
 
+# How long a write of the routing ConfigMap may wait for the API server.
+WRITE_TIMEOUT_S = 10.0
+
 
 class RoutingSource(Protocol):
     """Where the gateway reads its table from, and where the admin endpoint writes it."""
@@ -220,7 +223,9 @@ def write_configmap_routes(
     if metadata:
         patch["metadata"] = metadata
     try:
-        written = core.patch_namespaced_config_map(name, namespace, patch)
+        written = core.patch_namespaced_config_map(
+            name, namespace, patch, _request_timeout=WRITE_TIMEOUT_S
+        )
         return _version_of(written)
     except ApiException as exc:
         if exc.status != 404:
@@ -236,7 +241,9 @@ def write_configmap_routes(
         },
         "data": {key: table.dumps()},
     }
-    return _version_of(core.create_namespaced_config_map(namespace, body))
+    return _version_of(
+        core.create_namespaced_config_map(namespace, body, _request_timeout=WRITE_TIMEOUT_S)
+    )
 
 
 def _version_of(configmap: Any) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 from pathlib import Path
 from typing import Literal
@@ -29,7 +30,7 @@ class Backend(BaseModel):
     """
 
     version: str = Field(pattern=r"^[1-9][0-9]*$")
-    weight: float = Field(ge=0)
+    weight: float = Field(ge=0, allow_inf_nan=False)
     role: str = "champion"
     lora_name: str | None = Field(default=None, min_length=1)
 
@@ -46,8 +47,12 @@ class Route(BaseModel):
 
     @model_validator(mode="after")
     def _some_weight(self) -> Route:
-        if sum(b.weight for b in self.backends) <= 0:
-            raise ValueError("the weights of a route's backends must add up to more than 0")
+        total = sum(b.weight for b in self.backends)
+        if not 0 < total < math.inf:
+            raise ValueError(
+                "the weights of a route's backends must add up to more than 0, and to a "
+                "finite number"
+            )
         if self.flavour == "vllm" and self.base_model is None:
             raise ValueError("a vllm route names its base_model (the gateway renders prompts)")
         if self.flavour == "python" and any(b.lora_name for b in self.backends):
@@ -71,6 +76,8 @@ class RoutingTable(BaseModel):
             return cls.model_validate(json.loads(text))
         except (ValueError, ValidationError) as exc:
             raise ConfigError(f"{source} is invalid: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"{source} is invalid: JSON nested too deeply") from None
 
     def dumps(self) -> str:
         return self.model_dump_json(indent=2)

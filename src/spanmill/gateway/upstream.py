@@ -161,8 +161,12 @@ class TritonUpstream:
     def _new_client(self) -> aiohttp.ClientSession:
         # aiohttp rather than httpx: a call costs well under half the CPU, which on a busy
         # gateway is most of its own share of the latency (bench/gateway_overhead.py).
+        # No bound on the connections: each generation holds one to its end, and a pool
+        # of aiohttp's default 100 would make the 101st call wait for a free one and fail
+        # at the connect timeout; Triton's own queue says when it is full (429).
         return aiohttp.ClientSession(
             base_url=f"http://{self.url}",
+            connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=min(self.timeout_s, 10.0)),
         )
 
@@ -239,14 +243,16 @@ class TritonUpstream:
     async def _events(
         self, target: Target, prepared: _Prepared
     ) -> AsyncGenerator[list[str] | GenerationResult, None]:
+        streamed = False
         try:
             async with aclosing(self._post(self._get(), target, prepared)) as events:
                 async for event in events:
+                    streamed = True
                     yield event
             return
         except UpstreamError as exc:
-            # A missing version is answered before anything streams: nothing was sent yet.
-            if not exc.missing:
+            # Only before anything streamed: the caller has none of this answer yet.
+            if not exc.missing or streamed:
                 raise
             log.debug("%s; trying another Triton replica", exc)
         if self.on_retry is not None:
