@@ -142,6 +142,42 @@ def test_a_record_that_breaks_the_processor_is_dead_lettered_alone(
     assert stored == [f"{i + 1:016x}" for i in (0, 1, 4, 5, 6)]
 
 
+def test_a_batch_that_many_records_break_is_still_made_of_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each breaking record sends the batch round again without it: a bug that many of a
+    batch's records meet must not go deeper each time (past the interpreter's recursion
+    limit), or the batch could never be made, on any collector."""
+    import sys
+
+    from spanmill.store.rows import HourlyColumns
+
+    real = HourlyColumns.append
+
+    def append(self: HourlyColumns, parts: Any, *args: Any) -> None:
+        if parts.name == "poison":
+            raise ValueError("a bug in the row builder")
+        real(self, parts, *args)
+
+    monkeypatch.setattr(HourlyColumns, "append", append)
+    processor = BatchProcessor(ProcessingConfig(store_url=str(tmp_path)), native=False)
+    count = 400
+    spans = [_span(i).model_copy(update={"name": "poison"}) if i % 4 else _span(i)
+             for i in range(count)]  # fmt: skip
+    values = [encode_otlp_protobuf([span]) for span in spans]
+    job = BatchJob(BatchId("spans", 0, 0, count - 1, "f"), list(range(count)),
+                   [0] * count, values, [None] * count)  # fmt: skip
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(300)  # fewer frames than there are breaking records
+    try:
+        outcome = processor.process(job)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert [offset for offset, _, _ in outcome.dead] == [i for i in range(count) if i % 4]
+    assert outcome.records == count and outcome.spans == count // 4
+    assert len(SpanStore(str(tmp_path)).spans()) == count // 4
+
+
 def test_a_record_whose_steps_break_is_dead_lettered_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -148,6 +148,61 @@ def test_refusals_follow_the_otlp_http_specification() -> None:
 
 
 @pytest.mark.services
+class Recording:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent.append(args)
+        raise AssertionError("nothing over the limit reaches Kafka")
+
+
+def _post_in_pieces(app: Any, path: str, content_type: str, size: int) -> tuple[int, int]:
+    """POST ``size`` bytes with no declared length (chunked), a KiB at a time, straight
+    to the ASGI app; its status and how many bytes it took before answering."""
+    import asyncio
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 2),
+             "headers": [(b"content-type", content_type.encode())]}  # fmt: skip
+    taken = 0
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal taken
+        if status or taken >= size:
+            return {"type": "http.disconnect"}
+        taken += 1024
+        return {"type": "http.request", "body": b"\x00" * 1024, "more_body": taken < size}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    asyncio.run(app(scope, receive, send))
+    return status[0], taken
+
+
+def test_a_body_over_the_limit_is_refused_as_it_arrives_declared_or_not() -> None:
+    """A chunked body declares no length: it is refused once its bytes pass the limit,
+    before the whole is held, for exports and feedback alike."""
+    from spanmill.feedback import MAX_BODY_BYTES
+
+    metrics = CollectorMetrics()
+    app = create_app(Health(), metrics, OtlpReceiver(Recording(), "t", metrics, 4096))
+    declared = TestClient(app).post(
+        "/v1/traces", content=b"\x00" * 8192, headers={"content-type": "application/json"}
+    )
+    assert declared.status_code == 413 and "over 4096 bytes" in declared.json()["message"]
+    for content_type in ("application/x-protobuf", "application/json"):
+        assert _post_in_pieces(app, "/v1/traces", content_type, 1 << 30) == (413, 5 * 1024)
+    assert _post_in_pieces(app, "/v1/feedback", "application/json", 1 << 30) == (
+        413, MAX_BODY_BYTES + 1024
+    )  # fmt: skip
+
+
 def test_service_end_to_end_over_http(topics: Topics, tmp_path: Path) -> None:
     port = free_port()
     store_dir = tmp_path / "store"

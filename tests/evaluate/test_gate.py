@@ -62,6 +62,13 @@ def test_significance_can_be_required() -> None:
     assert decide(summary(0.6), summary(0.5), interval(0.1, low=0.01), strict).promote
 
 
+@pytest.mark.parametrize("score", [float("nan"), float("inf")])
+def test_a_score_that_is_not_a_number_is_never_promoted(score: float) -> None:
+    decision = decide(summary(score), summary(0.30), interval(0.32), POLICY)
+    assert not decision.promote
+    assert "cannot be compared" in decision.reasons[0]
+
+
 def test_nothing_evaluated_is_never_promoted() -> None:
     assert not decide(summary(0.0, n=0), summary(0.0, n=0), interval(0.0), POLICY).promote
 

@@ -165,6 +165,10 @@ def test_llm_span_carries_what_training_needs() -> None:
 # -- another replica when the first lacks the version ---------------------------------
 
 MISSING = "Request for unknown model: 'calculator' version 2 is not found"
+CRASH = (
+    "Failed to process the request(s) for model instance 'calculator_0_0', message: "
+    "ValueError: invalid literal for int() with base 10: 'x'"
+)
 
 
 class Replicas:
@@ -194,6 +198,8 @@ class Replicas:
             return web.json_response({"error": MISSING}, status=404)
         if answer == "fails":
             return web.json_response({"error": "out of memory"}, status=500)
+        if answer == "crashes":  # a model's own exception, in Triton's words
+            return web.json_response({"error": CRASH}, status=500)
         result = GenerationResult(
             choices=[Choice(text="5", token_ids=[20], logprobs=[-0.5], finish_reason="stop")],
             prompt_token_ids=[1, 2],
@@ -347,6 +353,13 @@ def test_only_one_retry_and_only_for_a_missing_version() -> None:
     (error,), retries = asyncio.run(_generate(replicas))
     assert isinstance(error, UpstreamError) and not error.missing and error.status == 502
     assert replicas.requests == [0] and retries == 0
+
+    # A model that raised on the request is at fault, whatever its exception says: the
+    # request was not "invalid", and a canary counts it against the version.
+    replicas = Replicas(["crashes"])
+    (error,), retries = asyncio.run(_generate(replicas))
+    assert error.status == 502 and "ValueError: invalid literal" in str(error)
+    assert retries == 0
 
     # The retry may meet another error, which is the one reported.
     replicas = Replicas(["missing", "fails"])

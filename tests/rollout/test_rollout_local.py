@@ -207,6 +207,28 @@ def test_a_challenger_that_fails_to_load_never_gets_traffic(  # type: ignore[no-
     assert TritonControl(triton.http_url).versions(agent).get(v1) == "READY"
 
 
+def test_a_challenger_waits_while_the_registrys_champion_cannot_be_served(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, unloadable_model: Path, tmp_path: Path
+) -> None:
+    """A controller with no state of its own (new, or its state lost) finds a champion in
+    the registry that it cannot load: a challenger is not thereby a first version, to be
+    promoted with all traffic and no canary."""
+    url, routes = gateway
+    agent = new_agent()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url])  # fmt: skip
+    ctl = controller(settings)
+    v1 = registry.register(agent, Lineage(kind="model"), unloadable_model).version
+    registry.promote(agent, v1)
+    v2 = registry.register(agent, Lineage(kind="echo")).version
+    registry.set_alias(agent, CHALLENGER, v2)
+    made = [(d.action, d.version) for d in ctl.tick() + ctl.tick()]
+    assert ("error", v1) in made and ("hold", v2) in made
+    assert not [m for m in made if m[0] in ("deploy", "promote", "serve", "canary")], made
+    assert registry.aliases(agent) == {CHAMPION: v1, CHALLENGER: v2}
+    assert weights(routes, agent) == {}
+
+
 def test_restarting_the_controller_resumes_the_rollout(  # type: ignore[no-untyped-def]
     mlflow_server, triton, gateway, registry, tmp_path: Path
 ) -> None:

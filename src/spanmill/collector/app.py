@@ -11,9 +11,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from spanmill.bodylimit import BodyLimit, Scope, header
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.collector.receiver import OtlpReceiver, status_message
-from spanmill.feedback import Caller, declared_too_large
+from spanmill.feedback import MAX_BODY_BYTES, Caller, FeedbackError
 from spanmill.keys import ANONYMOUS, KeyRing, bearer
 
 
@@ -74,16 +75,7 @@ def create_app(
                     status_message(16, "missing or unknown producer key", as_json),
                     status_code=401,
                 )
-            limit = receiver.max_bytes
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > limit:
-                return Response(
-                    status_message(
-                        3, f"request is over {limit} bytes; export smaller batches", as_json
-                    ),
-                    status_code=413,
-                )
-            body = await request.body()
+            body = await request.body()  # at most receiver.max_bytes (BodyLimit)
             reply = await run_in_threadpool(
                 receiver.export,
                 body,
@@ -107,9 +99,6 @@ def create_app(
                                "type": "authentication_error"}},
                     status_code=401,
                 )  # fmt: skip
-            error = declared_too_large(request.headers.get("content-length"))
-            if error is not None:
-                return JSONResponse(error.body(), status_code=error.status)
             address = request.client.host if request.client is not None else None
             reply = await run_in_threadpool(
                 receiver.feedback, await request.body(), Caller(who, address)
@@ -121,6 +110,21 @@ def create_app(
                 headers=reply.headers,
             )
 
+        # Bodies are bounded before they are read, chunked ones too.
+        limits = {"/v1/traces": receiver.max_bytes, "/v1/feedback": MAX_BODY_BYTES}
+
+        def refuse(scope: Scope, limit: int) -> Response:
+            if scope["path"] == "/v1/feedback":
+                error = FeedbackError(
+                    f"body: over the limit of {limit} bytes; send smaller batches", status=413
+                )
+                return JSONResponse(error.body(), status_code=error.status)
+            as_json = "json" in header(scope, b"content-type")
+            message = f"request is over {limit} bytes; export smaller batches"
+            return Response(status_message(3, message, as_json), status_code=413)
+
+        app.add_middleware(BodyLimit, limit_of=lambda scope: limits.get(scope["path"]),
+                           refuse=refuse)  # fmt: skip
     if store is not None:
         _admin_routes(app, admin, *store)
     return app

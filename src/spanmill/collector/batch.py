@@ -88,6 +88,17 @@ class BatchJob:
     values: list[bytes]
     content_types: list[str | None]
 
+    def without(self, offset: int) -> BatchJob:
+        """The same batch less the record at ``offset``."""
+        kept = [i for i, o in enumerate(self.offsets) if o != offset]
+        return BatchJob(
+            self.batch,
+            [self.offsets[i] for i in kept],
+            [self.timestamps[i] for i in kept],
+            [self.values[i] for i in kept],
+            [self.content_types[i] for i in kept],
+        )
+
 
 @dataclass
 class BatchOutcome:
@@ -183,8 +194,30 @@ class BatchProcessor:
         self.redactor.apply(parts, redactions, patterns=patterns or translated)
 
     def process(self, job: BatchJob) -> BatchOutcome:
+        """The batch's rows written, its undecodable records dead-lettered. A record that
+        breaks the collector itself (a bug) goes to the dead-letter topic alone: the batch
+        is made again without it, as often as records break it, and the others' rows are
+        stored, none of its own."""
+        started = time.perf_counter()
+        records = len(job.offsets)
+        broken: list[tuple[int, str, str]] = []
         with _collection_paused():
-            return self._process(job)
+            while True:
+                try:
+                    outcome = self._process(job)
+                    break
+                except _RecordBroke as broke:
+                    batch = job.batch
+                    log.error("record %s/%s/%s broke the collector", batch.topic,
+                              batch.partition, broke.offset, exc_info=broke.error)  # fmt: skip
+                    detail = f"{type(broke.error).__name__}: {broke.error}"
+                    broken.append((broke.offset, INTERNAL_ERROR, detail))
+                    job = job.without(broke.offset)
+        if broken:
+            outcome.dead = sorted([*outcome.dead, *broken])
+            outcome.records = records
+            outcome.seconds = time.perf_counter() - started
+        return outcome
 
     def _process(self, job: BatchJob) -> BatchOutcome:
         started = time.perf_counter()
@@ -218,13 +251,13 @@ class BatchProcessor:
                 continue
             except Exception as exc:  # a collector bug must not lose the batch
                 # Some of its rows may be in: the batch is made again without it.
-                return self._without(job, offset, exc, started)
+                raise _RecordBroke(offset, exc) from exc
         try:
             tables = hourly.tables(
                 lambda parts, found: self.steps(parts, redactions, translations, patterns=found)
             )
         except RowFailed as exc:  # a collector bug in the steps: as above
-            return self._without(job, exc.offset, exc.__cause__ or exc, started)
+            raise _RecordBroke(exc.offset, exc.__cause__ or exc) from exc
         files = self.writer.write_batch(batch, tables) if hourly.rows else []
         return BatchOutcome(
             batch=batch,
@@ -237,28 +270,15 @@ class BatchProcessor:
             seconds=time.perf_counter() - started,
         )
 
-    def _without(
-        self, job: BatchJob, offset: int, error: BaseException, started: float
-    ) -> BatchOutcome:
-        """The batch processed again without the record at ``offset``, which broke the
-        collector with ``error`` (logged, with the traceback being handled) and goes to
-        the dead-letter topic alone: the others' rows are stored, none of its own."""
-        batch = job.batch
-        log.exception("record %s/%s/%s broke the collector", batch.topic, batch.partition, offset)
-        detail = f"{type(error).__name__}: {error}"
-        kept = [i for i, o in enumerate(job.offsets) if o != offset]
-        rest = BatchJob(
-            job.batch,
-            [job.offsets[i] for i in kept],
-            [job.timestamps[i] for i in kept],
-            [job.values[i] for i in kept],
-            [job.content_types[i] for i in kept],
-        )
-        outcome = self._process(rest)
-        outcome.dead = sorted([*outcome.dead, (offset, INTERNAL_ERROR, detail)])
-        outcome.records = len(job.offsets)
-        outcome.seconds = time.perf_counter() - started
-        return outcome
+
+class _RecordBroke(Exception):
+    """A record that broke the collector while its batch was made: ``offset``, with the
+    ``error`` it raised."""
+
+    def __init__(self, offset: int, error: BaseException) -> None:
+        super().__init__(offset)
+        self.offset = offset
+        self.error = error
 
 
 @contextlib.contextmanager

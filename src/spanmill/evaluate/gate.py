@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from spanmill.evaluate.scoring import Summary
@@ -37,6 +38,11 @@ def decide(
     reasons: list[str] = []
     if challenger.n == 0 or champion.n == 0:
         reasons.append("nothing was evaluated")
+    elif not math.isfinite(delta):  # a comparison with NaN is false: it would pass below
+        reasons.append(
+            f"{metric} cannot be compared: {challenger.metric(metric)} against the "
+            f"champion's {champion.metric(metric)}"
+        )
     elif delta <= 0:
         reasons.append(
             f"{metric} {challenger.metric(metric):.3f} is "

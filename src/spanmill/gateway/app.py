@@ -39,6 +39,7 @@ from starlette.background import BackgroundTask
 
 from spanmill import feedback
 from spanmill import messages as chat
+from spanmill.bodylimit import BodyLimit
 from spanmill.config import GatewaySettings
 from spanmill.errors import ConfigError
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
@@ -155,59 +156,6 @@ class _Authorize:
         await self.app(scope, receive, send)
 
 
-class _BodyLimit:
-    """Refuses a request body over ``limit`` bytes with 413 before the app reads it: by its
-    declared length at once, else (a chunked body) as soon as the bytes received pass it."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def _refuse(self, scope: Any, receive: Any, send: Any) -> None:
-        refused = _error(
-            413,
-            f"the request body is over the limit of {self.limit} bytes",
-            "invalid_request_error",
-        )
-        await refused(scope, receive, send)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
-            return
-        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if declared is not None:
-            if not declared.isdigit() or int(declared) > self.limit:
-                await self._refuse(scope, receive, send)
-                return
-            await self.app(scope, receive, send)  # the server holds the body to that length
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                await self._refuse(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return whole
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
 def create_app(
     settings: GatewaySettings,
     *,
@@ -250,7 +198,13 @@ def create_app(
     app = FastAPI(title="spanmill gateway", lifespan=lifespan)
     app.state.gateway = state
 
-    app.add_middleware(_BodyLimit, limit=settings.max_request_bytes)
+    app.add_middleware(
+        BodyLimit,
+        limit_of=lambda _: settings.max_request_bytes,
+        refuse=lambda _, limit: _error(
+            413, f"the request body is over the limit of {limit} bytes", "invalid_request_error"
+        ),
+    )
     keys = KeyRing(settings.client_keys_file, settings.api_key, settings.admin_api_key)
     app.add_middleware(_Authorize, keys=keys)
 

@@ -337,6 +337,12 @@ def _error_text(raw: bytes) -> str:
         return raw.decode(errors="replace")[:500]
 
 
+# Words of a model that failed while serving a request: spanmill's model says
+# "generation failed", Triton's Python backend "Failed to process the request(s)" for
+# an exception its model raised, and a traceback is one in any case.
+_SERVER_FAULTS = ("generation failed", "failed to process the request", "traceback")
+
+
 def _classify(message: str, model: str, version: str) -> UpstreamError:
     lowered = message.lower()
     if "maximum queue size" in lowered:
@@ -359,6 +365,10 @@ def _classify(message: str, model: str, version: str) -> UpstreamError:
     if "maximum model length" in lowered:
         # vLLM's words for a prompt longer than the engine's max_model_len.
         return UpstreamError(message, 400, code=protocol.CONTEXT_LENGTH_EXCEEDED)
+    if any(marker in lowered for marker in _SERVER_FAULTS):
+        # The model failed on a request it took (its words may say "invalid" too: a
+        # ValueError's): the server's fault, which a canary counts against its version.
+        return UpstreamError(f"Triton failed on {model} version {version}: {message}", 502)
     if "must be" in lowered or "invalid" in lowered or "takes 1 to" in lowered:
         return UpstreamError(message, 400)
     if "unknown model" in lowered or "not found" in lowered or "unavailable" in lowered:

@@ -131,37 +131,71 @@ class Deployer:
         except TritonError as exc:
             raise DeployError(f"finding where {agent} version {version} is loaded failed: "
                               f"{exc}") from None  # fmt: skip
-        stage, server = "writing", None
-        try:
-            if lacking and not self.repository.has(model, version):
+        if lacking and not self.repository.has(model, version):
+            try:
                 materialize(registered, self.registry, self.repository, self.options)
-            stage = "loading"
-            for server in lacking:
-                server.load(model)
-            stage = "checking"
-            for server in servers:
-                self._smoke(server, agent, version)
-        except SpanmillError as exc:
-            where = f" on {server.describe()}" if server is not None else ""
-            detail = str(exc).removeprefix(f"{server.describe()}: " if server else "")
-            if stage == "loading" and server is not None:
-                try:
-                    reason = server.reasons(model).get(version, "")
-                except SpanmillError:
-                    reason = ""
-                detail = _first_line(reason) or _first_line(detail)
-            elif stage == "checking":
-                detail = f"it does not answer: {detail}"
-            message = f"{stage} {agent} version {version} failed{where}: {detail}"
+            except SpanmillError as exc:
+                message = f"writing {agent} version {version} failed: {_first_line(str(exc))}"
+                if len(lacking) == len(servers):
+                    self._clean_up(agent, version)
+                    raise DeployError(message) from None
+                raise PodDeployError(message) from None
+        failure = self._load_and_check(agent, version, servers, lacking, version)
+        if failure is not None:
+            message, answering = failure
             if len(lacking) == len(servers):
                 self._clean_up(agent, version)
-                raise DeployError(message) from None
-            raise PodDeployError(message) from None
+                raise DeployError(message)
+            if not answering:  # loaded somewhere, answering nowhere: nothing serves it
+                raise DeployError(message)
+            raise PodDeployError(message)
         seconds = time.perf_counter() - started
         if lacking:
             onto = ", ".join(s.describe() for s in lacking)
             log.info("%s version %d deployed in %.1fs onto %s", agent, version, seconds, onto)
         return seconds
+
+    def _load_and_check(
+        self,
+        agent: str,
+        version: int,
+        servers: list[TritonControl],
+        lacking: list[TritonControl],
+        loaded_as: int,
+    ) -> tuple[str, list[TritonControl]] | None:
+        """Load the model onto each server in ``lacking`` and smoke-check ``version`` on
+        every server that holds it (``loaded_as``: the Triton version that must be READY).
+        None when all answer; else what failed first, and the servers that did answer."""
+        model = names.triton_model(agent)
+        failures: list[str] = []
+        holding = [s for s in servers if s not in lacking]
+        for server in lacking:
+            try:
+                server.load(model)
+                holding.append(server)
+            except SpanmillError as exc:
+                try:
+                    reason = server.reasons(model).get(loaded_as, "")
+                except SpanmillError:
+                    reason = ""
+                detail = _first_line(reason) or _first_line(
+                    str(exc).removeprefix(f"{server.describe()}: ")
+                )
+                failures.append(
+                    f"loading {agent} version {version} failed on {server.describe()}: {detail}"
+                )
+        answering: list[TritonControl] = []
+        for server in holding:
+            try:
+                self._smoke(server, agent, version)
+                answering.append(server)
+            except SpanmillError as exc:
+                detail = _first_line(str(exc).removeprefix(f"{server.describe()}: "))
+                failures.append(
+                    f"checking {agent} version {version} failed on {server.describe()}: "
+                    f"it does not answer: {detail}"
+                )
+        return (failures[0], answering) if failures else None
 
     def _deploy_to_engine(self, agent: str, version: int, registered: Any, started: float) -> float:
         """The vLLM flavour's deploy: the version joins the engine, and every server
@@ -175,26 +209,26 @@ class Deployer:
                 f"{version} that was not written from MLflow version {version} of {agent}: "
                 f"retire it first"
             )
-        stage, server = "writing", None
         try:
             servers = self.triton.members()
             lacking = [s for s in servers if s.versions(model).get(ENGINE_VERSION) != "READY"]
             if not listed:
                 add_to_engine(registered, self.registry, self.repository, self.options)
                 lacking = servers
-            stage = "loading"
-            for server in lacking:
-                server.load(model)
-            stage = "checking"
-            for server in servers:
-                self._smoke(server, agent, version)
         except SpanmillError as exc:
-            where = f" on {server.describe()}" if server is not None else ""
-            message = f"{stage} {agent} version {version} failed{where}: {_first_line(str(exc))}"
+            message = f"writing {agent} version {version} failed: {_first_line(str(exc))}"
             if not listed:
                 self._clean_up(agent, version)
-                raise DeployError(message) from None
-            raise PodDeployError(message) from None
+            raise DeployError(message) from None
+        failure = self._load_and_check(agent, version, servers, lacking, ENGINE_VERSION)
+        if failure is not None:
+            message, answering = failure
+            if not listed:
+                self._clean_up(agent, version)
+                raise DeployError(message)
+            if not answering:  # listed, answering nowhere: nothing serves it
+                raise DeployError(message)
+            raise PodDeployError(message)
         seconds = time.perf_counter() - started
         if not listed:
             log.info("%s version %d added to its vLLM engine in %.1fs", agent, version, seconds)

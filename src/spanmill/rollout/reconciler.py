@@ -159,7 +159,16 @@ class Reconciler:
             # The challenger.
             challenger = desired.challenger
             if challenger is not None and challenger != st.champion:
-                if st.phase in (Phase.STABLE, Phase.DEPLOYING):
+                if st.phase in (Phase.STABLE, Phase.DEPLOYING) and (
+                    st.champion is None and desired.champion is not None
+                ):
+                    # The registry has a champion that is not in service yet (it cannot be
+                    # loaded, or waits to be tried again): staged now, the challenger would
+                    # be served as a first version, all traffic and no canary.
+                    self._decide(agent, "hold", challenger,
+                                 f"waiting for champion version {desired.champion} to be served",
+                                 quiet=True)  # fmt: skip
+                elif st.phase in (Phase.STABLE, Phase.DEPLOYING):
                     st = self._stage(agent, st, challenger)
                 elif st.phase == Phase.CANARY:
                     st = self._canary(agent, st)

@@ -1,0 +1,71 @@
+"""Bounded request bodies for spanmill's HTTP services, as a plain ASGI middleware.
+
+A body over its route's limit is refused with 413 before the app reads it: by its
+declared length at once, else (a chunked body, which declares none) as soon as the
+bytes received pass the limit, so that no request can make a service hold more than
+that in memory. The gateway and the collector's receiver both sit behind it, each
+with its own limits and its own shape of refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Scope = dict[str, Any]
+# The limit of a request's body from its scope (None: no limit); the refusal to send.
+LimitOf = Callable[[Scope], int | None]
+Refusal = Callable[[Scope, int], Any]
+
+
+class BodyLimit:
+    def __init__(self, app: Any, limit_of: LimitOf, refuse: Refusal) -> None:
+        self.app = app
+        self.limit_of = limit_of
+        self.refuse = refuse
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_of(scope)
+        if limit is None:
+            await self.app(scope, receive, send)
+            return
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > limit:
+                await self.refuse(scope, limit)(scope, receive, send)
+                return
+            await self.app(scope, receive, send)  # the server holds the body to that length
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                await self.refuse(scope, limit)(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return whole
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def header(scope: Scope, name: bytes) -> str:
+    """A request header's value from its scope ('' where absent)."""
+    value = next((v for k, v in scope["headers"] if k == name), b"")
+    return value.decode("latin-1")
