@@ -283,3 +283,31 @@ def test_a_delivery_not_taken_in_time_is_withdrawn_unsent() -> None:
         assert len(producer.sent) == 1  # the withdrawn delivery was skipped, never sent
     finally:
         emitter.close()
+
+
+def test_stopping_while_kafka_was_never_reached_counts_what_is_left_and_answers_senders() -> None:
+    """Kafka unreachable since the gateway started: at its stop, the calls' spans left
+    in the queue are counted as dropped, and a feedback sender still waiting is told
+    its delivery was refused (none of it was sent), instead of waiting for an answer."""
+    from spanmill.stack.ports import free_port
+
+    metrics = GatewayMetrics()
+    emitter = SpanEmitter(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"), metrics)
+    emitter.start()
+    for span in spans(5):
+        emitter.emit(span)
+
+    async def feedback() -> Outcome:
+        return await emitter.deliver(spans(2), queue_wait_s=120)
+
+    answered: list[Any] = []
+    sender = threading.Thread(target=lambda: answered.append(asyncio.run(feedback())))
+    sender.start()
+    while emitter._queue.qsize() < 5:  # the first span is with the thread, trying Kafka
+        threading.Event().wait(0.01)
+    emitter.close(timeout=30)
+    sender.join(30)
+    assert not emitter._thread.is_alive()
+    assert emitter.dropped == 5
+    assert metrics.spans_dropped.labels("shutdown")._value.get() == 5
+    assert [type(failure) for failure in answered[0]] == [EmitterBusy, EmitterBusy]

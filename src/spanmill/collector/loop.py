@@ -62,6 +62,31 @@ _DLQ_TIMEOUT_S = 10.0
 _COMMIT_TIMEOUT_MS = 10_000
 _LAG_EVERY_S = 1.0
 _PRUNE_EVERY_S = 600.0
+# How long a partition's log must seem to end before the consumer's position before it
+# is taken for a new log (and read again from its start).
+LOG_ENDS_SETTLE_S = 10.0
+
+
+class LogEnds:
+    """Whether a partition's log has ended before the consumer's position long enough to
+    be a new log. A broker's high watermark can trail what was already read for a
+    moment (a new leader catching up after a failover); a new log (a topic made again, a
+    broker that lost its storage) stays shorter. Taken for a new one, a log is read
+    again from its start: a mistake would store every record still in it twice."""
+
+    def __init__(self, settle_s: float = LOG_ENDS_SETTLE_S) -> None:
+        self.settle_s = settle_s
+        self._since: dict[int, float] = {}
+
+    def settled(self, partition: int, position: int, high: int, now: float) -> bool:
+        """True once the log has ended before ``position`` for ``settle_s``."""
+        if position <= high:
+            self._since.pop(partition, None)
+            return False
+        return now - self._since.setdefault(partition, now) >= self.settle_s
+
+    def forget(self, partition: int) -> None:
+        self._since.pop(partition, None)
 
 
 class CollectorError(SpanmillError):
@@ -177,6 +202,7 @@ class Collector:
         self._joined = False
         self._commit_retry_at = 0.0
         self._last_lag = 0.0
+        self._log_ends = LogEnds()
         self._last_prune = time.monotonic()
         self.last_loop = 0.0
         self.spans_written = 0
@@ -357,6 +383,7 @@ class Collector:
         """Nothing taken of this partition before now gets its offset committed."""
         self._epochs[partition] = self._epochs.get(partition, 0) + 1
         self._pending_commits.pop(partition, None)
+        self._log_ends.forget(partition)
 
     def _close_epoch(self, partition: int, now: float) -> None:
         """Write what is held of this partition in the epoch it was taken in; start a new one."""
@@ -693,9 +720,22 @@ class Collector:
             if high is None or position is None:
                 continue
             if position > high:
-                self._log_replaced(partition, position, high)
+                if self._log_ends.settled(partition, position, high, time.monotonic()):
+                    # Asked of the broker now, not read off the last fetch.
+                    self._log_ends.forget(partition)
+                    end = self._end_offset(tp)
+                    if end is not None and end < position:
+                        self._log_replaced(partition, position, end)
                 continue
             self.metrics.lag.labels(str(partition)).set(high - position)
+
+    def _end_offset(self, tp: Any) -> int | None:
+        try:
+            end = self.consumer.end_offsets([tp], timeout_ms=5_000).get(tp)
+        except Exception as exc:
+            log.warning("the end of partition %d could not be asked: %s", tp.partition, exc)
+            return None
+        return int(end) if end is not None else None
 
     def _log_replaced(self, partition: int, position: int, high: int) -> None:
         """The partition's log now ends before what was read of it: a new log (a topic

@@ -20,7 +20,6 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -198,15 +197,18 @@ class SpanEmitter:
             self.metrics.span_queue.set(self._queue.qsize())
             if item is _STOP:
                 break
-            while self._producer is None:
+            while self._producer is None and not self._stopping.is_set():
                 try:
                     self._connect_both()
                     backoff = 0.5
                 except Exception as exc:
                     log.warning("Kafka unreachable (%s); retrying in %.1fs", exc, backoff)
-                    time.sleep(backoff)
+                    self._stopping.wait(backoff)
                     backoff = min(backoff * 2, 10.0)
                     # Spans that arrived meanwhile wait in the queue; a full queue drops.
+            if self._producer is None:  # stopping, and Kafka was never reached
+                self._abandon(item)
+                continue
             if isinstance(item, _Delivery):
                 self._send_delivery(item)
                 continue
@@ -255,6 +257,16 @@ class SpanEmitter:
     def _acknowledged(self, delivery: _Delivery, index: int, metadata: Any) -> None:
         self._delivered(metadata)
         delivery.settle(index, None)
+
+    def _abandon(self, item: Any) -> None:
+        """What the gateway leaves unsent as it stops: counted, and a waiting feedback
+        sender answered (its delivery refused, so that it may send it again)."""
+        if isinstance(item, _Delivery):
+            if item.begin():
+                for index in range(len(item.spans)):
+                    item.settle(index, EmitterBusy("the gateway stopped before Kafka was reached"))
+            return
+        self._drop("shutdown")
 
     def _refused(self, delivery: _Delivery, index: int, exc: BaseException) -> None:
         log.warning("feedback span not delivered to Kafka: %s", exc)

@@ -38,11 +38,14 @@ class GatewayMetrics:
             registry=r,
         )
         self.spans_emitted = Counter(
-            "spanmill_gateway_spans_emitted", "LLM spans delivered to Kafka.", registry=r
+            "spanmill_gateway_spans_emitted",
+            "Spans delivered to Kafka: calls and feedback.",
+            registry=r,
         )
         self.spans_dropped = Counter(
             "spanmill_gateway_spans_dropped",
-            "LLM spans lost: the queue was full or Kafka refused them.",
+            "LLM spans lost, by reason: the queue was full, Kafka refused them, or the "
+            "gateway stopped before Kafka was reached.",
             ["reason"],
             registry=r,
         )
