@@ -50,18 +50,20 @@ def create_app(
 
     shown = exposition if exposition is not None else metrics.registry
 
+    # The probes and /metrics answer in the event loop, not in the thread pool where
+    # exports may all be waiting for Kafka: a slow Kafka must not fail the probes.
     @app.get("/healthz")
-    def healthz() -> Response:
+    async def healthz() -> Response:
         ok = health.alive
         return Response(b"ok" if ok else b"stuck", status_code=200 if ok else 503)
 
     @app.get("/readyz")
-    def readyz() -> Response:
+    async def readyz() -> Response:
         ok = health.ready
         return Response(b"ready" if ok else b"not ready", status_code=200 if ok else 503)
 
     @app.get("/metrics")
-    def prometheus() -> Response:
+    async def prometheus() -> Response:
         return Response(generate_latest(shown), media_type=CONTENT_TYPE_LATEST)
 
     if receiver is not None:

@@ -49,10 +49,10 @@ log = logging.getLogger(__name__)
 
 _INVALID_ARGUMENT: Final = 3
 _UNAVAILABLE: Final = 14
-_SEND_TIMEOUT_S: Final = 10.0
 # Longer than the collector producer's delivery timeout (30 s), so that every wait
-# ends with Kafka's own answer: a feedback reply never guesses.
-_FEEDBACK_WAIT_S: Final = 45.0
+# ends with Kafka's own answer: a reply never guesses. An export answered 503 while its
+# records were still on their way would be sent again, and stored twice.
+_KAFKA_ANSWER_S: Final = 45.0
 SERVICE_NAME: Final = "spanmill-collector"
 PROTOBUF: Final = "application/x-protobuf"
 JSON: Final = "application/json"
@@ -170,8 +170,9 @@ class OtlpReceiver:
 
         try:
             futures = [self._send(trace_id, payload) for trace_id, payload in records]
+            deadline = time.monotonic() + _KAFKA_ANSWER_S
             for future in futures:
-                future.get(timeout=_SEND_TIMEOUT_S)
+                future.get(timeout=max(0.0, deadline - time.monotonic()))
         except KafkaError as exc:
             log.warning("OTLP export not forwarded to Kafka: %s", exc)
             self.metrics.receiver_spans.labels("unavailable").inc(count)
@@ -260,7 +261,7 @@ class OtlpReceiver:
                 outcome.append(future)
                 continue
             try:
-                future.get(timeout=_FEEDBACK_WAIT_S)
+                future.get(timeout=_KAFKA_ANSWER_S)
                 outcome.append(None)
             except KafkaError as exc:
                 log.warning("feedback span not delivered to Kafka: %s", exc)
