@@ -303,7 +303,11 @@ def test_stopping_while_kafka_was_never_reached_counts_what_is_left_and_answers_
     answered: list[Any] = []
     sender = threading.Thread(target=lambda: answered.append(asyncio.run(feedback())))
     sender.start()
-    while emitter._queue.qsize() < 5:  # the first span is with the thread, trying Kafka
+    from spanmill.gateway.emitter import _Delivery
+
+    # The feedback waits in the queue behind the spans (the first is with the thread,
+    # trying Kafka) before the gateway stops.
+    while not any(isinstance(item, _Delivery) for item in list(emitter._queue.queue)):
         threading.Event().wait(0.01)
     emitter.close(timeout=30)
     sender.join(30)

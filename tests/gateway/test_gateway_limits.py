@@ -122,3 +122,66 @@ def test_a_fault_of_the_gateways_own_is_answered_and_recorded() -> None:
     assert [span.status_message for span in emitter.emitted] == [
         "the gateway failed: KeyError: 'TEXT'"
     ] * 2
+
+
+def test_a_client_that_leaves_before_a_plain_answer_stops_its_generation() -> None:
+    """Nothing is written to a plain answer's client until its end, so nothing else
+    would notice it gone: its generation would hold Triton, and its request slot, on."""
+    import asyncio
+    import json
+
+    class Waiting(EchoUpstream):
+        def __init__(self) -> None:
+            self.started: asyncio.Event | None = None
+            self.cancelled = False
+
+        async def generate(self, *args: Any) -> Any:
+            assert self.started is not None
+            self.started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled = True  # the call to Triton is closed: generation stops
+                raise
+
+    emitter, upstream = FakeEmitter(), Waiting()
+    table = RoutingTable.model_validate(
+        {"routes": {"echo": {"triton_model": "echo", "backends": [{"version": "1", "weight": 1}]}}}
+    )
+    app = create_app(GatewaySettings(), emitter=emitter, upstream=upstream, table=table)  # type: ignore[arg-type]
+    body = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+             "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}  # fmt: skip
+
+    async def scenario() -> list[Any]:
+        upstream.started = asyncio.Event()
+        left = asyncio.Event()
+        read = False
+        sent: list[Any] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal read
+            if not read:
+                read = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        call = asyncio.ensure_future(app(scope, receive, send))
+        await asyncio.wait_for(upstream.started.wait(), 30)
+        left.set()  # the client goes away mid-generation
+        await asyncio.wait_for(call, 30)
+        return sent
+
+    sent = asyncio.run(scenario())
+    assert upstream.cancelled
+    assert sent[0]["status"] == 499
+    (span,) = emitter.emitted
+    assert span.status_message == "the client closed the connection before the answer ended"

@@ -366,3 +366,45 @@ def test_only_one_retry_and_only_for_a_missing_version() -> None:
     (error,), retries = asyncio.run(_generate(replicas))
     assert error.status == 502 and "out of memory" in str(error)
     assert replicas.requests == [0, 1] and retries == 1
+
+
+def test_tokenizers_load_apart_and_a_failed_load_waits_before_it_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slow load holds up only the calls of its own base model, and a failed one is
+    not started again by every call that follows."""
+    import threading
+
+    import transformers
+
+    from spanmill.gateway.prompts import PromptError, Tokenizers
+
+    slow_started, slow_may_end = threading.Event(), threading.Event()
+    loads: list[str] = []
+
+    def resolve(reference: str) -> str:
+        return reference
+
+    def from_pretrained(path: str) -> Any:
+        loads.append(path)
+        if path == "slow":
+            slow_started.set()
+            assert slow_may_end.wait(30)
+        if path == "broken":
+            raise OSError("no such folder")
+        return f"tokenizer of {path}"
+
+    monkeypatch.setattr("spanmill.models.resolve.resolve_model", resolve)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    tokenizers = Tokenizers(retry_after_s=3600)
+    slow = threading.Thread(target=tokenizers.get, args=("slow",))
+    slow.start()
+    assert slow_started.wait(30)
+    assert tokenizers.get("quick") == "tokenizer of quick"  # while "slow" still loads
+    slow_may_end.set()
+    slow.join(30)
+    assert tokenizers.get("slow") == "tokenizer of slow"
+    for _ in range(3):
+        with pytest.raises(PromptError, match="no such folder"):
+            tokenizers.get("broken")
+    assert loads == ["slow", "quick", "broken"]  # each loaded once, the broken one tried once

@@ -115,6 +115,36 @@ def test_a_whole_rollout_through_the_state_machine() -> None:
     assert state.retiring == {}
 
 
+def test_the_last_step_compares_with_the_champion_of_the_steps_before() -> None:
+    """At 100% the champion answers nothing; a challenger twice as slow as it was must
+    still fail the latency ratio there, not pass on error rate alone."""
+    policy = POLICY.model_copy(update={"max_latency_ratio": 1.5})
+    champion = Health(requests=300, errors=0, p95_latency_s=0.1)
+    slow = Health(requests=300, errors=0, p95_latency_s=0.3)
+    state = canary(step=2)
+    state = decide.advance(state, now=2000, baseline=None, champion=champion, policy=policy)
+    assert decide.challenger_weight(state, policy) == 100
+    silent = Health(requests=0)  # this step sends the champion nothing
+    reference = decide.champion_reference(state, silent, policy)
+    assert reference == champion
+    verdict = decide.judge(policy, slow, reference)
+    assert verdict.kind == "unhealthy" and "1.5x the champion" in verdict.reasons[0]
+    # Without the kept figures, the comparison would not run at all.
+    assert decide.judge(policy, slow, silent).kind == "healthy"
+    # Where the champion has traffic of its own, this step's figures are the reference,
+    # and a step with too little of it keeps the older ones.
+    busy = Health(requests=50, p95_latency_s=0.2)
+    assert decide.champion_reference(state, busy, policy) == busy
+    kept = decide.advance(state, now=2100, baseline=None, champion=Health(requests=3),
+                          policy=policy)  # fmt: skip
+    assert kept.champion_reference == champion
+    # A new canary starts with none.
+    restarted = decide.start_canary(AgentState(agent="calc", phase=Phase.DEPLOYING, champion=1,
+                                               challenger=3, champion_reference=champion),
+                                    now=3000, baseline=None)  # fmt: skip
+    assert restarted.champion_reference is None
+
+
 def test_rollback_drains_before_unloading_only_after_traffic() -> None:
     state = decide.roll_back(canary(step=2), now=100, policy=POLICY, had_traffic=True)
     assert (state.phase, state.champion, state.challenger) == (Phase.STABLE, 1, None)

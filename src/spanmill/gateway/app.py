@@ -494,15 +494,24 @@ async def _answer(
             # Also after a stream that never started (the client left at once).
             background=_after(release),
         )
+    watch = _Departure(request.receive)
     try:
         result = await _within(
             call,
             state.upstream.generate(target, messages, params, body.tools),
         )
+    except asyncio.CancelledError:
+        if not watch.gone:
+            raise  # the server stops
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        call.failed("the client closed the connection before the answer ended", 499)
+        return Response(status_code=499)  # to nobody: the answer's end for the server
     except Exception as exc:
         failure = _as_upstream_error(exc)
         call.failed(str(failure), failure.status)
         return _upstream_error(failure)
+    finally:
+        watch.stop()
     choices, usage = call.answered(result)
     payload = {
         **call.head(result),
@@ -518,6 +527,29 @@ async def _answer(
         to_json(payload), media_type="application/json", headers=headers,
         background=_after(call.flush),
     )  # fmt: skip
+
+
+class _Departure:
+    """Stops the request's task when its client goes away before the answer: nothing
+    else tells a plain (not streamed) answer, so its generation would hold Triton, and
+    the client's request slot, to its end or its deadline. Stopped, the call to Triton
+    is closed, which stops the generation at the next token."""
+
+    def __init__(self, receive: Callable[[], Awaitable[Any]]) -> None:
+        self.gone = False
+        self._task = asyncio.current_task()
+        self._watch = asyncio.ensure_future(self._wait(receive))
+
+    async def _wait(self, receive: Callable[[], Awaitable[Any]]) -> None:
+        # The body was read whole: what comes next is the client's departure.
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def stop(self) -> None:
+        self._watch.cancel()
 
 
 def _after(step: Callable[[], None]) -> BackgroundTask:

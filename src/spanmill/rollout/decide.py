@@ -178,12 +178,37 @@ def begin_deploy(state: AgentState, version: int, now: float) -> AgentState:
 
 
 def start_canary(state: AgentState, now: float, baseline: dict[str, object] | None) -> AgentState:
-    return transition(state, Phase.CANARY, now, step=0, step_started_at=now, baseline=baseline)
+    return transition(state, Phase.CANARY, now, step=0, step_started_at=now, baseline=baseline,
+                      champion_reference=None)  # fmt: skip
 
 
-def advance(state: AgentState, now: float, baseline: dict[str, object] | None) -> AgentState:
+def advance(
+    state: AgentState,
+    now: float,
+    baseline: dict[str, object] | None,
+    champion: Health | None = None,
+    policy: RolloutPolicy | None = None,
+) -> AgentState:
+    """The next step; ``champion``'s figures over the step that ends are kept as the
+    reference for the steps to come where they had traffic enough (see
+    :func:`champion_reference`)."""
+    reference = state.champion_reference
+    if champion is not None and policy is not None and champion.requests >= policy.min_requests:
+        reference = champion
     return transition(state, Phase.CANARY, now, step=state.step + 1, step_started_at=now,
-                      baseline=baseline)  # fmt: skip
+                      baseline=baseline, champion_reference=reference)  # fmt: skip
+
+
+def champion_reference(
+    state: AgentState, current: Health | None, policy: RolloutPolicy
+) -> Health | None:
+    """What a challenger is compared with: the champion's figures over this step, or,
+    where the step gives it too little traffic (none at the last step, at 100%), those
+    kept from an earlier step, so that the last step is not judged on its absolute
+    limits alone. With neither, :func:`judge` has nothing to compare with."""
+    if current is not None and current.requests >= policy.min_requests:
+        return current
+    return state.champion_reference or current
 
 
 def _retire(retiring: dict[int, float], version: int | None, at: float) -> dict[int, float]:

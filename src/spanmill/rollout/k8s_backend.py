@@ -158,13 +158,16 @@ class KubernetesBackend:
             if exc.status != 409:
                 raise self._fail(f"recording event {name} on", exc) from None
             # The same decision again (a version retired twice): count it on the same event.
-            current = self.core.read_namespaced_event(name, self.namespace)
-            self.core.patch_namespaced_event(
-                name,
-                self.namespace,
-                {"count": (current.count or 1) + 1, "lastTimestamp": now,
-                 "message": body["message"]},
-            )  # fmt: skip
+            try:
+                current = self.core.read_namespaced_event(name, self.namespace)
+                self.core.patch_namespaced_event(
+                    name,
+                    self.namespace,
+                    {"count": (current.count or 1) + 1, "lastTimestamp": now,
+                     "message": body["message"]},
+                )  # fmt: skip
+            except Exception as again:  # as any failure to record: the backend's error
+                raise self._fail(f"recording event {name} on", again) from None
         except Exception as exc:
             raise self._fail(f"recording event {name} on", exc) from None
 

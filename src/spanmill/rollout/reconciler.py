@@ -266,6 +266,8 @@ class Reconciler:
         )
         now = self.clock()
         if st.champion is None:
+            if not self._may_promote(agent, version):
+                return st
             self.registry.promote(agent, version, reason="first version", record=False)
             st = decide.promote(st, now, self.policy)
             self._decide(agent, "promote", version,
@@ -296,7 +298,9 @@ class Reconciler:
         champion_health: Health | None = None
         if compare and st.champion is not None:
             champion_health = self.signals.health(route, st.champion, since, st.baseline)
-        verdict = decide.judge(self.policy, health, champion_health)
+        verdict = decide.judge(
+            self.policy, health, decide.champion_reference(st, champion_health, self.policy)
+        )
         now = self.clock()
         move = decide.next_move(st, self.policy, verdict, now)
         if move.kind == "hold":
@@ -305,9 +309,11 @@ class Reconciler:
         if move.kind == "rollback":
             return self._reject(agent, st, move.reason, had_traffic=True, health=health)
         if move.kind == "advance":
-            st = decide.advance(st, now, self.signals.snapshot(route))
+            st = decide.advance(st, now, self.signals.snapshot(route), champion_health, self.policy)
             weight = decide.challenger_weight(st, self.policy)
             self._decide(agent, "advance", version, move.reason, weight=weight, health=health)
+            return st
+        if not self._may_promote(agent, version):
             return st
         self.registry.promote(agent, version, reason=move.reason, record=False)
         st = decide.promote(st, now, self.policy)
@@ -381,7 +387,15 @@ class Reconciler:
                 retiring = dict(st.retiring)
                 retiring.update({v: now + self.policy.grace_s for v in strays})
                 st = decide.transition(st, st.phase, now, retiring=retiring)
+        route = self._table.routes.get(names.route(agent))
+        # The routes as last written: a version they still send traffic to stays loaded
+        # until a write without it has gone through (the state may be ahead of them).
+        routed = {int(b.version) for b in route.backends if b.weight > 0} if route else set()
         for version in decide.due(st, now):
+            if version in routed:
+                log.info("%s version %d: retired once the routes no longer send it traffic",
+                         agent, version)  # fmt: skip
+                continue
             self.deployer.retire(agent, version)
             st = decide.retired(st, version, now)
             try:
@@ -393,6 +407,21 @@ class Reconciler:
         return st
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _may_promote(self, agent: str, version: int) -> bool:
+        """Asked again just before a promotion, which may come long after the pass began
+        (a deployment, a canary's checks): still leading, and the registry still names
+        ``version`` the challenger and has not rolled it back meanwhile (by hand, or by a
+        controller that took over). Where not, the next pass does what the registry says."""
+        if not self.active():
+            raise NotLeading(f"{agent}: no longer leading; version {version} is not promoted")
+        rolled_back = self.registry.version(agent, version).rolled_back
+        named = self.registry.aliases(agent).get(names.CHALLENGER) == version
+        if rolled_back or not named:
+            why = "it was rolled back" if rolled_back else "the challenger alias moved"
+            self._decide(agent, "hold", version, f"not promoted: {why} meanwhile", quiet=True)
+            return False
+        return True
 
     def _pod_failed(self, agent: str, version: int, exc: PodDeployError) -> None:
         """One pod cannot take a version the others serve: not the version's fault, so no

@@ -146,6 +146,9 @@ class AgentState(BaseModel):
     retiring: dict[int, float] = Field(default_factory=dict)
     # Versions that failed to deploy, and when to try again.
     retry_at: dict[int, float] = Field(default_factory=dict)
+    # The champion's figures over the last canary step in which it had traffic enough to
+    # compare with: the reference of a step that sends it none (the last, at 100%).
+    champion_reference: Health | None = None
     last_action: str | None = None
     last_reason: str | None = None
     updated_at: float = Field(default_factory=time.time)
