@@ -478,7 +478,7 @@ async def _answer(
             # Errors Triton answers at once (a bad parameter, a version it lacks) keep
             # their HTTP status; the stream starts with the first piece of text.
             first = await _within(call, anext(events))
-        except (Exception, StopAsyncIteration) as exc:
+        except Exception as exc:  # StopAsyncIteration among them: no answer at all
             await events.aclose()
             failure = (
                 UpstreamError(f"Triton model {route.triton_model} sent no answer", 502)
