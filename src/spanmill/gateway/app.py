@@ -644,11 +644,13 @@ async def _stream(
         text = [""] * n
         sent = [""] * n
         streaming: list[bool | None] = [None if body.tools else True] * n
-        for index in range(n):
-            yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
-                          "finish_reason": None}])  # fmt: skip
         event: list[str] | GenerationResult = first
         try:
+            # Inside: a client gone while these are written is recorded, and its
+            # stream to Triton closed, as later on.
+            for index in range(n):
+                yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
+                              "finish_reason": None}])  # fmt: skip
             while not isinstance(event, GenerationResult):
                 for index, piece in enumerate(event[:n]):
                     text[index] += piece
