@@ -32,7 +32,7 @@ class BodyLimit:
         if limit is None:
             await self.app(scope, receive, send)
             return
-        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        declared = header(scope, b"content-length")
         if declared is not None:
             if not declared.isdigit() or int(declared) > limit:
                 await self.refuse(scope, limit)(scope, receive, send)
@@ -65,7 +65,7 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-def header(scope: Scope, name: bytes) -> str:
-    """A request header's value from its scope ('' where absent)."""
-    value = next((v for k, v in scope["headers"] if k == name), b"")
-    return value.decode("latin-1")
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """A request header's raw value from its scope (None where absent); ``name`` in
+    lower case, as ASGI servers give header names."""
+    return next((v for k, v in scope["headers"] if k == name), None)

@@ -176,12 +176,17 @@ def parse_feedback(body: object) -> list[FeedbackItem]:
     return [_item(entry, f"[{index}]") for index, entry in enumerate(body)]
 
 
+def too_large() -> FeedbackError:
+    """The 413 for a body over the limit, refused before it is read whole."""
+    return FeedbackError(
+        f"body: over the limit of {MAX_BODY_BYTES} bytes; send smaller batches", status=413
+    )
+
+
 def declared_too_large(content_length: str | None) -> FeedbackError | None:
     """The 413 for a body whose declared length is over the limit, before it is read."""
     if content_length and content_length.isdigit() and int(content_length) > MAX_BODY_BYTES:
-        return FeedbackError(
-            f"body: over the limit of {MAX_BODY_BYTES} bytes; send smaller batches", status=413
-        )
+        return too_large()
     return None
 
 

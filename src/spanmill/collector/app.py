@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from spanmill.bodylimit import BodyLimit, Scope, header
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.collector.receiver import OtlpReceiver, status_message
-from spanmill.feedback import MAX_BODY_BYTES, Caller, FeedbackError
+from spanmill.feedback import MAX_BODY_BYTES, Caller, too_large
 from spanmill.keys import ANONYMOUS, KeyRing, bearer
 
 
@@ -117,11 +117,9 @@ def create_app(
 
         def refuse(scope: Scope, limit: int) -> Response:
             if scope["path"] == "/v1/feedback":
-                error = FeedbackError(
-                    f"body: over the limit of {limit} bytes; send smaller batches", status=413
-                )
+                error = too_large()
                 return JSONResponse(error.body(), status_code=error.status)
-            as_json = "json" in header(scope, b"content-type")
+            as_json = b"json" in (header(scope, b"content-type") or b"")
             message = f"request is over {limit} bytes; export smaller batches"
             return Response(status_message(3, message, as_json), status_code=413)
 

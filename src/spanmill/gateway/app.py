@@ -39,7 +39,7 @@ from starlette.background import BackgroundTask
 
 from spanmill import feedback
 from spanmill import messages as chat
-from spanmill.bodylimit import BodyLimit
+from spanmill.bodylimit import BodyLimit, header
 from spanmill.config import GatewaySettings
 from spanmill.errors import ConfigError
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
@@ -127,8 +127,7 @@ class _Authorize:
             state["principal"] = ANONYMOUS
             path = scope["path"]
             if not path.startswith(self.OPEN):
-                header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-                token = bearer(header)
+                token = bearer(header(scope, b"authorization"))
                 refused = None
                 if path.startswith("/admin"):
                     if self.keys.admin_configured:

@@ -140,15 +140,9 @@ class Deployer:
                     self._clean_up(agent, version)
                     raise DeployError(message) from None
                 raise PodDeployError(message) from None
-        failure = self._load_and_check(agent, version, servers, lacking, version)
-        if failure is not None:
-            message, answering = failure
-            if len(lacking) == len(servers):
-                self._clean_up(agent, version)
-                raise DeployError(message)
-            if not answering:  # loaded somewhere, answering nowhere: nothing serves it
-                raise DeployError(message)
-            raise PodDeployError(message)
+        self._load_and_check(
+            agent, version, servers, lacking, version, new=len(lacking) == len(servers)
+        )
         seconds = time.perf_counter() - started
         if lacking:
             onto = ", ".join(s.describe() for s in lacking)
@@ -162,10 +156,15 @@ class Deployer:
         servers: list[TritonControl],
         lacking: list[TritonControl],
         loaded_as: int,
-    ) -> tuple[str, list[TritonControl]] | None:
+        *,
+        new: bool,
+    ) -> None:
         """Load the model onto each server in ``lacking`` and smoke-check ``version`` on
         every server that holds it (``loaded_as``: the Triton version that must be READY).
-        None when all answer; else what failed first, and the servers that did answer."""
+
+        Raises, naming what failed first: DeployError where no server answers, or the
+        version is ``new`` to every server (it is removed again); PodDeployError where
+        some answer and others cannot take it."""
         model = names.triton_model(agent)
         failures: list[str] = []
         holding = [s for s in servers if s not in lacking]
@@ -195,7 +194,14 @@ class Deployer:
                     f"checking {agent} version {version} failed on {server.describe()}: "
                     f"it does not answer: {detail}"
                 )
-        return (failures[0], answering) if failures else None
+        if not failures:
+            return
+        if new:
+            self._clean_up(agent, version)
+            raise DeployError(failures[0])
+        if not answering:  # loaded somewhere, answering nowhere: nothing serves it
+            raise DeployError(failures[0])
+        raise PodDeployError(failures[0])
 
     def _deploy_to_engine(self, agent: str, version: int, registered: Any, started: float) -> float:
         """The vLLM flavour's deploy: the version joins the engine, and every server
@@ -220,15 +226,7 @@ class Deployer:
             if not listed:
                 self._clean_up(agent, version)
             raise DeployError(message) from None
-        failure = self._load_and_check(agent, version, servers, lacking, ENGINE_VERSION)
-        if failure is not None:
-            message, answering = failure
-            if not listed:
-                self._clean_up(agent, version)
-                raise DeployError(message)
-            if not answering:  # listed, answering nowhere: nothing serves it
-                raise DeployError(message)
-            raise PodDeployError(message)
+        self._load_and_check(agent, version, servers, lacking, ENGINE_VERSION, new=not listed)
         seconds = time.perf_counter() - started
         if not listed:
             log.info("%s version %d added to its vLLM engine in %.1fs", agent, version, seconds)
