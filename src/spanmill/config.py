@@ -300,7 +300,9 @@ class CollectorSettings(BaseSettings):
         30.0,
         gt=0,
         description="How long a batch the store refuses is retried before the collector stops "
-        "with an error (nothing committed past it: a restart writes it again).",
+        "with an error (nothing committed past it: a restart writes it again); also how long "
+        "dead letters the dead-letter topic does not take are retried before they are kept "
+        "in the store's _dead_letters instead.",
     )
 
     @field_validator("processes", "workers", mode="before")

@@ -228,6 +228,56 @@ def test_malformed_records_land_in_the_dlq_while_valid_spans_flow(
     assert counted["schema"] == 2
 
 
+def test_a_dead_letter_topic_that_never_takes_them_holds_commits_back_only_so_long(
+    topics: Topics, tmp_path: Path
+) -> None:
+    """The dead-letter topic's broker cannot be reached (every send fails with a
+    retriable error): after ``write_retry_s`` the dead letter is kept in the store, named
+    by its offset and fingerprint, and every batch behind it is committed. The
+    collector's producer is a real client pointed at a port where no broker listens;
+    tansu takes any topic, so a missing topic cannot stage the fault."""
+    import threading
+
+    from kafka import KafkaProducer
+    from store_fault import committed
+
+    from spanmill.collector import Collector
+    from spanmill.stack.ports import free_port
+    from spanmill.store.layout import fingerprint
+
+    good = [llm_span(i) for i in range(12)]
+    send = producer(topics.bootstrap)
+    bad = send.send(topics.spans, key=b"bad", value=b"\x00not spans").get(timeout=30)
+    for span in good:
+        send.send(topics.spans, key=span.trace_id.encode(), value=encode_otlp_protobuf([span]))
+    send.flush()
+    send.close()
+    store = SpanStore(str(tmp_path / "store"))
+    collector = Collector(settings_for(topics, tmp_path / "store", write_retry_s=2.0))
+    collector.start()
+    collector.producer.close(timeout=5)
+    collector.producer = KafkaProducer(
+        bootstrap_servers=f"127.0.0.1:{free_port()}", api_version=(2, 5, 0), max_block_ms=1_000
+    )
+    thread = threading.Thread(target=collector.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: collector.dead_letters >= 1, 90, "the dead letter kept in the store")
+        wait_for(lambda: store.count() >= len(good), 30, "every good span")
+        wait_for(lambda: sum(committed(topics).values()) == len(good) + 1, 30, "every commit")
+        assert collector.metrics.dead_letters_stored._value.get() == 1
+    finally:
+        collector.stop()
+        thread.join(timeout=60)
+
+    assert by_id(store.spans()) == by_id(good)
+    kept = tmp_path / "store" / "_dead_letters" / topics.spans / f"p{bad.partition}"
+    mark = fingerprint(bad.timestamp, b"bad", b"\x00not spans")
+    assert (kept / f"{bad.offset:020d}-{mark}.bin").read_bytes() == b"\x00not spans"
+    meta = json.loads((kept / f"{bad.offset:020d}-{mark}.json").read_text())
+    assert meta["source"] == f"{topics.spans}/{bad.partition}/{bad.offset}"
+
+
 def test_redaction_happens_before_anything_is_written(topics: Topics, tmp_path: Path) -> None:
     secret_key = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0" * 2
     span = llm_span(

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 from store_samples import span
@@ -70,14 +71,15 @@ def test_names_parse_back_and_fingerprints_tell_logs_apart() -> None:
     assert fingerprint(1, None, b"v") != fingerprint(1, b"", b"v")
 
 
-def test_ledger_first_claim_wins_even_when_racing(tmp_path: Path) -> None:
-    writer = StoreWriter(str(tmp_path))
+def test_ledger_first_claim_wins_even_when_racing(store_at: tuple[str, dict[str, Any]]) -> None:
+    url, options = store_at
+    writer = StoreWriter(url, options)
     mark = "00000000000000aa"
     results = []
     barrier = threading.Barrier(8)
 
     def claim(last: int) -> None:
-        racer = StoreWriter(str(tmp_path))
+        racer = StoreWriter(url, options)
         barrier.wait()
         results.append(racer.claim("t", 1, 100, mark, last).last)
 
@@ -94,6 +96,29 @@ def test_ledger_first_claim_wins_even_when_racing(tmp_path: Path) -> None:
     assert writer.ledger_entry("t", 1, 100, "00000000000000bb") is None
 
 
+def test_a_claim_made_between_another_collectors_look_and_its_write_is_the_one_kept(
+    store_at: tuple[str, dict[str, Any]],
+) -> None:
+    """A partition's old owner flushing what it held as its new owner starts: the old one
+    looks, finds no entry, and the new one claims before the old one writes. Both must
+    end with the new one's extent (on an object store the write is a conditional put)."""
+    url, options = store_at
+    old_owner, new_owner = StoreWriter(url, options), StoreWriter(url, options)
+    mark = "00000000000000aa"
+    looked = old_owner.ledger_entry
+
+    def look_then_let_the_other_claim(*args: Any) -> Any:
+        found = looked(*args)
+        if found is None:
+            assert new_owner.claim("t", 2, 100, mark, 120).last == 120
+        return found
+
+    old_owner.ledger_entry = look_then_let_the_other_claim  # type: ignore[method-assign]
+    assert old_owner.claim("t", 2, 100, mark, 199).last == 120
+    entry = new_owner.ledger_entry("t", 2, 100, mark)
+    assert entry is not None and entry.last == 120
+
+
 def test_prune_removes_only_old_committed_entries(tmp_path: Path) -> None:
     writer = StoreWriter(str(tmp_path))
     for first, last in ((0, 9), (10, 19), (20, 29)):
@@ -106,6 +131,24 @@ def test_prune_removes_only_old_committed_entries(tmp_path: Path) -> None:
         path.write_text(json.dumps(entry))
     assert writer.prune_ledger("t", 0, committed=20, older_than_s=3600) == 2
     assert sorted(p.name[:20] for p in folder.iterdir()) == [f"{20:020d}"]
+
+    # A young entry is read once, not at every pruning (each read is a request on an
+    # object store).
+    writer.claim("t", 0, 30, "00000000000000aa", 39)
+    opened: list[str] = []
+    open_file = writer.fs.open
+
+    def counting_open(path: str, *args: Any, **kwargs: Any) -> Any:
+        opened.append(path)
+        return open_file(path, *args, **kwargs)
+
+    writer.fs.open = counting_open
+    assert writer.prune_ledger("t", 0, committed=40, older_than_s=3600) == 1  # 20, old
+    assert len(opened) == 2
+    assert writer.prune_ledger("t", 0, committed=40, older_than_s=3600) == 0
+    assert len(opened) == 2  # 30, young when read, not read again
+    assert writer.prune_ledger("t", 0, committed=40, older_than_s=0) == 1
+    assert list(folder.iterdir()) == []
 
 
 def test_object_store_urls_work_through_fsspec() -> None:
@@ -121,7 +164,10 @@ def test_object_store_urls_work_through_fsspec() -> None:
 
 def test_dead_letters_the_topic_refuses_are_kept(tmp_path: Path) -> None:
     writer = StoreWriter(str(tmp_path))
-    base = writer.write_dead_letter("t", 1, 42, b"\x00raw", {"reason": "oversize"})
+    base = writer.write_dead_letter("t", 1, 42, "00000000000000aa", b"\x00raw", {"reason": "a"})
     assert (Path(base + ".bin")).read_bytes() == b"\x00raw"
-    assert json.loads(Path(base + ".json").read_text())["reason"] == "oversize"
+    # A new log's record at the same offset: kept beside it, not over it.
+    other = writer.write_dead_letter("t", 1, 42, "00000000000000bb", b"other", {"reason": "b"})
+    assert other != base and (Path(base + ".bin")).read_bytes() == b"\x00raw"
+    assert json.loads(Path(base + ".json").read_text())["reason"] == "a"
     assert not os.listdir(tmp_path / "_dead_letters" / "t" / "p1")[0].startswith(".")

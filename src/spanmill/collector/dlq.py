@@ -7,9 +7,10 @@ field), source (``<topic>/<partition>/<offset>``), when it failed and which
 collector refused it. Delivery is at least once: a collector that crashes after
 sending a dead letter but before committing sends it again.
 
-A dead letter the topic itself refuses (larger than the broker accepts, say) is
-kept in the store under ``_dead_letters/`` instead, and counted; nothing is
-dropped silently.
+A dead letter the topic itself refuses (larger than the broker accepts, say), or
+that the topic has not taken for ``write_retry_s`` (the topic missing, its broker
+down), is kept in the store under ``_dead_letters/`` instead, and counted; nothing is
+dropped silently, and one dead letter does not hold back every partition's commits.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from spanmill import semconv as sc
+from spanmill.store.layout import fingerprint
 
 MAX_DETAIL_BYTES: Final = 4096
 
@@ -28,6 +30,7 @@ class DeadLetter:
     topic: str
     partition: int
     offset: int
+    timestamp_ms: int
     key: bytes | None
     value: bytes
     headers: tuple[tuple[str, bytes], ...]
@@ -37,6 +40,11 @@ class DeadLetter:
     @property
     def source(self) -> str:
         return f"{self.topic}/{self.partition}/{self.offset}"
+
+    @property
+    def fingerprint(self) -> str:
+        """What tells this record from a new log's record at the same offset."""
+        return fingerprint(self.timestamp_ms, self.key, self.value)
 
     def dlq_headers(self, collector_id: str, now_ms: int | None = None) -> list[tuple[str, bytes]]:
         """The original headers, then the collector's (original ones of those names dropped)."""

@@ -163,6 +163,7 @@ class InFlight:
     outcome: BatchOutcome | None = None
     delivered: set[int] = field(default_factory=set)
     retry_at: float = 0.0
+    dead_letters_since: float = 0.0  # monotonic time of the first try to send its dead letters
 
 
 class Collector:
@@ -204,6 +205,7 @@ class Collector:
         self._last_lag = 0.0
         self._log_ends = LogEnds()
         self._last_prune = time.monotonic()
+        self._pruning: threading.Thread | None = None
         self.last_loop = 0.0
         self.spans_written = 0
         self.dead_letters = 0
@@ -600,6 +602,7 @@ class Collector:
             return True
         if not block and time.monotonic() < item.retry_at:
             return False
+        item.dead_letters_since = item.dead_letters_since or time.monotonic()
         index = {offset: i for i, offset in enumerate(item.job.offsets)}
         sent = []
         for offset, reason, detail in dead:
@@ -608,6 +611,7 @@ class Collector:
                 topic=self.topic,
                 partition=item.partition,
                 offset=offset,
+                timestamp_ms=item.job.timestamps[i],
                 key=item.keys[i],
                 value=item.job.values[i],
                 headers=tuple(item.headers[i] or ()),
@@ -623,7 +627,7 @@ class Collector:
                 )
                 sent.append((letter, future))
             except KafkaError as exc:
-                if not self._store_dead_letter(letter, exc):
+                if not self._store_dead_letter(letter, exc, item.dead_letters_since):
                     item.retry_at = time.monotonic() + 5.0
                     return False
                 item.delivered.add(offset)
@@ -631,7 +635,7 @@ class Collector:
             try:
                 future.get(timeout=_DLQ_TIMEOUT_S)
             except KafkaError as exc:
-                if not self._store_dead_letter(letter, exc):
+                if not self._store_dead_letter(letter, exc, item.dead_letters_since):
                     log.warning("dead letter %s not delivered yet: %s", letter.source, exc)
                     item.retry_at = time.monotonic() + 5.0
                     return False
@@ -641,19 +645,29 @@ class Collector:
             item.delivered.add(letter.offset)
         return True
 
-    def _store_dead_letter(self, letter: DeadLetter, exc: BaseException) -> bool:
-        """Keep a dead letter the topic refuses for good in the store; False to retry later."""
-        if getattr(exc, "retriable", False):
+    def _store_dead_letter(
+        self, letter: DeadLetter, exc: BaseException, failing_since: float
+    ) -> bool:
+        """Keep a dead letter in the store when the topic refuses it for good, or has not
+        taken it for ``write_retry_s`` (every later batch's commit waits behind it);
+        False to try the topic again later."""
+        waited = time.monotonic() - failing_since
+        if getattr(exc, "retriable", False) and waited < self.settings.write_retry_s:
             return False
         log.error(
-            "dead-letter topic refused %s (%s); keeping it in the store's _dead_letters",
-            letter.source,
+            "dead-letter topic %s (%s); keeping %s in the store's _dead_letters",
+            "refused it" if waited < self.settings.write_retry_s else f"failing {waited:.0f}s",
             exc,
+            letter.source,
         )
-        self.ledger.write_dead_letter(
+        self._ledger(
+            "keeping a dead letter beside",
+            letter.partition,
+            self.ledger.write_dead_letter,
             letter.topic,
             letter.partition,
             letter.offset,
+            letter.fingerprint,
             letter.value,
             letter.meta(self.collector_id),
         )
@@ -758,10 +772,21 @@ class Collector:
         self.consumer.seek_to_beginning(TopicPartition(self.topic, partition))
 
     def _prune(self) -> None:
-        for partition, committed in list(self._committed.items()):
-            try:
-                self.ledger.prune_ledger(
-                    self.topic, partition, committed, self.settings.ledger_retention_s
-                )
-            except OSError as exc:
-                log.warning("pruning the ledger of partition %d failed: %s", partition, exc)
+        """Prune the ledger on a thread of its own: on an object store it is a request
+        for each entry, and the consume loop must not wait for it (nor fall past the
+        group's poll interval). One pruning at a time."""
+        if self._pruning is not None and self._pruning.is_alive():
+            return
+        committed = dict(self._committed)
+
+        def prune() -> None:
+            for partition, offset in committed.items():
+                try:
+                    self.ledger.prune_ledger(
+                        self.topic, partition, offset, self.settings.ledger_retention_s
+                    )
+                except Exception as exc:
+                    log.warning("pruning the ledger of partition %d failed: %s", partition, exc)
+
+        self._pruning = threading.Thread(target=prune, name="spanmill-ledger-prune", daemon=True)
+        self._pruning.start()

@@ -168,5 +168,10 @@ def ledger_dir(topic: str, partition: int) -> str:
     return f"{LEDGER_DIR}/{topic}/p{partition}"
 
 
+def record_name(offset: int, fingerprint_: str) -> str:
+    """What names one Kafka record in the store: its offset, then its fingerprint."""
+    return f"{offset:0{_OFFSET_DIGITS}d}-{fingerprint_}"
+
+
 def ledger_name(first: int, fingerprint_: str) -> str:
-    return f"{first:0{_OFFSET_DIGITS}d}-{fingerprint_}.json"
+    return record_name(first, fingerprint_) + ".json"

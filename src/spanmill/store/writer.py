@@ -66,6 +66,7 @@ from spanmill.store.layout import (
     hour_dir,
     ledger_dir,
     ledger_name,
+    record_name,
 )
 from spanmill.store.schema import DICTIONARY_COLUMNS, STATISTICS_COLUMNS
 
@@ -115,6 +116,9 @@ class StoreWriter:
         self.compression = compression
         self.compression_level = compression_level
         self._durable_dirs: set[str] = set()
+        # When each ledger entry read by pruning was made, by folder: an entry is opened
+        # once while it is too young to go, not at every pruning.
+        self._ledger_created: dict[str, dict[str, float]] = {}
         if self.local:
             self._ensure_dir(self.root)
 
@@ -217,7 +221,17 @@ class StoreWriter:
         content = json.dumps(entry.__dict__).encode()
         path = self._ledger_path(topic, partition, first, fingerprint)
         if not self.local:
-            self.fs.pipe_file(path, content)
+            # A conditional put (If-None-Match): of two collectors that both found no
+            # entry (a partition's old owner flushing as its new owner starts), one
+            # records its extent and the other is refused and takes that one, so both
+            # write the same files instead of overlapping ones.
+            try:
+                self.fs.pipe_file(path, content, mode="create")
+            except FileExistsError:
+                found = self.ledger_entry(topic, partition, first, fingerprint)
+                if found is None:  # pragma: no cover - entries are never removed while in use
+                    raise
+                return found
             return entry
         folder = os.path.dirname(path)
         self._ensure_dir(folder)
@@ -253,32 +267,47 @@ class StoreWriter:
             return 0
         removed = 0
         cutoff = time.time() - older_than_s
+        seen = self._ledger_created.setdefault(folder, {})
+        for gone in seen.keys() - set(names):
+            del seen[gone]
         for name in names:
             base = name.rsplit("/", 1)[-1]
             head = base.split("-", 1)[0]
             if not head.isdigit() or int(head) >= committed:
                 continue
+            if seen.get(name, 0.0) >= cutoff:
+                continue  # read before and still too young: not opened again
             try:
                 with self.fs.open(name, "rb") as file:
                     entry = json.loads(file.read())
             except (FileNotFoundError, ValueError):
                 continue
-            if entry.get("last", committed) < committed and entry.get("created_at", 0) < cutoff:
+            seen[name] = float(entry.get("created_at", 0))
+            if entry.get("last", committed) < committed and seen[name] < cutoff:
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.rm_file(name)
+                del seen[name]
                 removed += 1
         return removed
 
     # -- dead letters that Kafka refused ---------------------------------------------
 
     def write_dead_letter(
-        self, topic: str, partition: int, offset: int, value: bytes, meta: Mapping[str, Any]
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        fingerprint: str,
+        value: bytes,
+        meta: Mapping[str, Any],
     ) -> str:
         """Keep a dead letter the dead-letter topic would not take (too large, say).
 
+        Named by its record's offset and fingerprint, as ledger entries are: a new log's
+        record at the same offset is another dead letter, not this one replaced.
         Returns the path both files share, less ``.bin`` (the value) and ``.json``.
         """
-        base = f"{DEAD_LETTER_DIR}/{topic}/p{partition}/{offset:020d}"
+        base = f"{DEAD_LETTER_DIR}/{topic}/p{partition}/{record_name(offset, fingerprint)}"
         for suffix, content in ((".bin", value), (".json", json.dumps(dict(meta)).encode())):
             path = self.path(base + suffix)
             if self.local:
