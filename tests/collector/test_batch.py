@@ -247,3 +247,40 @@ def test_without_workers_a_batch_is_processed_while_the_consumer_goes_on(
     assert ran_in and ran_in[0] is not threading.current_thread()
     assert (outcome.records, outcome.spans, outcome.dead) == (3, 3, [])
     assert len(SpanStore(str(tmp_path)).spans()) == 3
+
+
+def test_records_in_a_foreign_convention_are_read_natively_once_their_keys_are_judged(
+    tmp_path: Path,
+) -> None:
+    """The attribute lists (on by default) judge each key once; the native decoder leaves
+    a record with a key not yet judged to the authority. Keys that translation takes
+    away must be judged too, or every OpenLLMetry record goes to the authority whole."""
+    from spanmill.store.rows import HourlyColumns
+
+    def openllmetry(i: int) -> Span:
+        return _span(i, **{
+            "gen_ai.system": "openai",
+            "gen_ai.prompt.0.role": "system", "gen_ai.prompt.0.content": "You add.",
+            "gen_ai.prompt.1.role": "user", "gen_ai.prompt.1.content": f"2+{i}?",
+            "gen_ai.completion.0.role": "assistant",
+            "gen_ai.completion.0.tool_calls.0.name": "calculator",
+            "gen_ai.completion.0.tool_calls.0.arguments": '{"expression": "2+2"}',
+            "gen_ai.usage.prompt_tokens": 11,
+        })  # fmt: skip
+
+    from spanmill.config import CollectorSettings
+
+    settings = CollectorSettings(store_url=str(tmp_path), receiver_enabled=False)
+    processor = BatchProcessor(ProcessingConfig.from_settings(settings))
+    assert processor.redactor.filters_keys and processor._native is not None
+    first = encode_otlp_protobuf([openllmetry(0)])
+    job = BatchJob(BatchId("spans", 0, 0, 0, "f"), [0], [0], [first], [None])
+    assert processor.process(job).translations == {"openllmetry": 1}
+
+    append, gates, digits, fallback, verdicts = processor._native
+    later = encode_otlp_protobuf([openllmetry(1)])
+    hourly = HourlyColumns(decoder=processor.decoder)
+    taken = append(hourly.native_hours, later, gates, digits, fallback, verdicts,
+                   "spans", 0, 1, 0)  # fmt: skip
+    unjudged = sorted(set(openllmetry(1).attributes) - set(verdicts))
+    assert taken == 1, f"given back to the authority; keys not judged: {unjudged}"

@@ -189,6 +189,10 @@ class BatchProcessor:
 
         ``patterns``: False only where a scan for the redactor's prefilter found nothing.
         """
+        # The keys as they came are judged too: the native decoder leaves a record with
+        # a key not yet judged to these steps, and a key that translation takes away
+        # would otherwise never be judged, sending every such record here whole.
+        self.redactor.judge(parts.attributes)
         translated = self.translation.apply(parts.attributes, translations)
         # A translated span has new texts (message JSON): its patterns always run.
         self.redactor.apply(parts, redactions, patterns=patterns or translated)

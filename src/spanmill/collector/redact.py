@@ -286,6 +286,12 @@ class Redactor:
             self._kept.add(key)
         return decision
 
+    def judge(self, attributes: Mapping[str, Any]) -> None:
+        """Give each of these names a verdict, without dropping anything."""
+        if self.filters_keys and not self._kept.issuperset(attributes):
+            for key in attributes:
+                self.keeps(key)
+
     def _filter(self, attributes: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
         if self._kept.issuperset(attributes):
             return attributes

@@ -30,6 +30,8 @@ def indexed(
     used = []
     match_key = _indexed_key(prefix)
     for key, value in attributes.items():
+        if not key.startswith(prefix):  # most keys; far cheaper than the match
+            continue
         match = match_key(key)
         if match is None:
             continue
