@@ -73,3 +73,52 @@ def test_each_reward_judges_the_call_it_names_or_an_episode(tmp_path: Path) -> N
         {"name": "graded", "value": 0.25, "call_response_id": None, "episode_id": "episode-9",
          "reaches_call": False},
     ]  # fmt: skip
+
+
+def test_a_score_that_is_not_finite_is_no_reward(tmp_path: Path) -> None:
+    """NaN compares as neither above nor below a threshold, and the dataset card's
+    histogram cannot place it: the collector keeps the span but not as a reward, and a
+    store written before that counts such rewards out, in the card."""
+    import math
+
+    import pyarrow as pa
+
+    from spanmill.collector.batch import BatchJob, BatchProcessor, ProcessingConfig
+    from spanmill.dataset.episodes import read_rewards
+    from spanmill.rewards import rewards_of
+    from spanmill.spans import encode_otlp_protobuf
+
+    for bad in (math.nan, math.inf, -math.inf):
+        assert (
+            rewards_of({sc.GEN_AI_EVALUATION_NAME: "r", sc.GEN_AI_EVALUATION_SCORE_VALUE: bad})
+            == []
+        )
+    spans = [span(1, 1, call="resp-1"), span(1, 2, events=(reward("done", math.nan),))]
+    for native in (True, False):
+        store_dir = tmp_path / f"native-{native}"
+        job = BatchJob(BatchId("t", 0, 0, 1, "0" * 16), [0, 1], [0, 0],
+                       [encode_otlp_protobuf([s]) for s in spans], [None, None])  # fmt: skip
+        outcome = BatchProcessor(ProcessingConfig(store_url=str(store_dir)), native=native).process(
+            job
+        )
+        assert outcome.spans == 2 and outcome.dead == []
+        table = SpanStore(str(store_dir)).table()
+        assert table["rewards"].null_count == 2, native
+        assert read_rewards(table).names == {}
+
+    # A store whose rewards column already holds one.
+    hourly = HourlyColumns()
+    for i, item in enumerate(
+        [span(1, 1, call="resp-1"), span(1, 2, events=(reward("done", 1.0),))]
+    ):
+        hourly.append(SpanParts.from_span(item), "t", 0, i, 0, 1)
+    StoreWriter(str(tmp_path / "old")).write_batch(BatchId("t", 0, 0, 1, "0" * 16), hourly.tables())
+    table = SpanStore(str(tmp_path / "old")).table()
+    items = table["rewards"].to_pylist()
+    for row in items:
+        for item in row or ():
+            item["value"] = math.nan
+    column = table.schema.get_field_index("rewards")
+    table = table.set_column(column, "rewards", pa.array(items, type=table["rewards"].type))
+    found = read_rewards(table)
+    assert found.not_finite == 1 and found.names == {}

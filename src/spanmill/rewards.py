@@ -1,7 +1,7 @@
 """Rewards: what counts as one, and which call or episode it judges, here alone.
 
 **What counts.** A reward is a GenAI evaluation: a name (``gen_ai.evaluation.name``)
-and a numeric score (``gen_ai.evaluation.score.value``), on a span of its own or as a
+and a finite numeric score (``gen_ai.evaluation.score.value``), on a span of its own or as a
 ``gen_ai.evaluation.result`` event on any span, optionally marked primary
 (``spanmill.reward.primary``) and linked to one call by ``gen_ai.response.id`` (an
 event without one evaluates the call it sits on). :func:`rewards_of` is that reading;
@@ -22,6 +22,7 @@ included, reads rewards through it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -36,6 +37,10 @@ def reward_fields(
     name = attributes.get(sc.GEN_AI_EVALUATION_NAME)
     score = attributes.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
     if type(name) is not str or type(score) not in (int, float):  # bool is no score
+        return None
+    if not math.isfinite(score):  # type: ignore[arg-type]
+        # Not a score anything can learn from or compare (NaN is neither above nor
+        # below a threshold); the SDK and /v1/feedback refuse it where it is sent.
         return None
     response_id = attributes.get(sc.GEN_AI_RESPONSE_ID, default_response_id)
     label = attributes.get(sc.GEN_AI_EVALUATION_SCORE_LABEL)

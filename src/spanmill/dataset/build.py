@@ -129,6 +129,7 @@ def _feedback_counts(rewards: Rewards, calls: list[LLMCall], counts: OrderedDict
     counts["feedback_joined"] = sum(1 for e in reached if e is not None and e in episodes)
     counts["feedback_later_calls"] = sum(1 for e in reached if e is not None and e not in episodes)
     counts["feedback_unmatched"] = sum(1 for e in reached if e is None)
+    counts["rewards_not_finite"] = rewards.not_finite
 
 
 def _starts(table: pa.Table) -> Window:

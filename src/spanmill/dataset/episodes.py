@@ -15,6 +15,7 @@ calls in its trace (feedback given by trace id, when the agent's calls carry a
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -123,6 +124,9 @@ class Rewards:
     # For each feedback reward (POST /v1/feedback), the episode of the calls it reached,
     # or None when its ids match no call read: kept, and counted in the dataset card.
     feedback_reached: list[str | None] = field(default_factory=list)
+    # Stored scores that are not finite (stores written before a reward had to be):
+    # left out, and counted in the dataset card.
+    not_finite: int = 0
 
     def primary(self, requested: str | None) -> str | None:
         """The reward to optimise: the one asked for, else the one marked primary."""
@@ -165,6 +169,9 @@ def read_rewards(table: pa.Table) -> Rewards:
     for name, value, primary, scope, response_id, episode, reaches in zip(
         *columns.values(), strict=True
     ):
+        if not math.isfinite(value):
+            rewards.not_finite += 1
+            continue
         rewards.names[name] += 1
         if primary:
             rewards.primary_names[name] += 1
