@@ -69,6 +69,37 @@ def test_a_score_that_is_not_a_number_is_never_promoted(score: float) -> None:
     assert "cannot be compared" in decision.reasons[0]
 
 
+def test_better_on_the_gate_metric_and_worse_past_the_tolerance_on_another_is_rejected() -> None:
+    """The replay's "auto" metric is the first evaluator's (tool calls, on the items that
+    have them): a challenger that gained there and lost its prose answers must not pass."""
+
+    def scored(name_args: float, reference: float, success: float = 0.5) -> Summary:
+        return Summary(
+            n=100, mean_reward=success, success_rate=success, format_validity=1.0,
+            tokens_per_answer=12,
+            scores={"tool_calls.name_args": name_args, "reference.normalised": reference},
+        )  # fmt: skip
+
+    policy = GatePolicy(margin=0.05, metric="tool_calls.name_args")
+    decision = decide(scored(0.90, 0.10), scored(0.80, 0.90), interval(0.1), policy)
+    assert not decision.promote
+    assert decision.reasons == (
+        "reference.normalised 0.100 is below the champion's 0.900 by more than the tolerance 0.100",
+    )
+    # Within the tolerance, or better: promoted.
+    assert decide(scored(0.90, 0.85), scored(0.80, 0.90), interval(0.1), policy).promote
+    # The success rate is one of the rates kept.
+    worse = decide(scored(0.90, 0.90, success=0.2), scored(0.80, 0.90), interval(0.1), policy)
+    assert not worse.promote and worse.reasons[0].startswith("success_rate 0.200 is below")
+    # A metric only one of them was scored on is nothing to compare.
+    alone = scored(0.90, 0.90)
+    alone.scores["judge.score"] = 0.0
+    assert decide(alone, scored(0.80, 0.90), interval(0.1), policy).promote
+    # A tolerance of 1 keeps the old rule: the gate's metric and format alone.
+    lenient = policy.model_copy(update={"regression_tolerance": 1.0})
+    assert decide(scored(0.90, 0.10), scored(0.80, 0.90), interval(0.1), lenient).promote
+
+
 def test_nothing_evaluated_is_never_promoted() -> None:
     assert not decide(summary(0.0, n=0), summary(0.0, n=0), interval(0.0), POLICY).promote
 

@@ -63,6 +63,7 @@ def decide(
                 else ""
             )
         )
+    reasons.extend(_regressions(challenger, champion, metric, policy.regression_tolerance))
     if policy.require_significant and not difference.low > 0:
         reasons.append(
             f"the {difference.confidence:.0%} interval of the difference "
@@ -72,7 +73,35 @@ def decide(
         return GateDecision(False, tuple(reasons), metric, delta)
     return GateDecision(
         True,
-        (f"{metric} better by {delta:.3f} (margin {policy.margin:.3f}), format validity kept",),
+        (
+            f"{metric} better by {delta:.3f} (margin {policy.margin:.3f}), format validity "
+            "and the other rates kept",
+        ),
         metric,
         delta,
     )
+
+
+def _regressions(
+    challenger: Summary, champion: Summary, metric: str, tolerance: float
+) -> list[str]:
+    """The rates other than the gate's own that the challenger loses by more than
+    ``tolerance``: one metric chosen for the gate (the replay's first evaluator, say)
+    must not hide a model that got worse at everything else. Only rates both models
+    were scored on count: an evaluator metric applies to the items it applies to."""
+    if challenger.n == 0 or champion.n == 0:
+        return []
+    names = ["success_rate", *sorted(challenger.scores.keys() & champion.scores.keys())]
+    found = []
+    for name in names:
+        if name == metric:
+            continue
+        ours, theirs = challenger.metric(name), champion.metric(name)
+        if not math.isfinite(ours) or not math.isfinite(theirs):
+            found.append(f"{name} cannot be compared: {ours} against the champion's {theirs}")
+        elif ours < theirs - tolerance:
+            found.append(
+                f"{name} {ours:.3f} is below the champion's {theirs:.3f} "
+                f"by more than the tolerance {tolerance:.3f}"
+            )
+    return found

@@ -109,6 +109,7 @@ tr.diff td {{ background: #f5f5f5; }} .turn {{ font-family: monospace; white-spa
 <p>Policy: suite <code>{e(report.policy.suite)}</code>,
 metric <code>{e(report.policy.metric)}</code>, margin {report.policy.margin},
 format tolerance {report.policy.format_tolerance},
+other rates' tolerance {report.policy.regression_tolerance},
 significance required: {report.policy.require_significant}.</p>
 <p>Champion: {e(report.models["champion"].describe())}<br>
 Challenger: {e(report.models["challenger"].describe())}</p>

@@ -38,6 +38,14 @@ class GatePolicy(BaseModel):
     require_significant: bool = Field(
         False, description="Also require the difference's confidence interval to exclude 0."
     )
+    regression_tolerance: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="How much lower than the champion's any other rate evaluated on both may "
+        "be (the success rate, each evaluator metric): a challenger better on the gate's "
+        "metric and worse past this on another is refused.",
+    )
 
 
 class EvalSettings(BaseSettings):
