@@ -96,6 +96,13 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(
     assert card is not None and card == DatasetCard.read(small_dataset)
     assert card.content_hash == manifest["dataset_digest"]
 
+    # Training again into the same folder: the finished run's manifest goes first, so
+    # what a failed run leaves there is not taken for that run's adapter.
+    with pytest.raises(Interrupted):
+        train(small_dataset, out, settings.model_copy(update={"lora_r": 8}),
+              callbacks=[InterruptAt(1)])  # fmt: skip
+    assert not (out / MANIFEST_FILE).exists()
+
 
 def preference_dataset(sft_dataset: Path, folder: Path) -> Path:
     """The reference answers as chosen, a wrong number as rejected."""

@@ -76,6 +76,7 @@ from spanmill.train.trainer import (
     _peak_rss_mb,
     _precision,
     _write_json,
+    begin_run,
     lora_config,
 )
 
@@ -267,12 +268,11 @@ def train_grpo(
             tags={TAG_BASE_MODEL: settings.base_model, "spanmill.method": "grpo"},
             resume_run_id=run_id,
         )
-    if resume_from is None:
-        shutil.rmtree(checkpoints, ignore_errors=True)
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    _write_json(
-        checkpoints / RUN_STATE_FILE,
-        {
+    begin_run(
+        output_dir,
+        checkpoints,
+        resuming=resume_from is not None,
+        state={
             "fingerprint": settings.training_fingerprint(),
             "run_id": tracker.run_id if tracker else None,
         },

@@ -135,13 +135,11 @@ def train(
             resume_run_id=plan.run_id,
         )
     if main:
-        if plan.resume_from is None:
-            # Starting over: leftovers of an earlier run would be rotated into this one's.
-            shutil.rmtree(plan.checkpoints, ignore_errors=True)
-        plan.checkpoints.mkdir(parents=True, exist_ok=True)
-        _write_json(
-            plan.checkpoints / RUN_STATE_FILE,
-            {
+        begin_run(
+            output_dir,
+            plan.checkpoints,
+            resuming=plan.resume_from is not None,
+            state={
                 "dataset_digest": plan.data.digest,
                 "fingerprint": settings.training_fingerprint(),
                 "run_id": tracker.run_id if tracker else None,
@@ -164,6 +162,21 @@ def train(
         if not settings.keep_checkpoints:
             shutil.rmtree(plan.checkpoints, ignore_errors=True)
     return result
+
+
+def begin_run(
+    output_dir: Path, checkpoints: Path, *, resuming: bool, state: dict[str, Any]
+) -> None:
+    """Make ``output_dir`` ready for a run: no training manifest until this run writes
+    its own (an earlier run's, beside weights this one is writing, would lend them its
+    dataset and base model should this one fail), checkpoints kept only to resume, and
+    the run's state beside them."""
+    (output_dir / MANIFEST_FILE).unlink(missing_ok=True)
+    if not resuming:
+        # Starting over: leftovers of an earlier run would be rotated into this one's.
+        shutil.rmtree(checkpoints, ignore_errors=True)
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    _write_json(checkpoints / RUN_STATE_FILE, state)
 
 
 def _plan(dataset_dir: Path, output_dir: Path, settings: TrainSettings) -> _Plan:
