@@ -183,13 +183,6 @@ def too_large() -> FeedbackError:
     )
 
 
-def declared_too_large(content_length: str | None) -> FeedbackError | None:
-    """The 413 for a body whose declared length is over the limit, before it is read."""
-    if content_length and content_length.isdigit() and int(content_length) > MAX_BODY_BYTES:
-        return too_large()
-    return None
-
-
 def parse_feedback_body(raw: bytes) -> list[FeedbackItem]:
     """The items of a request body as received (UTF-8 JSON)."""
     if len(raw) > MAX_BODY_BYTES:

@@ -121,6 +121,34 @@ def test_a_body_declared_over_the_limit_is_refused_unread(
     assert "over the limit" in too_big.json()["error"]["message"]
 
 
+def test_a_chunked_body_over_the_feedback_limit_is_refused_unread_whatever_the_chat_limit() -> None:
+    """Feedback keeps its own limit where chat bodies may be larger: a chunked body
+    (no declared length) past it is refused as it arrives. The message names no size
+    received: one that did would show the body was read whole first."""
+    from spanmill.feedback import MAX_BODY_BYTES, too_large
+
+    emitter = FakeEmitter()
+    app = create_app(GatewaySettings(max_request_bytes=2 * MAX_BODY_BYTES), emitter=emitter,  # type: ignore[arg-type]
+                     upstream=EchoUpstream())  # fmt: skip
+
+    def chunked() -> Iterator[bytes]:
+        yield b"["
+        for _ in range(MAX_BODY_BYTES // 65536 + 1):
+            yield b" " * 65536
+        yield b"]"
+
+    with TestClient(app) as http:
+        for content in (chunked(), b"".join(chunked())):
+            refused = http.post(
+                "/v1/feedback", content=content, headers={"content-type": "application/json"}
+            )
+            assert refused.status_code == 413
+            assert refused.json()["error"]["message"] == too_large().message
+        metrics = http.get("/metrics").text
+    assert 'spanmill_gateway_feedback_total{outcome="rejected"} 2.0' in metrics
+    assert emitter.delivered == []
+
+
 def test_json_nested_past_the_parser_is_400(client: TestClient) -> None:
     deep = b"[" * 100_000 + b"]" * 100_000  # well under the size limit
     reply = client.post("/v1/feedback", content=deep, headers={"content-type": "application/json"})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +209,51 @@ def test_triton_down_gives_503_then_recovers(kafka, tmp_path: Path, serve_app) -
             assert json.loads(up.text)["choices"][0]["message"]["content"] == "are you there"
         finally:
             running.stop()
+
+
+def test_a_client_that_stops_reading_is_taken_as_gone(kafka, echo_model, serve_app) -> None:  # type: ignore[no-untyped-def]
+    """A client that keeps its connection open but stops reading a streamed answer holds
+    neither its request slot nor the call past the bound: the call is recorded as a
+    client gone (499), and the client may call again.
+
+    The client is a real socket with a small receive buffer that never reads, against
+    the real server: uvicorn's send then waits for the connection to drain, which is
+    the wait the bound must end (a stand-in send would take for granted that the
+    server's send blocks). The answer, eight choices of a long echo with a chunk per
+    byte, is several times what the client's receive buffer, the server's send
+    buffer and uvicorn's write buffer hold together."""
+    app = create_app(
+        settings(kafka.bootstrap_servers, "unused-topic", echo_model, request_timeout_s=5,
+                 key_max_concurrent=1),
+        table=echo_table(),
+    )  # fmt: skip
+    text = "x" * 6000
+    streamed = json.dumps({"model": "echo", "messages": [{"role": "user", "content": text}],
+                           "max_tokens": len(text), "n": 8, "stream": True}).encode()  # fmt: skip
+    short = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+    with serve_app(app) as url, socket.socket() as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        stalled.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(streamed), streamed)
+        )
+        # The stalled stream holds the client's one slot (429), until it is taken as gone.
+        statuses: list[int] = []
+        deadline = time.monotonic() + 60
+        while not (429 in statuses and statuses[-1] == 200):
+            assert time.monotonic() < deadline, f"the slot was never freed: {statuses[-5:]}"
+            statuses.append(
+                httpx.post(f"{url}/v1/chat/completions", json=short, timeout=30).status_code
+            )
+            time.sleep(0.1)
+        metrics = httpx.get(f"{url}/metrics").text
+        assert re.search(r'spanmill_gateway_requests_total\{model="echo",status="499",'
+                         r'version="1"\} 1\.0', metrics), metrics  # fmt: skip
+        # The server closed the connection: read on, the answer ends unfinished.
+        stalled.settimeout(30)
+        received = b""
+        while piece := stalled.recv(1 << 16):
+            received += piece
+        assert received.startswith(b"HTTP/1.1 200") and b"data: [DONE]" not in received

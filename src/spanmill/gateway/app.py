@@ -39,7 +39,7 @@ from starlette.background import BackgroundTask
 
 from spanmill import feedback
 from spanmill import messages as chat
-from spanmill.bodylimit import BodyLimit, header
+from spanmill.bodylimit import BodyLimit, Scope, header
 from spanmill.config import GatewaySettings
 from spanmill.errors import ConfigError
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _propagator = TraceContextTextMapPropagator()
 SERVICE_NAME = "spanmill-gateway"
+FEEDBACK = "/v1/feedback"
 
 
 @dataclass
@@ -197,13 +198,24 @@ def create_app(
     app = FastAPI(title="spanmill gateway", lifespan=lifespan)
     app.state.gateway = state
 
-    app.add_middleware(
-        BodyLimit,
-        limit_of=lambda _: settings.max_request_bytes,
-        refuse=lambda _, limit: _error(
+    # Feedback has its own limit, as at the collector's receiver (the gateway's where
+    # that is lower), enforced here before its body is read, chunked or declared.
+    def limit_of(scope: Scope) -> int:
+        if scope["path"] == FEEDBACK:
+            return min(settings.max_request_bytes, feedback.MAX_BODY_BYTES)
+        return settings.max_request_bytes
+
+    def refuse(scope: Scope, limit: int) -> JSONResponse:
+        if scope["path"] == FEEDBACK:
+            metrics.feedback.labels("rejected").inc()
+            if limit == feedback.MAX_BODY_BYTES:
+                error = feedback.too_large()
+                return JSONResponse(error.body(), status_code=error.status)
+        return _error(
             413, f"the request body is over the limit of {limit} bytes", "invalid_request_error"
-        ),
-    )
+        )
+
+    app.add_middleware(BodyLimit, limit_of=limit_of, refuse=refuse)
     keys = KeyRing(settings.client_keys_file, settings.api_key, settings.admin_api_key)
     app.add_middleware(_Authorize, keys=keys)
 
@@ -272,7 +284,7 @@ def create_app(
         state.table = table
         return JSONResponse({"revision": table.revision})
 
-    @app.post("/v1/feedback")
+    @app.post(FEEDBACK)
     async def post_feedback(request: Request) -> JSONResponse:
         return await _feedback(state, request)
 
@@ -280,11 +292,8 @@ def create_app(
 
 
 async def _feedback(state: GatewayState, request: Request) -> JSONResponse:
-    """Feedback items as reward spans; answered once Kafka acknowledged every one."""
-    too_large = feedback.declared_too_large(request.headers.get("content-length"))
-    if too_large is not None:
-        state.metrics.feedback.labels("rejected").inc()
-        return JSONResponse(too_large.body(), status_code=too_large.status)
+    """Feedback items as reward spans; answered once Kafka acknowledged every one. Its
+    body is at most feedback's limit (``BodyLimit``)."""
     try:
         items = feedback.parse_feedback_body(await request.body())
     except feedback.FeedbackError as exc:
@@ -486,8 +495,9 @@ async def _answer(
             )
             call.failed(str(failure), failure.status)
             return _upstream_error(failure)
-        return StreamingResponse(
+        return _StreamedAnswer(
             _stream(call, first, events, release),
+            write_timeout_s=state.settings.request_timeout_s,
             media_type="text/event-stream",
             headers=headers,
             # Also after a stream that never started (the client left at once).
@@ -549,6 +559,88 @@ class _Departure:
 
     def stop(self) -> None:
         self._watch.cancel()
+
+
+class _Stalled(Exception):
+    """A client did not take a piece of its streamed answer within the bound."""
+
+
+class _StreamedAnswer(StreamingResponse):
+    """A streamed answer whose client must take each piece within ``write_timeout_s``.
+
+    The server's ``send`` waits while the connection's buffers are full: a client that
+    keeps its connection open but stops reading would otherwise hold the stream, its
+    generation on Triton and its request slot for as long as it liked, since the call's
+    deadline bounds only the waits for Triton. Such a client is taken as gone.
+    """
+
+    def __init__(
+        self,
+        content: AsyncGenerator[str, None],
+        *,
+        write_timeout_s: float,
+        media_type: str,
+        headers: dict[str, str],
+        background: BackgroundTask,
+    ) -> None:
+        super().__init__(content, media_type=media_type, headers=headers, background=background)
+        self._content = content
+        self.write_timeout_s = write_timeout_s
+
+    async def stream_response(self, send: Any) -> None:
+        # One timer a stream rather than one a piece (a timeout around each send added
+        # about a third to the gateway's work on a piece): it wakes once per bound and
+        # looks at the send under way.
+        loop = asyncio.get_running_loop()
+        bound = asyncio.timeout(None)
+        began: float | None = None  # when the send under way began
+        timer: asyncio.TimerHandle | None = None
+
+        async def timed(message: Any) -> None:
+            nonlocal began
+            began = loop.time()
+            await send(message)
+            began = None
+
+        def watch() -> None:
+            nonlocal timer
+            now = loop.time()
+            if began is not None and now - began >= self.write_timeout_s:
+                bound.reschedule(now)  # the send under way ends in TimeoutError, below
+            else:
+                since = now if began is None else began
+                timer = loop.call_at(since + self.write_timeout_s, watch)
+
+        timer = loop.call_later(self.write_timeout_s, watch)
+        try:
+            async with bound:
+                await super().stream_response(timed)
+        except TimeoutError:
+            if bound.expired():
+                raise _Stalled from None
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except _Stalled:
+            log.warning(
+                "a client took no part of its streamed answer for %g s "
+                "(SPANMILL_GATEWAY_REQUEST_TIMEOUT_S): taken as gone",
+                self.write_timeout_s,
+            )
+            # Returning with the response unfinished makes the server close the
+            # connection. The slot is freed here too: a stream stalled before its
+            # first piece never reached the generator's own release.
+            if self.background is not None:
+                await self.background()
+        finally:
+            # Now rather than whenever the generator is collected: left at a piece (its
+            # client gone or stalled), it still holds its stream to Triton.
+            await self._content.aclose()
 
 
 def _after(step: Callable[[], None]) -> BackgroundTask:
@@ -624,7 +716,7 @@ async def _stream(
     first: list[str] | GenerationResult,
     events: AsyncGenerator[Any, None],
     release: Callable[[], None] = lambda: None,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """Server-Sent Events in OpenAI's chunk format, each piece of text as Triton makes it.
 
     When tools are offered, a reply that begins like a JSON tool call is held until
