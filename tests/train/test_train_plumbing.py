@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from spanmill.config import MLflowSettings
 from spanmill.contracts import DatasetCard, TrainManifest
 from spanmill.dataset.layout import CARD_FILE, EVAL_FILE, TRAIN_FILE
 from spanmill.train import CheckpointMismatchError, TrainSettings, train
+from spanmill.train.errors import TrainError
 from spanmill.train.trainer import CHECKPOINTS_DIRNAME, MANIFEST_FILE, RUN_STATE_FILE
 
 pytestmark = pytest.mark.services
@@ -158,3 +160,27 @@ def test_varying_weights_train_a_weighted_loss(
     assert "eval_loss" in result.metrics
     run = MlflowClient(mlflow_server.tracking_uri).get_run(result.run_id or "")
     assert run.data.params["sample_weights_applied"] == "True"
+
+
+def test_a_loss_that_is_not_a_number_stops_the_run_without_an_adapter(
+    tmp_path: Path, small_dataset: Path, tiny_model_dir: Path
+) -> None:
+    """A base model with an overflowed weight (as half precision can make): the first
+    step's loss is not a number. Hugging Face's Trainer leaves such steps out of the
+    loss it logs and goes on training a broken model; the run must stop instead."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    broken = tmp_path / "broken-base"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.fill_(math.inf)
+    model.save_pretrained(broken)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(broken)
+    settings = TrainSettings(base_model=str(broken), max_steps=3, batch_size=4, lora_r=4,
+                             lora_alpha=8, logging_steps=1, track=False)  # fmt: skip
+    out = tmp_path / "adapter"
+    with pytest.raises(TrainError, match=r"training loss at step 1 is nan; the run stops"):
+        train(small_dataset, out, settings)
+    assert not (out / MANIFEST_FILE).exists()
+    assert not (out / "adapter_model.safetensors").exists()

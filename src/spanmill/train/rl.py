@@ -47,7 +47,7 @@ import os
 import random
 import shutil
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +58,7 @@ from spanmill import semconv as sc
 from spanmill.config import KafkaSettings
 from spanmill.contracts import TrainManifest
 from spanmill.tasks.base import Task, get_task
+from spanmill.tasks.runner import EpisodeResult
 from spanmill.train.errors import CheckpointMismatchError, RewardError, TrainError
 from spanmill.train.grpo import (
     group_advantages,
@@ -227,8 +228,30 @@ def grpo_step(
     norm = torch.nn.utils.clip_grad_norm_(
         [p for p in model.parameters() if p.requires_grad], settings.max_grad_norm
     )
+    if not math.isfinite(sums["loss"]) or not math.isfinite(float(norm)):
+        # Clipping does not mend a NaN: the step would write it into every weight.
+        optimizer.zero_grad(set_to_none=True)
+        raise TrainError(
+            f"GRPO's loss ({sums['loss']}) or gradient norm ({float(norm)}) is not finite; "
+            "nothing was applied. Check the rewards and the sampler's logprobs, or lower "
+            "the learning rate"
+        )
     optimizer.step()
     return {**sums, "grad_norm": float(norm), "tokens": float(total), "rows": float(len(rows))}
+
+
+def episodes_finished(step: int, results: Sequence[EpisodeResult]) -> list[EpisodeResult]:
+    """The step's episodes that ran to their end; TrainError when none did (a step over
+    no episode trains nothing, and a run of such steps would be reported as trained)."""
+    finished = [r for r in results if r.error is None]
+    if results and not finished:
+        errors = Counter(str(r.error) for r in results)
+        common = "; ".join(f"{error} ({n}x)" for error, n in errors.most_common(3))
+        raise TrainError(
+            f"GRPO step {step}: all {len(results)} episodes failed, e.g. {common}; check "
+            "the agent's episode code and the policy's gateway"
+        )
+    return finished
 
 
 def train_grpo(
@@ -443,7 +466,7 @@ def _run(
             stopped = policy.hold()
             if stopped:
                 log.info("GRPO step %d: %d calls of abandoned episodes stopped", step + 1, stopped)
-            finished = [r for r in results if r.error is None]
+            finished = episodes_finished(step + 1, results)
             if not sdk.force_flush():
                 raise TrainError("the episodes' spans were not all written to the rollout topic")
             batch = trajectories(reader.read(finished), finished)

@@ -209,6 +209,31 @@ class MetricsCallback(TrainerCallback):
             self.tracker.log_metrics(metrics, state.global_step)
 
 
+class FiniteLoss(TrainerCallback):
+    """Stops a run whose training loss or gradient norm is not a number: the optimizer
+    has written it into the weights, and every later step trains a broken model.
+    Needs the Trainer's ``logging_nan_inf_filter`` off, which otherwise leaves such
+    steps out of the logged loss."""
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        for name in ("loss", "grad_norm"):
+            value = (logs or {}).get(name)
+            if isinstance(value, int | float) and not math.isfinite(value):
+                raise TrainError(
+                    f"the training {name.replace('_', ' ')} at step {state.global_step} is "
+                    f"{value}; the run stops with no adapter. Check the dataset's weights and "
+                    "the precision (fp16 overflows where bf16 does not), or lower the "
+                    "learning rate"
+                )
+
+
 def loss_curve_png(log_history: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     """Plot training (and eval) loss against the step; None when nothing was logged."""
     train = [(e["step"], e["loss"]) for e in log_history if "loss" in e and "step" in e]

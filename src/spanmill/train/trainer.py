@@ -41,7 +41,7 @@ from spanmill.precision import ServingDtype
 from spanmill.train.data import TrainingData, load_training_data
 from spanmill.train.errors import CheckpointMismatchError, DatasetError, TrainError
 from spanmill.train.settings import TrainSettings
-from spanmill.train.tracking import MetricsCallback, RunTracker, loss_curve_png
+from spanmill.train.tracking import FiniteLoss, MetricsCallback, RunTracker, loss_curve_png
 
 MANIFEST_FILE = TRAIN_MANIFEST_FILE  # beside the adapter: the TrainManifest
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -303,6 +303,7 @@ def _run(
         "fp16": fp16,
         "activation_checkpointing": settings.gradient_checkpointing,
         "logging_steps": settings.logging_steps,
+        "logging_nan_inf_filter": False,  # FiniteLoss must see them
         "save_strategy": "steps",
         "save_steps": settings.save_steps,
         "save_total_limit": settings.save_total_limit,
@@ -323,7 +324,7 @@ def _run(
             eval_dataset=eval_set,
             processing_class=tokenizer,
             peft_config=lora,
-            callbacks=[metrics_callback, *callbacks],
+            callbacks=[metrics_callback, FiniteLoss(), *callbacks],
         )
     else:
         from trl import SFTConfig
@@ -341,7 +342,7 @@ def _run(
             eval_dataset=eval_set,
             processing_class=tokenizer,
             peft_config=lora,
-            callbacks=[metrics_callback, *callbacks],
+            callbacks=[metrics_callback, FiniteLoss(), *callbacks],
             weighted=weighted,
             scored_logits_only=not torch.cuda.is_available(),
         )
