@@ -109,3 +109,27 @@ def test_the_sql_rule_and_the_arrow_rule_agree(trust: Trust) -> None:
     sql = duckdb.sql(f"SELECT {trust.sql()} AS t FROM stored").fetchall()
     assert [row[0] for row in sql] == expected
     assert producer_of(None) == producer_of('{"spanmill.producer":""}') == DIRECT
+
+
+def test_a_rebuild_that_fails_half_way_leaves_no_card_to_vouch_for_its_files(
+    tmp_path: Path,
+) -> None:
+    """The card says a dataset folder is complete, and training takes its digest from it:
+    a rebuild into the same folder that stops after replacing the train split must not
+    leave the earlier card beside it. (The eval split's name taken by a folder stages
+    the failure.)"""
+    from spanmill.train.data import load_training_data
+
+    store = tmp_path / "store"
+    write_store(store, traffic())
+    out = tmp_path / "dataset"
+    before = build_dataset(str(store), out, spec())["content_hash"]
+    assert load_training_data(out).digest == before
+    (out / "eval.parquet").unlink()
+    (out / "eval.parquet").mkdir()
+    with pytest.raises(OSError):
+        build_dataset(str(store), out, spec(trusted_producers=("*",)))
+    assert answers(out) == {"keyed", "anonymous judge", "injected"}  # the new train split
+    assert not (out / "card.json").exists()
+    # Without a card, training digests the files it reads: not the earlier dataset's.
+    assert load_training_data(out).digest != before

@@ -127,14 +127,17 @@ def write_dataset(
     built: Built, out_dir: Path, store_url: str, *, jsonl: bool = False
 ) -> dict[str, Any]:
     """Write the splits and the card; returns the card."""
+    card = card_of(built, store_url)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # An earlier dataset's card goes first: beside splits half replaced by this one,
+    # it would vouch for them (training resumes and lineage read its digest).
+    (out_dir / layout.CARD_FILE).unlink(missing_ok=True)
     schema = SCHEMAS[built.spec.mode]
     _write_parquet(built.train, schema, out_dir / layout.TRAIN_FILE)
     _write_parquet(built.eval, schema, out_dir / layout.EVAL_FILE)
     if jsonl:
         _write_jsonl(built.train, out_dir / "train.jsonl")
         _write_jsonl(built.eval, out_dir / "eval.jsonl")
-    card = card_of(built, store_url)
     (out_dir / "card.html").write_text(card_html(card.to_json()))
     # The card goes last: its presence says the dataset is complete.
     card.write(out_dir)
