@@ -61,3 +61,33 @@ def test_a_loss_that_is_not_a_number_changes_no_weight(tiny_model_dir: Path) -> 
     stats = grpo_step(model, optimizer, rows, settings, pad_id=2)
     assert math.isfinite(stats["loss"])
     assert any(not torch.equal(a, b) for a, b in zip(before, trainable, strict=True))
+
+
+def test_a_run_does_not_resume_on_an_init_adapter_trained_again(tmp_path: Path) -> None:
+    """Checkpoints grew from the init adapter's weights as they were: the same folder
+    holding another adapter (the SFT step run again into it) is another run."""
+    import json
+
+    from spanmill.train.errors import CheckpointMismatchError
+    from spanmill.train.rl import STATE_FILE, STEP_PREFIX, _adapter_digest, _resume_point
+    from spanmill.train.trainer import RUN_STATE_FILE, begin_run
+
+    adapter = tmp_path / "sft"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 4}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"first weights")
+    settings = TrainSettings(track=False, task="calculator", init_adapter=str(adapter))
+    checkpoints = tmp_path / "out" / "checkpoints"
+    begin_run(tmp_path / "out", checkpoints, resuming=False, state={
+        "fingerprint": settings.training_fingerprint(),
+        "init_adapter": _adapter_digest(settings.init_adapter),
+        "run_id": "r1",
+    })  # fmt: skip
+    (checkpoints / f"{STEP_PREFIX}2").mkdir()
+    (checkpoints / f"{STEP_PREFIX}2" / STATE_FILE).write_text(json.dumps({"step": 2}))
+    assert _resume_point(checkpoints, settings) == (checkpoints / f"{STEP_PREFIX}2", "r1")
+
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights trained again")
+    with pytest.raises(CheckpointMismatchError, match="started from other weights"):
+        _resume_point(checkpoints, settings)
+    assert json.loads((checkpoints / RUN_STATE_FILE).read_text())["run_id"] == "r1"

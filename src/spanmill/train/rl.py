@@ -40,6 +40,7 @@ started again on the same folder with the same settings resumes from the last.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -297,6 +298,7 @@ def train_grpo(
         resuming=resume_from is not None,
         state={
             "fingerprint": settings.training_fingerprint(),
+            "init_adapter": _adapter_digest(settings.init_adapter),
             "run_id": tracker.run_id if tracker else None,
         },
     )
@@ -348,8 +350,30 @@ def _resume_point(checkpoints: Path, settings: TrainSettings) -> tuple[Path | No
             f"{checkpoints} holds checkpoints of a run with other settings; use another "
             "output folder, delete that one, or turn resume off"
         )
+    if state.get("init_adapter") != _adapter_digest(settings.init_adapter):
+        # The settings name the same folder, but what is in it was trained again: its
+        # checkpoints grew from the other weights, and its manifest's lineage would be
+        # recorded for them.
+        raise CheckpointMismatchError(
+            f"{checkpoints} holds checkpoints of a run that started from other weights "
+            f"than {settings.init_adapter} holds now; use another output folder, delete "
+            "that one, or turn resume off"
+        )
     last = max(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
     return last, state.get("run_id")
+
+
+def _adapter_digest(folder: str | None) -> str | None:
+    """What tells one adapter's weights from another's in the same folder: a hash of its
+    config and weight files (a LoRA adapter is megabytes)."""
+    if not folder:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(Path(folder).glob("adapter_*")):
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _load_policy(base_model: str, settings: TrainSettings, dtype: Any, start: Path | None) -> Any:
