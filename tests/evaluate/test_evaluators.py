@@ -208,6 +208,19 @@ def test_a_failing_judge_endpoint_is_an_error_that_names_it() -> None:
         judge(transport).score([item(CALL)], {"champion": ["a"], "challenger": ["b"]})
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [httpx.Response(200, text="<html>proxy error</html>"), httpx.Response(200, json={"error": "x"}),
+     httpx.Response(200, json={"choices": []}), httpx.Response(200, json=["a"])],
+)  # fmt: skip
+def test_a_judge_that_answers_200_with_no_completion_is_an_error_that_names_it(
+    reply: httpx.Response,
+) -> None:
+    transport = httpx.MockTransport(lambda _: reply)
+    with pytest.raises(EvaluatorError, match=r"judge at http://judge.test/v1 answered 200 but"):
+        judge(transport).score([item(CALL)], {"champion": ["a"], "challenger": ["b"]})
+
+
 def test_the_judge_describes_its_versioned_prompt() -> None:
     transport, _ = judge_endpoint(lambda _: "A")
     described = judge(transport).describe()

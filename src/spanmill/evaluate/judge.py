@@ -132,7 +132,13 @@ class JudgeEvaluator:
             raise EvaluatorError(
                 f"the judge at {self.url} answered {response.status_code}: {response.text[:300]}"
             )
-        content = response.json()["choices"][0]["message"].get("content")
+        try:
+            content = response.json()["choices"][0]["message"].get("content")
+        except (ValueError, LookupError, TypeError, AttributeError):
+            raise EvaluatorError(
+                f"the judge at {self.url} answered 200 but not an OpenAI chat completion: "
+                f"{response.text[:300]}"
+            ) from None
         return str(content or "")
 
     def judgements(
