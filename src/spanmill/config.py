@@ -466,6 +466,13 @@ class RolloutSettings(BaseSettings):
     bake_s: float = Field(300.0, ge=0, description="Least time spent at each step.")
     min_requests: int = Field(20, ge=0, description="Challenger requests a step needs.")
     max_error_rate: float = Field(0.05, ge=0, le=1)
+    max_queue_full_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Highest share of requests Triton refused for a full queue (429), judged "
+        "on a full sample; off by default (load alone fills a queue).",
+    )
     max_p95_latency_s: float | None = Field(None, gt=0)
     max_latency_ratio: float | None = Field(None, gt=0, description="Of the champion's p95.")
     min_mean_reward: float | None = None

@@ -52,6 +52,19 @@ def test_with_route_bumps_the_revision_only_on_change() -> None:
     assert decide.with_route(changed, "calc", None) is changed
 
 
+def test_a_full_queue_is_its_own_signal_judged_on_a_full_sample() -> None:
+    # Off by default: refusals are neither errors nor anything else to judge.
+    swamped = Health(requests=40, errors=0, queue_full=30)
+    assert decide.judge(POLICY, swamped, None).kind == "healthy"
+    strict = POLICY.model_copy(update={"max_queue_full_rate": 0.25})
+    verdict = decide.judge(strict, swamped, None)
+    assert verdict.kind == "unhealthy"
+    assert verdict.reasons == ("30/40 requests refused for a full queue, above 25.0%",)
+    # A burst on a step's first requests is not yet a verdict, and within the rate passes.
+    assert decide.judge(strict, Health(requests=8, queue_full=8), None).kind == "insufficient"
+    assert decide.judge(strict, Health(requests=40, queue_full=10), None).kind == "healthy"
+
+
 def test_errors_roll_back_before_the_sample_is_full() -> None:
     # 20 requests at 5% allow one error; a second one can never be made up for.
     assert decide.judge(POLICY, Health(requests=3, errors=1), None).kind == "insufficient"

@@ -1,5 +1,6 @@
 """MLflow down while the controller serves: the routing stays, every pass ends soon, and
-once MLflow is back the controller takes up where the aliases say.
+once MLflow is back the controller takes up where the aliases say; a canary that fails
+meanwhile is rolled back all the same.
 
 MLflow's client alone waits up to 120 s for an answer and retries 7 times with backoff:
 against a stopped server one call took 246 s here, and the controller's pass with it.
@@ -23,7 +24,8 @@ import pytest
 from rollout_helpers import Traffic, controller, new_agent, rollout_settings
 from test_rollout_local import weights
 
-from spanmill.registry import CHALLENGER, CHAMPION, Lineage, ModelRegistry
+from spanmill.registry import CHALLENGER, CHAMPION, Lineage, ModelRegistry, names
+from spanmill.rollout.schemas import Phase
 from spanmill.rollout.service import bounded_mlflow
 from spanmill.stack.ports import free_port
 from spanmill.stack.services import MLflowServer
@@ -102,3 +104,65 @@ def test_mlflow_down_keeps_the_routing_and_the_controller_resumes(  # type: igno
     # MLflow's own minutes; a refused connection ends it at once.
     assert max(passes) < 2 * settings.mlflow_timeout_s + 5
     assert failed == []  # serving never depended on MLflow
+
+
+def test_a_failing_canary_is_rolled_back_while_mlflow_is_down(  # type: ignore[no-untyped-def]
+    triton, gateway, no_system_model: Path, tmp_path: Path
+) -> None:
+    """The challenger answers prompts without a system message and fails every one with
+    it (``no_system_model``): its canary runs healthy on the first, MLflow stops, and the
+    traffic turns to the second. The gateway's counts condemn it with MLflow down: the
+    routes go back to the champion then, and MLflow is told once it answers again."""
+    server = MLflowServer("127.0.0.1", free_port(), tmp_path / "mlflow")
+    running = server.start()
+    try:
+        url, routes = gateway
+        agent = new_agent()
+        settings = rollout_settings(
+            SimpleNamespace(tracking_uri=server.url), triton, tmp_path, agent,
+            routing_file=routes, gateway_urls=[url], steps=[50, 100], bake_s=3600,
+        )  # fmt: skip
+        with bounded_mlflow(settings):
+            registry = ModelRegistry(server.url)
+            ctl = controller(settings)
+            v1 = registry.register(agent, Lineage(kind="echo")).version
+            registry.promote(agent, v1)
+            ctl.until(lambda: weights(routes, agent) == {str(v1): 100.0}, timeout=90)
+            healthy = Traffic(url, agent, system_prompt=False).start()
+            bad = registry.register(agent, Lineage(kind="model"), no_system_model).version
+            registry.set_alias(agent, CHALLENGER, bad)
+            ctl.until(lambda: weights(routes, agent).get(str(bad)) == 50.0, timeout=120)
+            ctl.until(lambda: sum(o.version == str(bad) for o in healthy.outcomes) >= 3)
+            healthy.stop()
+
+            running.stop()
+            failing = Traffic(url, agent).start()
+            ctl.until(lambda: weights(routes, agent) == {str(v1): 100.0}, timeout=45)
+            routed_back_at = time.time()
+            down = ctl.reconciler.state(agent)
+            for _ in range(3):  # it stays out while MLflow stays down
+                ctl.tick()
+                assert weights(routes, agent) == {str(v1): 100.0}
+
+            running = server.start()  # the same database: MLflow back as it was
+            ctl.until(lambda: CHALLENGER not in registry.aliases(agent), timeout=60)
+            ctl.tick()
+            back = ctl.reconciler.state(agent)
+            stopped = registry.version(agent, bad)
+            aliases = registry.aliases(agent)
+            time.sleep(0.5)
+        outcomes = failing.stop()
+    finally:
+        running.stop()
+
+    rollback = next(d for d in ctl.decisions if d.action == "rollback")
+    assert rollback.version == bad and "error rate" in rollback.reason
+    assert down is not None and down.phase == Phase.STABLE and down.champion == v1
+    assert list(down.unrecorded_rollbacks) == [bad]
+    assert all(o.version == str(v1) and o.status == 200
+               for o in outcomes if o.at > routed_back_at + 0.2)  # fmt: skip
+    # Once back, MLflow says what was done, and the version is not staged again.
+    assert stopped.rolled_back and "error rate" in stopped.tags[names.TAG_ROLLOUT_REASON]
+    assert aliases == {CHAMPION: v1}
+    assert back is not None and back.unrecorded_rollbacks == {} and back.phase == Phase.STABLE
+    assert ctl.actions().count(("deploy", bad)) == 1

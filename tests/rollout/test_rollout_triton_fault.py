@@ -1,5 +1,6 @@
-"""Triton killed during a canary at 50%: the controller rolls the challenger back, and
-once Triton is up again it loads the champion and serving resumes.
+"""Triton faults: killed during a canary at 50%, the controller rolls the challenger back,
+and once Triton is up again it loads the champion and serving resumes; a champion that
+cannot be loaded again keeps its files, and is loaded once it can be.
 
 A Triton of the test's own (the session's serves every other test), SIGKILLed with
 traffic flowing through the gateway at 50/50, down for ``SPANMILL_FAULT_OUTAGE_S``
@@ -22,6 +23,7 @@ from test_rollout_local import weights
 
 from spanmill.gateway.app import create_app
 from spanmill.registry import CHALLENGER, Lineage, ModelRegistry
+from spanmill.rollout.triton import TritonControl, TritonError
 from spanmill.stack.ports import free_port
 from spanmill.stack.services import TritonServer
 
@@ -99,3 +101,51 @@ def test_triton_killed_during_a_canary_rolls_back_and_the_champion_returns(  # t
     assert CHALLENGER not in registry.aliases(agent)  # never to be staged again
     assert all(o.status == 200 and o.version == str(v1) for o in after)
     assert weights(routes, agent) == {str(v1): 100.0}
+
+
+class RefusingTriton(TritonControl):
+    """The session's Triton, whose loads fail while ``refusing`` is set. A stand-in for the
+    fault alone: a champion that every pod lost and none can take back (a restarted node
+    short of memory, say) cannot be staged on demand with tritonserver itself."""
+
+    refusing = False
+
+    def load(self, model: str) -> None:
+        if self.refusing:
+            raise TritonError(f"{self.describe()}: loading {model} failed: out of memory")
+        super().load(model)
+
+
+def test_a_champion_that_cannot_be_loaded_again_keeps_its_files(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, registry, tmp_path: Path
+) -> None:
+    agent = new_agent()
+    routes = tmp_path / "routes.json"
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                retry_after_s=3600)  # fmt: skip
+    fleet = RefusingTriton(triton.http_url)
+    later = [0.0]  # seconds the controller's clock is ahead, to reach a retry
+    ctl = controller(settings, fleet=fleet, clock=lambda: time.time() + later[0])
+    v1 = registry.register(agent, Lineage(kind="echo")).version
+    registry.promote(agent, v1)
+    ctl.until(lambda: weights(routes, agent) == {str(v1): 100.0}, timeout=90)
+    files = triton.model_repository / agent / str(v1)
+    written = sorted(p.relative_to(files) for p in files.rglob("*"))
+
+    control = TritonControl(triton.http_url)
+    control.unload(agent)  # every server lost it, as a restart leaves them
+    fleet.refusing = True
+    ctl.tick()
+    failed = [d for d in ctl.decisions if d.action == "error" and d.version == v1]
+    assert failed and "cannot be loaded again" in failed[-1].reason
+    assert sorted(p.relative_to(files) for p in files.rglob("*")) == written
+    assert weights(routes, agent) == {str(v1): 100.0}  # nothing else to send it to
+    ctl.tick()  # within the wait before a retry: not tried again, and still there
+    assert len([d for d in ctl.decisions if d.action == "error"]) == len(failed)
+
+    fleet.refusing = False
+    later[0] = settings.retry_after_s
+    ctl.tick()
+    assert control.versions(agent).get(v1) == "READY"
+    control.smoke(agent, v1, flavour="python", timeout_s=60)
+    assert sorted(p.relative_to(files) for p in files.rglob("*")) == written

@@ -77,3 +77,21 @@ def test_the_service_reconciles_and_reports(  # type: ignore[no-untyped-def]
         app, ["rollout", "--once"], env={**env, "SPANMILL_ROLLOUT_STEPS": "[50]"}
     )
     assert result.exit_code == 1 and "SPANMILL_ROLLOUT_STEPS" in result.output
+
+
+def test_every_canary_rule_the_settings_declare_reaches_the_policy() -> None:
+    """The controller's settings declare the canary policy's fields by the same names: a
+    field added to one and not passed on would be read from the environment and ignored."""
+    from spanmill.config import RolloutSettings
+    from spanmill.rollout.schemas import RolloutPolicy
+    from spanmill.rollout.service import policy_of
+
+    shared = set(RolloutPolicy.model_fields) & set(RolloutSettings.model_fields)
+    assert shared >= {"max_error_rate", "max_queue_full_rate", "max_latency_ratio"}
+    values = {"max_error_rate": 0.2, "max_queue_full_rate": 0.3, "max_p95_latency_s": 9.0,
+              "max_latency_ratio": 1.7, "min_mean_reward": 0.4, "max_reward_drop": 0.11,
+              "min_rewards": 7, "min_requests": 3, "bake_s": 12.0, "grace_s": 13.0,
+              "drain_s": 1.5, "steps": [10.0, 100.0]}  # fmt: skip
+    assert set(values) == shared, sorted(shared ^ set(values))
+    policy = policy_of(RolloutSettings(**values))
+    assert {name: getattr(policy, name) for name in shared} == values

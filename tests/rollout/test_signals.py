@@ -31,43 +31,80 @@ def test_histogram_quantile_interpolates_like_prometheus() -> None:
     assert histogram_quantile(0.99, {"0.1": 1.0, "+Inf": 10.0}) == pytest.approx(0.1)
 
 
-def test_gateway_metrics_count_only_what_happened_since_the_snapshot(serve_app) -> None:  # type: ignore[no-untyped-def]
-    metrics = GatewayMetrics()
-    app = FastAPI()
+class Gateway:
+    """A gateway's metrics endpoint, its counters those of the gateway's own GatewayMetrics;
+    :meth:`restart` gives it fresh ones, as a restarted gateway process has."""
 
-    @app.get("/metrics")
-    async def scrape() -> PlainTextResponse:
-        return PlainTextResponse(generate_latest(metrics.registry).decode())
+    def __init__(self) -> None:
+        self.metrics = GatewayMetrics()
+        self.app = FastAPI()
 
-    @app.get("/healthz")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+        @self.app.get("/metrics")
+        async def scrape() -> PlainTextResponse:
+            return PlainTextResponse(generate_latest(self.metrics.registry).decode())
 
-    def served(version: str, status: str, n: int, seconds: float = 0.02) -> None:
+    def restart(self) -> None:
+        self.metrics = GatewayMetrics()
+
+    def served(self, version: str, status: str, n: int, seconds: float = 0.02) -> None:
         for _ in range(n):
-            metrics.requests.labels("calc", version, status).inc()
+            self.metrics.requests.labels("calc", version, status).inc()
             if status == "200":
-                metrics.latency.labels("calc", version).observe(seconds)
+                self.metrics.latency.labels("calc", version).observe(seconds)
 
-    served("1", "200", 40)
-    served("2", "200", 5)
-    with serve_app(app) as url:
-        signals = GatewayMetricsSignals([url, url])  # two replicas: their counts add up
+
+def test_gateway_metrics_count_only_what_happened_since_the_snapshot(serve_app) -> None:  # type: ignore[no-untyped-def]
+    a, b = Gateway(), Gateway()
+    for gateway in (a, b):
+        gateway.served("1", "200", 40)
+        gateway.served("2", "200", 5)
+    with serve_app(a.app) as url_a, serve_app(b.app) as url_b:
+        signals = GatewayMetricsSignals([url_a, url_b, url_a])  # one named twice counts once
         baseline = signals.snapshot("calc")
-        served("2", "200", 10, seconds=0.3)
-        served("2", "502", 2)
-        served("2", "400", 3)  # a client's bad request: not the model's error
-        metrics.requests.labels("other", "2", "502").inc()  # another route
+        for gateway in (a, b):  # two replicas: their counts add up
+            gateway.served("2", "200", 10, seconds=0.3)
+            gateway.served("2", "502", 2)
+            gateway.served("2", "400", 3)  # a client's bad request: not the model's error
+            gateway.served("2", "429", 4)  # Triton's queue full: judged on its own
+            gateway.metrics.requests.labels("other", "2", "502").inc()  # another route
         health = signals.health("calc", 2, since=0.0, baseline=baseline)
-        assert (health.requests, health.errors) == (2 * 15, 2 * 2)
+        assert (health.requests, health.errors, health.queue_full) == (2 * 19, 2 * 2, 2 * 4)
         assert health.p95_latency_s is not None and 0.25 < health.p95_latency_s <= 0.5
-        # Without a baseline, everything since the gateway started counts.
+        # Without a baseline, everything since the gateways started counts.
         assert signals.health("calc", 1, since=0.0, baseline=None).requests == 80
-        # A gateway restart resets its counters: the new counts are taken as they are.
-        reset = {"requests": {"2": {"200": 10_000.0}}, "buckets": {}}
-        assert signals.health("calc", 2, since=0.0, baseline=reset).requests == 2 * 20
+        # A step begun under a controller that summed the gateways keeps its baseline: the
+        # sum is compared with it (here as a restart, the sum being lower).
+        legacy = {"requests": {"2": {"200": 10_000.0}}, "buckets": {}}
+        assert signals.health("calc", 2, since=0.0, baseline=legacy).requests == 2 * 24
     with pytest.raises(SignalError, match="cannot read the gateway's metrics"):
-        GatewayMetricsSignals([url]).health("calc", 2, since=0.0, baseline=None)
+        GatewayMetricsSignals([url_a]).health("calc", 2, since=0.0, baseline=None)
+
+
+def test_one_gateways_restart_hides_no_other_gateways_errors(serve_app) -> None:  # type: ignore[no-untyped-def]
+    """Counters compared per gateway, as Prometheus' increase() does per target: B's
+    restart resets B's counters alone, and what A counted meanwhile is all there."""
+    a, b = Gateway(), Gateway()
+    a.served("2", "200", 30)
+    b.served("2", "200", 30)
+    b.served("2", "502", 10, seconds=0.2)
+    with serve_app(a.app) as url_a, serve_app(b.app) as url_b:
+        signals = GatewayMetricsSignals([url_a, url_b])
+        baseline = signals.snapshot("calc")
+        a.served("2", "502", 12)
+        b.restart()
+        b.served("2", "502", 3)
+        b.served("2", "200", 5, seconds=0.3)
+        health = signals.health("calc", 2, since=0.0, baseline=baseline)
+        # Summed over both before the difference, the 502s were 15 against 10 before:
+        # 5 counted, and the 200s (35 against 60) went negative or were counted whole.
+        assert (health.requests, health.errors) == (12 + 3 + 5, 12 + 3)
+        assert health.p95_latency_s is not None and 0.25 < health.p95_latency_s <= 0.5
+        # A restart is seen in a counter that went down or is gone, whichever it was:
+        # B's 200s (5 now, 30 before) and its 502s (3 now, 10 before) both count from 0.
+        b.restart()
+        b.served("2", "200", 40)
+        after = signals.health("calc", 2, since=0.0, baseline=baseline)
+        assert (after.requests, after.errors) == (12 + 40, 12)
 
 
 def _call(

@@ -90,8 +90,8 @@ def judge(policy: RolloutPolicy, challenger: Health, champion: Health | None) ->
 
     Errors are judged from the first request: once more errors have happened than
     a full sample of ``min_requests`` may hold, no later success can make up for
-    them, so the rollback does not wait for the sample to fill. Latency and reward
-    are judged on a full sample only.
+    them, so the rollback does not wait for the sample to fill. Requests refused for a
+    full queue, latency and reward are judged on a full sample only.
     """
     reasons: list[str] = []
     sample = max(challenger.requests, policy.min_requests)
@@ -101,6 +101,17 @@ def judge(policy: RolloutPolicy, challenger: Health, champion: Health | None) ->
             f"{policy.max_error_rate:.1%}"
         )
     enough = challenger.requests >= policy.min_requests and challenger.requests > 0
+    # Unlike errors, a full queue can pass with the burst that filled it: judged on a full
+    # sample only.
+    if (
+        enough
+        and policy.max_queue_full_rate is not None
+        and challenger.queue_full > policy.max_queue_full_rate * challenger.requests
+    ):
+        reasons.append(
+            f"{challenger.queue_full}/{challenger.requests} requests refused for a full queue, "
+            f"above {policy.max_queue_full_rate:.1%}"
+        )
     if enough and challenger.p95_latency_s is not None:
         if (
             policy.max_p95_latency_s is not None
@@ -242,13 +253,30 @@ def promote(state: AgentState, now: float, policy: RolloutPolicy) -> AgentState:
 
 
 def roll_back(
-    state: AgentState, now: float, policy: RolloutPolicy, *, had_traffic: bool
+    state: AgentState,
+    now: float,
+    policy: RolloutPolicy,
+    *,
+    had_traffic: bool,
+    unrecorded: str | None = None,
 ) -> AgentState:
-    """The champion takes all traffic back; the challenger goes once traffic has drained."""
+    """The champion takes all traffic back; the challenger goes once traffic has drained.
+
+    ``unrecorded``: why, where MLflow could not be told yet (see :func:`recorded`)."""
     at = now + policy.drain_s if had_traffic else now
     retiring = _retire(state.retiring, state.challenger, at)
+    pending = dict(state.unrecorded_rollbacks)
+    if unrecorded is not None and state.challenger is not None:
+        pending[state.challenger] = unrecorded
     return transition(state, Phase.STABLE, now, challenger=None, step=0, step_started_at=None,
-                      baseline=None, retiring=retiring)  # fmt: skip
+                      baseline=None, retiring=retiring,
+                      unrecorded_rollbacks=pending)  # fmt: skip
+
+
+def recorded(state: AgentState, version: int, now: float) -> AgentState:
+    """MLflow was told of ``version``'s rollback."""
+    pending = {v: r for v, r in state.unrecorded_rollbacks.items() if v != version}
+    return transition(state, state.phase, now, unrecorded_rollbacks=pending)
 
 
 def due(state: AgentState, now: float) -> list[int]:

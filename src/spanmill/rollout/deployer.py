@@ -103,13 +103,15 @@ class Deployer:
         no engine yet)."""
         return read_engine(self.repository, names.triton_model(agent)) if self.vllm else None
 
-    def deploy(self, agent: str, version: int) -> float:
+    def deploy(self, agent: str, version: int, *, serving: bool = False) -> float:
         """Write, load and smoke-check ``version`` on every server; returns the seconds it took.
 
         On failure DeployError says what went wrong, and on which server. A version that
         no server had before is removed from the repository again (a version that cannot
         load would make every later load of the agent's model fail); one that others
-        serve stays with them.
+        serve stays with them. So does one ``serving`` (the champion, loaded again after
+        every server lost it): no server holding it says nothing of its files, and the
+        next try loads them again.
         """
         started = time.perf_counter()
         model = names.triton_model(agent)
@@ -140,9 +142,8 @@ class Deployer:
                     self._clean_up(agent, version)
                     raise DeployError(message) from None
                 raise PodDeployError(message) from None
-        self._load_and_check(
-            agent, version, servers, lacking, version, new=len(lacking) == len(servers)
-        )
+        self._load_and_check(agent, version, servers, lacking, version,
+                             new=len(lacking) == len(servers) and not serving)  # fmt: skip
         seconds = time.perf_counter() - started
         if lacking:
             onto = ", ".join(s.describe() for s in lacking)

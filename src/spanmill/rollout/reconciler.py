@@ -10,6 +10,14 @@ Crash safety comes from ordering. MLflow changes first (an alias moved, a
 version tagged), then the state, then the routes, which follow from the state;
 every tick rewrites routes that disagree with the state and re-derives what an
 interrupted step left half done.
+
+One step does not wait for MLflow: a canary whose own signals (the gateway's, or
+the span store's) call for a rollback is rolled back while MLflow cannot be read,
+so a failing challenger does not keep its traffic through an outage. There the
+state goes first, holding what MLflow must still be told (the version tagged
+rolled back, its challenger alias removed), then the routes; every pass that
+reaches MLflow tells it that before it reads the aliases, so the version is never
+staged again, whenever the controller stopped meanwhile.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from collections.abc import Callable, Sequence
 from spanmill.errors import SpanmillError
 from spanmill.gateway.routing import RoutingTable
 from spanmill.registry import names
-from spanmill.registry.client import Desired, ModelRegistry
+from spanmill.registry.client import Desired, ModelRegistry, RegistryError
 from spanmill.rollout import decide
 from spanmill.rollout.backend import RolloutBackend
 from spanmill.rollout.deployer import Deployer, DeployError, PodDeployError
@@ -34,6 +42,7 @@ from spanmill.rollout.schemas import (
     ControllerState,
     Decision,
     Health,
+    Move,
     Phase,
     RolloutPolicy,
 )
@@ -115,7 +124,7 @@ class Reconciler:
         """One pass over every agent; returns the decisions taken (holds included)."""
         self._tick_decisions = []
         self._state, self._table = self.backend.load()
-        agents = self.agents or sorted(set(self.registry.agents()) | set(self._state.agents))
+        agents = self.agents or self._known_agents()
         for agent in agents:
             if not self.active():
                 # The Lease went to another replica mid-pass: leave the rest to it.
@@ -136,12 +145,26 @@ class Reconciler:
     def state(self, agent: str) -> AgentState | None:
         return self._state.agents.get(agent)
 
+    def _known_agents(self) -> list[str]:
+        try:
+            listed = self.registry.agents()
+        except RegistryError as exc:
+            # Those the state knows still get their pass: a canary rolls back without MLflow.
+            log.warning("listing the agents failed, only those in the state get a pass: %s", exc)
+            listed = []
+        return sorted(set(listed) | set(self._state.agents))
+
     # -- one agent -----------------------------------------------------------------------
 
     def _reconcile(self, agent: str) -> None:
         st = self._state.agents.get(agent) or AgentState(agent=agent)
         try:
-            desired = self.registry.desired(agent)
+            try:
+                st = self._record_rollbacks(agent, st)
+                desired = self.registry.desired(agent)
+            except RegistryError:
+                st = self._canary_without_registry(agent, st)
+                raise
 
             # The challenger in flight is no longer the one the aliases name.
             if st.phase != Phase.STABLE and st.challenger != desired.challenger:
@@ -234,12 +257,13 @@ class Reconciler:
         return st
 
     def _restore(self, agent: str, st: AgentState, version: int) -> AgentState:
-        """Triton lost the champion (a restart): load it again."""
+        """Triton lost the champion (a restart): load it again; its files stay whatever
+        happens, for the next try."""
         now = self.clock()
         if now < st.retry_at.get(version, 0.0):
             return st
         try:
-            self._deployed(agent, version)
+            self._deployed(agent, version, serving=True)
         except DeployError as exc:
             reason = f"the champion is not loaded in Triton and cannot be loaded again ({exc})"
             self._decide(agent, "error", version, reason)
@@ -290,19 +314,8 @@ class Reconciler:
             except DeployError as exc:
                 return self._reject(agent, st, f"it is no longer loaded: {exc}", had_traffic=True)
         route = names.route(agent)
-        since = st.step_started_at if st.step_started_at is not None else self.clock()
-        health = self.signals.health(route, version, since, st.baseline)
-        compare = (
-            self.policy.max_latency_ratio is not None or self.policy.max_reward_drop is not None
-        )
-        champion_health: Health | None = None
-        if compare and st.champion is not None:
-            champion_health = self.signals.health(route, st.champion, since, st.baseline)
-        verdict = decide.judge(
-            self.policy, health, decide.champion_reference(st, champion_health, self.policy)
-        )
+        health, champion_health, move = self._judged(agent, st)
         now = self.clock()
-        move = decide.next_move(st, self.policy, verdict, now)
         if move.kind == "hold":
             self._decide(agent, "hold", version, move.reason, health=health, quiet=True)
             return st
@@ -319,6 +332,60 @@ class Reconciler:
         st = decide.promote(st, now, self.policy)
         self._decide(agent, "promote", version, move.reason, weight=100.0, health=health,
                      status="promoted")  # fmt: skip
+        return st
+
+    def _judged(self, agent: str, st: AgentState) -> tuple[Health, Health | None, Move]:
+        """The canary's health, the champion's where the policy compares them, and the move
+        they call for."""
+        assert st.challenger is not None
+        route = names.route(agent)
+        since = st.step_started_at if st.step_started_at is not None else self.clock()
+        health = self.signals.health(route, st.challenger, since, st.baseline)
+        compare = (
+            self.policy.max_latency_ratio is not None or self.policy.max_reward_drop is not None
+        )
+        champion_health: Health | None = None
+        if compare and st.champion is not None:
+            champion_health = self.signals.health(route, st.champion, since, st.baseline)
+        verdict = decide.judge(
+            self.policy, health, decide.champion_reference(st, champion_health, self.policy)
+        )
+        return health, champion_health, decide.next_move(st, self.policy, verdict, self.clock())
+
+    def _canary_without_registry(self, agent: str, st: AgentState) -> AgentState:
+        """MLflow cannot be read: a canary that its signals condemn is rolled back all the
+        same, to the champion the state knows; MLflow is told on a later pass. Advancing
+        and promoting wait for MLflow, which may have rolled the version back meanwhile."""
+        if st.phase != Phase.CANARY or st.challenger is None:
+            return st
+        version = st.challenger
+        try:
+            health, _, move = self._judged(agent, st)
+        except SpanmillError as exc:
+            log.warning("%s v%d: the canary cannot be judged either: %s", agent, version, exc)
+            return st
+        if move.kind != "rollback":
+            return st
+        st = decide.roll_back(st, self.clock(), self.policy, had_traffic=True,
+                              unrecorded=move.reason)  # fmt: skip
+        self._decide(agent, "rollback", version, f"{move.reason} (MLflow cannot be reached: "
+                     "the version is tagged and its alias removed once it can)", weight=0.0,
+                     health=health, record=False)  # fmt: skip
+        return st
+
+    def _record_rollbacks(self, agent: str, st: AgentState) -> AgentState:
+        """Tell MLflow of the rollbacks made while it could not be reached, as :meth:`_reject`
+        would have: the tag first, then the alias."""
+        for version, reason in sorted(st.unrecorded_rollbacks.items()):
+            aliases = self.registry.aliases(agent)
+            # Promoted by hand meanwhile: the registry's word is the later one.
+            if aliases.get(names.CHAMPION) != version:
+                self.registry.record(agent, version, f"{agent} v{version}: rollback: {reason}",
+                                     status=names.ROLLED_BACK, reason=reason)  # fmt: skip
+                if aliases.get(names.CHALLENGER) == version:
+                    self.registry.delete_alias(agent, names.CHALLENGER)
+            st = decide.recorded(st, version, self.clock())
+            log.info("%s v%d: its rollback is recorded in MLflow", agent, version)
         return st
 
     def _promoted_by_alias(self, agent: str, st: AgentState) -> AgentState:
@@ -430,8 +497,8 @@ class Reconciler:
         self._decide(agent, "error", version, f"{exc}; it keeps serving on the other pods, "
                      "and that pod stays unready until it takes it", record=False)  # fmt: skip
 
-    def _deployed(self, agent: str, version: int) -> float:
-        seconds = self.deployer.deploy(agent, version)
+    def _deployed(self, agent: str, version: int, *, serving: bool = False) -> float:
+        seconds = self.deployer.deploy(agent, version, serving=serving)
         self.metrics.deploy_seconds.labels(agent).set(seconds)
         return seconds
 

@@ -61,6 +61,15 @@ class RolloutPolicy(BaseModel):
         20, ge=0, description="Challenger requests a step needs before it can be judged healthy."
     )
     max_error_rate: float = Field(0.05, ge=0, le=1, description="Errors / requests allowed.")
+    max_queue_full_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Requests refused because the version's queue in Triton was full (HTTP "
+        "429) / requests allowed, judged on a full sample; off by default. A challenger "
+        "slower than the champion fills its queue while the champion keeps up, but a burst "
+        "of load fills any queue: set it above what the champion refuses at its peaks.",
+    )
     max_p95_latency_s: float | None = Field(None, gt=0, description="Latency p95 allowed.")
     max_latency_ratio: float | None = Field(
         None, gt=0, description="Challenger p95 over champion p95 allowed, e.g. 1.5."
@@ -101,6 +110,8 @@ class Health(BaseModel):
 
     requests: int = 0
     errors: int = 0
+    # Refused for a full queue (HTTP 429): neither an answer nor an error (requests counts them).
+    queue_full: int = 0
     p95_latency_s: float | None = None
     mean_reward: float | None = None
     rewards: int = 0
@@ -111,6 +122,8 @@ class Health(BaseModel):
 
     def describe(self) -> str:
         parts = [f"{self.errors}/{self.requests} errors"]
+        if self.queue_full:
+            parts.append(f"{self.queue_full} refused for a full queue")
         if self.p95_latency_s is not None:
             parts.append(f"p95 {self.p95_latency_s * 1000:.0f} ms")
         if self.mean_reward is not None:
@@ -146,6 +159,9 @@ class AgentState(BaseModel):
     retiring: dict[int, float] = Field(default_factory=dict)
     # Versions that failed to deploy, and when to try again.
     retry_at: dict[int, float] = Field(default_factory=dict)
+    # Challengers rolled back while MLflow could not be read, and why: MLflow is told
+    # (the rollback tag, the challenger alias removed) before the next pass reads its aliases.
+    unrecorded_rollbacks: dict[int, str] = Field(default_factory=dict)
     # The champion's figures over the last canary step in which it had traffic enough to
     # compare with: the reference of a step that sends it none (the last, at 100%).
     champion_reference: Health | None = None

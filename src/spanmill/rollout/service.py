@@ -40,6 +40,7 @@ def policy_of(settings: RolloutSettings) -> RolloutPolicy:
         bake_s=settings.bake_s,
         min_requests=settings.min_requests,
         max_error_rate=settings.max_error_rate,
+        max_queue_full_rate=settings.max_queue_full_rate,
         max_p95_latency_s=settings.max_p95_latency_s,
         max_latency_ratio=settings.max_latency_ratio,
         min_mean_reward=settings.min_mean_reward,

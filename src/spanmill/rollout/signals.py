@@ -25,6 +25,8 @@ from spanmill.rollout.schemas import Health
 
 REQUESTS_METRIC = "spanmill_gateway_requests"
 LATENCY_METRIC = "spanmill_gateway_request_seconds"
+# What the gateway answers when the version's queue in Triton is full.
+QUEUE_FULL_STATUS = "429"
 
 
 class SignalError(SpanmillError):
@@ -48,14 +50,16 @@ class GatewayMetricsSignals:
     def __init__(self, urls: Sequence[str], *, timeout_s: float = 5.0) -> None:
         if not urls:
             raise SignalError("name at least one gateway (SPANMILL_ROLLOUT_GATEWAY_URLS)")
-        self.urls = [u.rstrip("/") for u in urls]
+        # Each gateway's counters are kept by its URL: one named twice would count twice.
+        self.urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
         self.timeout_s = timeout_s
 
     def _scrape(self, route: str) -> dict[str, Any]:
+        """Each gateway's counters for ``route``, kept apart: a counter is only comparable
+        with its own earlier value, since one gateway's restart resets its counters alone."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        requests: dict[str, dict[str, float]] = {}
-        buckets: dict[str, dict[str, float]] = {}
+        targets: dict[str, dict[str, Any]] = {}
         for url in self.urls:
             try:
                 response = httpx.get(f"{url}/metrics", timeout=self.timeout_s)
@@ -64,6 +68,8 @@ class GatewayMetricsSignals:
                 raise SignalError(
                     f"cannot read the gateway's metrics at {url}/metrics: {exc}"
                 ) from None
+            requests: dict[str, dict[str, float]] = {}
+            buckets: dict[str, dict[str, float]] = {}
             for family in text_string_to_metric_families(response.text):
                 for sample in family.samples:
                     labels = sample.labels
@@ -78,7 +84,8 @@ class GatewayMetricsSignals:
                         by_le = buckets.setdefault(version, {})
                         le = labels.get("le", "+Inf")
                         by_le[le] = by_le.get(le, 0.0) + sample.value
-        return {"requests": requests, "buckets": buckets}
+            targets[url] = {"requests": requests, "buckets": buckets}
+        return {"targets": targets}
 
     def snapshot(self, route: str) -> dict[str, Any] | None:
         return self._scrape(route)
@@ -86,21 +93,60 @@ class GatewayMetricsSignals:
     def health(
         self, route: str, version: int, since: float, baseline: Mapping[str, Any] | None
     ) -> Health:
-        now = self._scrape(route)
-        before = baseline or {"requests": {}, "buckets": {}}
+        now = self._scrape(route)["targets"]
         key = str(version)
-        statuses = _delta(now["requests"].get(key, {}), before.get("requests", {}).get(key, {}))
+        statuses: dict[str, float] = {}
+        latency: dict[str, float] = {}
+        if baseline is not None and "targets" not in baseline:
+            # A baseline from a controller that summed the gateways before comparing:
+            # compared the same way until the step ends.
+            statuses = _delta(
+                _summed(now, "requests", key), baseline.get("requests", {}).get(key, {})
+            )
+            latency = _delta(_summed(now, "buckets", key), baseline.get("buckets", {}).get(key, {}))
+        else:
+            before = (baseline or {}).get("targets", {})
+            for url, counters in now.items():
+                previous = before.get(url, {})
+                restarted = _went_down(counters, previous)
+                for kind, into in (("requests", statuses), ("buckets", latency)):
+                    mine = counters[kind].get(key, {})
+                    earlier = {} if restarted else previous.get(kind, {}).get(key, {})
+                    for label, n in _delta(mine, earlier).items():
+                        into[label] = into.get(label, 0.0) + n
         requests = sum(statuses.values())
-        # A client's bad request is not the model's fault; a server error is.
+        # Triton's full queue (429) is judged on its own (RolloutPolicy.max_queue_full_rate);
+        # a client's bad request is not the model's fault; a server error is.
+        queue_full = statuses.get(QUEUE_FULL_STATUS, 0.0)
         errors = sum(
             n for status, n in statuses.items() if not status.startswith("4") and status != "200"
         )
-        latency = _delta(now["buckets"].get(key, {}), before.get("buckets", {}).get(key, {}))
         return Health(
             requests=int(requests),
             errors=int(errors),
+            queue_full=int(queue_full),
             p95_latency_s=histogram_quantile(0.95, latency),
         )
+
+
+def _summed(targets: Mapping[str, Any], kind: str, version: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for counters in targets.values():
+        for label, value in counters[kind].get(version, {}).items():
+            out[label] = out.get(label, 0.0) + value
+    return out
+
+
+def _went_down(now: Mapping[str, Any], before: Mapping[str, Any]) -> bool:
+    """Whether any of one gateway's counters is below its earlier value, or gone: the
+    gateway restarted, and all its counters (not only those lower now) began again at 0."""
+    for kind in ("requests", "buckets"):
+        current = now.get(kind, {})
+        for version, values in before.get(kind, {}).items():
+            mine = current.get(version, {})
+            if any(mine.get(label, 0.0) < value for label, value in values.items()):
+                return True
+    return False
 
 
 def _delta(now: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
