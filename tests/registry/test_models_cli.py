@@ -57,3 +57,22 @@ def test_people_list_show_promote_and_roll_back(mlflow_server, tmp_path: Path) -
 
     result = runner.invoke(app, ["models", "show", agent, "99", *uri])
     assert result.exit_code == 1 and "error:" in result.output
+
+
+def test_register_refuses_another_models_metrics(mlflow_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from test_registry import trained_folder
+
+    agent = f"cli-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    trained_folder(tmp_path / "a", agent=agent, run_id="train-a")
+    adapter_b, _ = trained_folder(tmp_path / "b", agent=agent, run_id="train-b")
+    metrics_a = tmp_path / "a" / "metrics.json"
+    result = runner.invoke(
+        app,
+        ["models", "register", agent, str(adapter_b), "--metrics", str(metrics_a),
+         "--tracking-uri", mlflow_server.tracking_uri],
+        env={"COLUMNS": "400"},
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "training run train-a" in result.output and "training run train-b" in result.output
+    assert agent not in ModelRegistry(mlflow_server.tracking_uri).agents()

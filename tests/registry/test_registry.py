@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -20,10 +21,17 @@ def agent_name() -> str:
 
 
 def trained_folder(
-    tmp_path: Path, *, promote: bool | None = True
+    tmp_path: Path,
+    *,
+    promote: bool | None = True,
+    agent: str = "",
+    run_id: str | None = "train-run-1",
 ) -> tuple[Path, EvalReport | None]:
     """What training and evaluation hand the registry (weights are placeholders): the
-    adapter folder with its manifest, which carries the dataset's card, and the report."""
+    adapter folder with its manifest, which carries the dataset's card, and the report.
+
+    With ``agent``, the report names what it evaluated as the evaluation writes it (its
+    task and its challenger); without, it is a hand-written report that names neither."""
     card = DatasetCard(
         name="calc-spans",
         span_window=SpanWindow(
@@ -37,12 +45,20 @@ def trained_folder(
     TrainManifest(
         output_dir="/pod/out", base_model="/pod/cache/smollm2", method="sft", global_step=9,
         dataset="/pod/dataset",  # a path in the training pod: the registry never opens it
-        dataset_digest="d" * 64, dataset_card=card, run_id="train-run-1",
+        dataset_digest="d" * 64, dataset_card=card, run_id=run_id,
         settings={"base_model": "smollm2-135m", "lora_r": 16, "learning_rate": 0.0003},
     ).write(adapter)  # fmt: skip
     if promote is None:
         return adapter, None
+    evaluated: dict[str, object] = {}
+    if agent:
+        evaluated = {"task": agent, "models": {
+            "champion": {"label": "champion", "base": "smollm2-135m", "served": "triton"},
+            "challenger": {"label": adapter.name, "base": "smollm2-135m",
+                           "adapter": str(adapter), "run_id": run_id, "served": "triton"},
+        }}  # fmt: skip
     (tmp_path / "metrics.json").write_text(json.dumps({
+        **evaluated,
         "decision": {"promote": promote, "verdict": "promote" if promote else "reject",
                      "reasons": ["success_rate better by 0.200"] if promote
                      else ["success_rate 0.1 is below the champion's 0.2"]},
@@ -206,3 +222,117 @@ def test_versions_that_learned_from_erased_spans_are_listed_by_lineage(
     assert set(cells) == {"2025-06-01 12:00", "2025-07-01 00:00"}, result.output
     assert f"{agent} v{version}," in f"{cells['2025-06-01 12:00']},", result.output
     assert f"{agent} v" not in cells["2025-07-01 00:00"], result.output
+
+
+def fail_first_call(
+    monkeypatch: pytest.MonkeyPatch, registry: ModelRegistry, method: str, when: str = ""
+) -> list[object]:
+    """Stand-in for a fault: the registry client's ``method`` fails once (on its first call
+    whose arguments mention ``when``), as a dropped connection would; every other call
+    reaches the real MLflow. Returns the arguments of the call that failed."""
+    from mlflow.exceptions import MlflowException
+
+    real = getattr(registry.client, method)
+    failed: list[object] = []
+
+    def once(*args: object, **kwargs: object) -> object:
+        if not failed and when in repr((args, kwargs)):
+            failed.append(args)
+            raise MlflowException(f"staged fault in {method}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(registry.client, method, once)
+    return failed
+
+
+def test_a_retried_registration_finishes_the_version_it_made(
+    mlflow_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    agent = agent_name()
+    adapter, metrics = trained_folder(tmp_path, agent=agent)
+    failed = fail_first_call(monkeypatch, registry, "set_registered_model_alias")
+    with pytest.raises(RegistryError, match="staged fault"):
+        registry.register_trained(agent, adapter, metrics, pipeline_run_id="pipe-1")
+    assert failed
+    (half,) = registry.versions(agent)
+    # Half registered, it does not look like a version the gate let through.
+    assert names.TAG_GATE not in half.tags and half.aliases == ()
+    assert half.tags[names.TAG_PIPELINE_RUN] == "pipe-1"
+
+    retried = registry.register_trained(agent, adapter, metrics, pipeline_run_id="pipe-1")
+    assert [v.version for v in registry.versions(agent)] == [half.version]
+    assert retried.challenger and retried.version.version == half.version
+    assert retried.version.aliases == (CHALLENGER,)
+    assert retried.version.tags[names.TAG_GATE] == "promote"
+    assert registry.desired(agent).challenger == half.version
+
+    # Once complete, the same run registers nothing more and writes nothing twice.
+    again = registry.register_trained(agent, adapter, metrics, pipeline_run_id="pipe-1")
+    assert again.version.version == half.version and len(registry.versions(agent)) == 1
+    events = registry.version(agent, half.version).events()
+    assert [e for e in events if e.endswith("challenger: the gate passed")] == events[:1]
+    # Another pipeline run's registration is another version.
+    other = registry.register_trained(agent, adapter, metrics, pipeline_run_id="pipe-2")
+    assert other.version.version == half.version + 1
+
+
+def test_a_challenger_whose_registration_stopped_is_not_rolled_out(
+    mlflow_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    agent = agent_name()
+    adapter, metrics = trained_folder(tmp_path, agent=agent)
+    fail_first_call(monkeypatch, registry, "set_model_version_tag", names.ROLLOUT_EVENT_PREFIX)
+    with pytest.raises(RegistryError, match="staged fault"):
+        registry.register_trained(agent, adapter, metrics, pipeline_run_id="pipe-1")
+    (half,) = registry.versions(agent)
+    assert half.aliases == (CHALLENGER,)  # the alias moved before the fault
+    assert registry.desired(agent).challenger is None
+    with pytest.raises(RegistryError, match=r"registration .* did not finish"):
+        registry.promote(agent, half.version)
+
+    registry.register_trained(agent, adapter, metrics, pipeline_run_id="pipe-1")
+    assert registry.desired(agent).challenger == half.version
+    assert len(registry.versions(agent)) == 1
+
+
+def test_a_report_of_another_model_or_agent_is_refused(mlflow_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    agent = agent_name()
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    adapter_a, report_a = trained_folder(tmp_path / "a", agent=agent, run_id="train-a")
+    adapter_b, report_b = trained_folder(tmp_path / "b", agent=agent, run_id="train-b")
+    assert report_a is not None and report_b is not None
+    with pytest.raises(RegistryError) as refused:
+        registry.register_trained(agent, adapter_b, report_a)
+    assert "train-a" in str(refused.value) and "train-b" in str(refused.value)
+    assert str(adapter_b) in str(refused.value)
+
+    # A stale report in a reused folder: training wrote the folder again since.
+    manifest = TrainManifest.read(adapter_a)
+    manifest.model_copy(update={"run_id": "train-a2"}).write(adapter_a)
+    with pytest.raises(RegistryError, match=r"train-a\b.*train-a2"):
+        registry.register_trained(agent, adapter_a, report_a)
+
+    # Without training run ids, the folders are compared.
+    (tmp_path / "c").mkdir(), (tmp_path / "d").mkdir()
+    adapter_c, report_c = trained_folder(tmp_path / "c", agent=agent, run_id=None)
+    adapter_d, _ = trained_folder(tmp_path / "d", agent=agent, run_id=None)
+    folders = f"{re.escape(str(adapter_c))}.*{re.escape(str(adapter_d))}"
+    with pytest.raises(RegistryError, match=folders):
+        registry.register_trained(agent, adapter_d, report_c)
+
+    other = agent_name()
+    with pytest.raises(RegistryError, match=f"{agent}.*{other}"):
+        registry.register_trained(other, adapter_b, report_b)
+    # The task the report names stands for its agent.
+    sql = report_b.model_copy(update={"task": "sql"})
+    with pytest.raises(
+        RegistryError, match=r"task 'sql', whose agent is 'sql'.*agent 'calculator'"
+    ):
+        lineage_from_outputs(adapter_b, sql, agent="calculator")
+    assert lineage_from_outputs(adapter_b, sql, agent="sql").gate_passed
+
+    assert agent not in registry.agents() and other not in registry.agents()
+    assert registry.register_trained(agent, adapter_b, report_b).challenger

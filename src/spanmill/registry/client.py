@@ -30,6 +30,9 @@ from spanmill.registry.names import RegistryError
 log = logging.getLogger(__name__)
 
 EXPERIMENT = "spanmill-registry"
+# Written last when a trained version is registered (see register_trained).
+_VERDICT_TAGS = frozenset({names.TAG_GATE, names.TAG_GATE_REASONS})
+_CHALLENGER_EVENT = "challenger: the gate passed"
 # Name of the file a version without weights (base, echo) keeps as its artifact:
 # MLflow needs a source for every version.
 DESCRIPTOR = "spanmill-model.json"
@@ -61,6 +64,11 @@ class RegisteredVersion:
     @property
     def rolled_back(self) -> bool:
         return self.rollout_status == names.ROLLED_BACK
+
+    @property
+    def registration_pending(self) -> bool:
+        """Registering it stopped part-way: see :data:`names.TAG_REGISTRATION`."""
+        return self.tags.get(names.TAG_REGISTRATION) == names.REGISTRATION_PENDING
 
     def events(self) -> list[str]:
         """The rollout decisions recorded on this version, oldest first."""
@@ -172,6 +180,27 @@ class ModelRegistry:
         apart (the training run is named in the lineage tags). A version without
         weights (kind ``base`` or ``echo``) stores a descriptor.
         """
+        return self._create_version(
+            agent,
+            lineage,
+            model_dir,
+            lineage.tags(),
+            run_id=run_id,
+            artifact_path=artifact_path,
+            description=description,
+        )
+
+    def _create_version(
+        self,
+        agent: str,
+        lineage: Lineage,
+        model_dir: Path | None,
+        tags: Mapping[str, str],
+        *,
+        run_id: str | None = None,
+        artifact_path: str = "model",
+        description: str = "",
+    ) -> RegisteredVersion:
         self.ensure_model(agent)
         if lineage.kind in ("adapter", "model") and model_dir is None:
             raise RegistryError(f"a version of kind {lineage.kind!r} needs its folder")
@@ -189,7 +218,7 @@ class ModelRegistry:
                 names.registered_model(agent),
                 source=source,
                 run_id=run_id,
-                tags=lineage.tags(),
+                tags=dict(tags),
                 description=description or _describe(lineage),
             ),
         )
@@ -206,18 +235,90 @@ class ModelRegistry:
         pipeline_run_id: str | None = None,
         base_model: str | None = None,
     ) -> Registration:
-        """Register what training wrote; make it the challenger when the gate passed."""
+        """Register what training wrote; make it the challenger when the gate passed.
+
+        The evaluation must be of this model and agent. Registration is idempotent per
+        pipeline run: run again with the same ``pipeline_run_id`` for the same trained
+        model, it returns the version made before, finishing its registration (alias,
+        gate verdict) when an earlier try stopped part-way, instead of making another.
+        """
         lineage = lineage_from_outputs(
-            model_dir, evaluation, pipeline_run_id=pipeline_run_id, base_model=base_model
+            model_dir,
+            evaluation,
+            agent=agent,
+            pipeline_run_id=pipeline_run_id,
+            base_model=base_model,
         )
-        registered = self.register(agent, lineage, model_dir)
-        if not lineage.gate_passed:
+        earlier = self._registered_before(agent, lineage)
+        if earlier is not None and not earlier.registration_pending:
+            log.info(
+                "%s version %d is already registered for pipeline run %s",
+                agent,
+                earlier.version,
+                lineage.pipeline_run_id,
+            )
+            return Registration(earlier, challenger=earlier.lineage.gate_passed)
+        if earlier is not None:
+            log.info("finishing the registration of %s version %d", agent, earlier.version)
+            registered = earlier
+        else:
+            pending = {
+                **{k: v for k, v in lineage.tags().items() if k not in _VERDICT_TAGS},
+                names.TAG_REGISTRATION: names.REGISTRATION_PENDING,
+            }
+            registered = self._create_version(agent, lineage, model_dir, pending)
+        return self._finish_registration(agent, registered, lineage)
+
+    def _finish_registration(
+        self, agent: str, registered: RegisteredVersion, lineage: Lineage
+    ) -> Registration:
+        # Each write here is safe to repeat, and the verdict and the mark of completion
+        # come last: until they are written the version neither looks like one the gate
+        # let through nor is a challenger the rollout serves (see desired()).
+        if lineage.gate_passed:
+            self.set_alias(agent, names.CHALLENGER, registered.version)
+            if not any(e.endswith(_CHALLENGER_EVENT) for e in registered.events()):
+                self.record(agent, registered.version, _CHALLENGER_EVENT)
+        else:
+            if names.CHALLENGER in registered.aliases:  # an earlier try judged it otherwise
+                self.delete_alias(agent, names.CHALLENGER)
             reason = "; ".join(lineage.gate_reasons) or "no evaluation"
             log.info("%s version %d stays unaliased: gate %s", agent, registered.version, reason)
-            return Registration(registered, challenger=False)
-        self.set_alias(agent, names.CHALLENGER, registered.version)
-        self.record(agent, registered.version, "challenger: the gate passed")
-        return Registration(self.version(agent, registered.version), challenger=True)
+        finished = {k: v for k, v in lineage.tags().items() if k in _VERDICT_TAGS}
+        finished[names.TAG_REGISTRATION] = names.REGISTRATION_COMPLETE
+        self.set_tags(agent, registered.version, finished)
+        return Registration(self.version(agent, registered.version), challenger=lineage.gate_passed)
+
+    def _registered_before(self, agent: str, lineage: Lineage) -> RegisteredVersion | None:
+        """The version this pipeline run registered before for the same trained model
+        (its training run, dataset and kind): a complete one first, else the newest."""
+        run = lineage.pipeline_run_id
+        if not run:
+            return None
+        query = f"name = '{names.registered_model(agent)}'"
+        if "'" not in run:  # MLflow's filters cannot quote one; the tags are compared below
+            query += f" AND tags.`{names.TAG_PIPELINE_RUN}` = '{run}'"
+        found = self._call(
+            f"finding versions of {agent!r} from pipeline run {run}",
+            lambda: list(_pages(lambda token: self.client.search_model_versions(
+                filter_string=query, page_token=token
+            ))),
+        )  # fmt: skip
+        wanted = {
+            names.TAG_PIPELINE_RUN: run,
+            names.TAG_KIND: lineage.kind,
+            names.TAG_TRAIN_RUN: lineage.train_run_id,
+            names.TAG_DATASET_DIGEST: lineage.dataset_digest,
+        }
+        same = [
+            _version(agent, mv)
+            for mv in found
+            if all((mv.tags or {}).get(k) == (v or None) for k, v in wanted.items())
+        ]
+        if not same:
+            return None
+        same.sort(key=lambda v: (not v.registration_pending, v.version))
+        return self.version(agent, same[-1].version)
 
     def _new_run(self, agent: str, lineage: Lineage) -> str:
         def create() -> str:
@@ -293,6 +394,16 @@ class ModelRegistry:
         versions: dict[int, RegisteredVersion] = {}
         for number in {v for v in (champion, challenger) if v is not None}:
             versions[number] = self.version(agent, number)
+        if challenger is not None and versions[challenger].registration_pending:
+            # Its registration stopped part-way; the alias stays for the retry that
+            # finishes it, and until then the rollout does not serve it.
+            log.warning(
+                "%s version %d is named challenger but its registration did not finish; "
+                "not rolling it out until it does",
+                agent,
+                challenger,
+            )
+            challenger = None
         if challenger is not None and (challenger == champion or versions[challenger].rolled_back):
             if versions[challenger].rolled_back and challenger != champion:
                 log.warning(
@@ -405,7 +516,14 @@ class ModelRegistry:
         The replaced champion is remembered, so that :meth:`rollback` can return to it.
         ``record=False`` leaves the version's event history to the caller.
         """
-        self.version(agent, version)  # fails with a clear message when it does not exist
+        wanted = self.version(agent, version)  # fails with a clear message when absent
+        if wanted.registration_pending:
+            raise RegistryError(
+                f"the registration of {agent} version {version} did not finish (pipeline "
+                f"run {wanted.lineage.pipeline_run_id or 'unknown'}); retry that pipeline run, "
+                "or run `spanmill models register` again with the same --pipeline-run, to "
+                "finish it before promoting it"
+            )
         aliases = self.aliases(agent)
         previous = aliases.get(names.CHAMPION)
         if previous == version:

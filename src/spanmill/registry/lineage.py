@@ -132,6 +132,7 @@ def lineage_from_outputs(
     model_dir: Path,
     evaluation: EvalReport | None = None,
     *,
+    agent: str | None = None,
     pipeline_run_id: str | None = None,
     base_model: str | None = None,
 ) -> Lineage:
@@ -140,7 +141,8 @@ def lineage_from_outputs(
     ``model_dir`` holds ``adapter_config.json`` (an adapter) or ``config.json`` (a
     full model) and, when spanmill trained it, its training manifest. Without an
     ``evaluation`` the version carries no gate decision and will not become the
-    challenger.
+    challenger. An evaluation of another model, or (given ``agent``) of another
+    agent, is refused: see :func:`check_evaluated`.
     """
     model_dir = Path(model_dir)
     if (model_dir / "adapter_config.json").is_file():
@@ -172,8 +174,70 @@ def lineage_from_outputs(
             train_settings=manifest.settings,
         )
     if evaluation is not None:
+        check_evaluated(evaluation, model_dir, manifest, agent)
         lineage = with_evaluation(lineage, evaluation)
     return lineage
+
+
+def check_evaluated(
+    report: EvalReport, model_dir: Path, manifest: TrainManifest | None, agent: str | None
+) -> None:
+    """Refuse a report that evaluated another model or agent than the one registered.
+
+    The gate's verdict is copied onto the version, so a report handed over by mistake
+    (another run's metrics.json, or a stale one left in a reused folder) would let an
+    unjudged model through. The training run id identifies a trained model wherever
+    its folder is mounted; without one, the folders are compared. A report that names
+    no challenger (written by hand) is taken as it is.
+    """
+    evaluated = report.models.get("challenger") or {}
+    evaluated_run = evaluated.get("run_id") or None
+    evaluated_adapter = evaluated.get("adapter") or None
+    evaluated_path = evaluated_adapter or evaluated.get("base") or None
+    own_run = manifest.run_id if manifest else None
+    # The evaluation records an adapter's training run as its manifest had it, none
+    # included; a full model's it does not record.
+    if evaluated_run or (evaluated_adapter and own_run):
+        if evaluated_run != own_run:
+            raise RegistryError(
+                f"the evaluation report is of {evaluated_path} from training run "
+                f"{evaluated_run or '(none recorded)'}, and {model_dir} is from training run "
+                f"{own_run or '(none recorded)'}: its gate verdict is not this model's; "
+                f"evaluate {model_dir} and register it with that evaluation's metrics.json"
+            )
+    elif evaluated_path and not _same_path(str(evaluated_path), model_dir):
+        raise RegistryError(
+            f"the evaluation report is of {evaluated_path}, and this registers {model_dir}: "
+            f"its gate verdict is not this model's; evaluate {model_dir} and register it "
+            "with that evaluation's metrics.json"
+        )
+    if agent and report.task and report.task != agent:
+        task_agent = _agent_of_task(report.task)
+        if task_agent != agent:
+            of = (
+                f"task {report.task!r}, whose agent is {task_agent!r}"
+                if task_agent
+                else f"{report.task!r} (no installed task has that name)"
+            )
+            raise RegistryError(
+                f"the evaluation report is of {of}, and this registers a version of agent "
+                f"{agent!r}: register it under the agent it evaluated, or evaluate it for "
+                f"{agent!r}"
+            )
+
+
+def _agent_of_task(name: str) -> str | None:
+    """The agent of the task plugin ``name``; None when no task of that name loads here."""
+    from spanmill.tasks import TASKS, TaskError
+
+    try:
+        return str(TASKS[name].agent_name)
+    except (KeyError, TaskError):
+        return None
+
+
+def _same_path(recorded: str, model_dir: Path) -> bool:
+    return Path(recorded).expanduser().resolve() == Path(model_dir).expanduser().resolve()
 
 
 def with_evaluation(lineage: Lineage, report: EvalReport) -> Lineage:

@@ -35,6 +35,13 @@ EVAL_METRIC_PREFIX: Final = "spanmill.eval."
 TAG_GATE: Final = "spanmill.gate.decision"
 TAG_GATE_REASONS: Final = "spanmill.gate.reasons"
 TAG_PIPELINE_RUN: Final = "spanmill.pipeline.run_id"
+# Registering a trained version takes several MLflow calls; the version says "pending"
+# from its creation until its alias and gate verdict are written, then "complete", so
+# that a failure in between leaves nothing the rollout serves and a retry can finish
+# it. A version without the tag was registered in one call.
+TAG_REGISTRATION: Final = "spanmill.registration"
+REGISTRATION_PENDING: Final = "pending"
+REGISTRATION_COMPLETE: Final = "complete"
 # What the rollout controller did with the version.
 TAG_ROLLOUT_STATUS: Final = "spanmill.rollout.status"
 TAG_ROLLOUT_REASON: Final = "spanmill.rollout.reason"
