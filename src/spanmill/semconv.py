@@ -48,6 +48,9 @@ from typing import Final
 SERVICE_NAME: Final = "service.name"
 
 # -- OpenTelemetry general attributes ------------------------------------------------
+# OpenTelemetry's class of the error a failed operation ended with; for a call the
+# gateway answered with an HTTP error, its status code.
+ERROR_TYPE: Final = "error.type"
 # The address of the client that sent a request, as the server saw it.
 CLIENT_ADDRESS: Final = "client.address"
 

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from test_gateway_feedback import EchoUpstream, FakeEmitter
 
+from spanmill import semconv as sc
 from spanmill.config import GatewaySettings
 from spanmill.gateway.app import create_app
 from spanmill.gateway.routing import RoutingTable
@@ -122,6 +123,8 @@ def test_a_fault_of_the_gateways_own_is_answered_and_recorded() -> None:
     assert [span.status_message for span in emitter.emitted] == [
         "the gateway failed: KeyError: 'TEXT'"
     ] * 2
+    # The status each was answered with: the rollout's span signals count 5xx alone.
+    assert [span.attributes[sc.ERROR_TYPE] for span in emitter.emitted] == ["500"] * 2
 
 
 def test_a_client_that_leaves_before_a_plain_answer_stops_its_generation() -> None:
@@ -185,3 +188,4 @@ def test_a_client_that_leaves_before_a_plain_answer_stops_its_generation() -> No
     assert sent[0]["status"] == 499
     (span,) = emitter.emitted
     assert span.status_message == "the client closed the connection before the answer ended"
+    assert span.attributes[sc.ERROR_TYPE] == "499"

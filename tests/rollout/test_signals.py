@@ -193,3 +193,34 @@ def test_span_store_health_joins_rewards_to_the_version_that_answered(tmp_path: 
     assert (champion.requests, champion.errors, champion.rewards) == (10, 0, 4)
     assert champion.mean_reward == 0.0
     assert signals.health("other", 2, since=since, baseline=None).requests == 0
+
+
+def test_span_store_errors_are_the_models_as_the_gateways_counts_are(tmp_path: Path) -> None:
+    """A failed call's span carries the status it was answered with (error.type): a
+    client's bad request or departure is not the version's error, a full queue is its
+    own signal, a server fault (or a span that names no status) is an error."""
+    from spanmill.gateway.llm_span import build_llm_span
+
+    now = time.time_ns()
+
+    def failed(i: int, status: str | None) -> Span:
+        return build_llm_span(
+            trace_id=f"{i + 1:032x}", parent_span_id=None, span_id=f"{i + 1:016x}",
+            start_ns=now + i, end_ns=now + i + 10**6, requested_model="calc",
+            triton_model="calc", version="4", response_id=None,
+            request_messages=[{"role": "user", "content": "hi"}], params={}, metadata=None,
+            error="failed", error_type=status,
+        )  # fmt: skip
+
+    statuses = ["400", "499", "429", "429", "502", "500", None]
+    spans = [failed(i, status) for i, status in enumerate(statuses)]
+    spans += [_call(i, "4", start=now + i) for i in range(10, 13)]
+    hourly = HourlyColumns()
+    for offset, span in enumerate(spans):
+        hourly.append(SpanParts.from_span(span), "spans", 0, offset, 0, 1)
+    StoreWriter(str(tmp_path)).write_batch(
+        BatchId("spans", 0, 0, len(spans) - 1, "00000000000000ac"), hourly.tables()
+    )
+    health = SpanStoreSignals(str(tmp_path)).health("calc", 4, since=(now - 10**9) / 1e9,
+                                                    baseline=None)  # fmt: skip
+    assert (health.requests, health.errors, health.queue_full) == (10, 3, 2)

@@ -341,7 +341,7 @@ class _Call:
     def failed(self, error: str, status: int) -> None:
         self.state.emitter.emit(
             build_llm_span(**self.span_facts, span_id=self.span_id, end_ns=time.time_ns(),
-                           response_id=None, error=error)
+                           response_id=None, error=error, error_type=str(status))
         )  # fmt: skip
         self.state.metrics.requests.labels(self.body.model, self.version, str(status)).inc()
 

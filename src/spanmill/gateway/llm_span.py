@@ -54,6 +54,7 @@ def build_llm_span(
     token_ids_source: str | None = None,
     client: str | None = None,
     error: str | None = None,
+    error_type: str | None = None,
     service_name: str = "spanmill-gateway",
     traffic: str | None = None,
 ) -> Span:
@@ -62,7 +63,9 @@ def build_llm_span(
     ``lora_name``: the adapter a vLLM engine served the version as;
     ``token_ids_source``: where the token ids came from, when the server gave none
     of its own (see :mod:`spanmill.serving.vllm`); ``client``: the id of the API key
-    the caller presented (``anonymous`` where none is asked)."""
+    the caller presented (``anonymous`` where none is asked); ``error_type``: the HTTP
+    status a failed call was answered with, which tells a client's fault (4xx) from the
+    model's (5xx) to whoever reads the span."""
     attributes: dict[str, Any] = {
         sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
         sc.GEN_AI_PROVIDER_NAME: "spanmill",
@@ -95,6 +98,8 @@ def build_llm_span(
         attributes[sc.SPANMILL_CLIENT_KEY_ID] = client
     if token_ids_source:
         attributes[sc.SPANMILL_TOKEN_IDS_SOURCE] = token_ids_source
+    if error and error_type:
+        attributes[sc.ERROR_TYPE] = error_type
     if response_id:
         attributes[sc.GEN_AI_RESPONSE_ID] = response_id
     if prompt_token_ids is not None:

@@ -213,7 +213,7 @@ class SpanStoreSignals:
         )
         sql = f"""
             WITH calls AS (
-                SELECT episode_id, response_id, model_version, status_code,
+                SELECT episode_id, response_id, model_version, status_code, attributes,
                        date_diff('microsecond', start_time, end_time) / 1e6 AS seconds
                 FROM llm_calls()
                 WHERE request_model = '{route}' AND model_version IS NOT NULL
@@ -241,7 +241,13 @@ class SpanStoreSignals:
             )
             SELECT
                 (SELECT count(*) FROM mine) AS requests,
-                (SELECT count(*) FROM mine WHERE status_code = 'error') AS errors,
+                -- As the gateway's own counts: a client's fault (4xx) is not the model's,
+                -- Triton's full queue (429) is judged on its own.
+                (SELECT count(*) FROM mine WHERE status_code = 'error'
+                    AND coalesce(attributes, '') NOT LIKE '%"{sc.ERROR_TYPE}":"4%') AS errors,
+                (SELECT count(*) FROM mine WHERE status_code = 'error'
+                    AND attributes LIKE '%"{sc.ERROR_TYPE}":"{QUEUE_FULL_STATUS}"%')
+                    AS queue_full,
                 (SELECT quantile_cont(seconds, 0.95) FROM mine WHERE status_code <> 'error') AS p95,
                 (SELECT avg(value) FROM mine_rewards) AS mean_reward,
                 (SELECT count(*) FROM mine_rewards) AS rewards
@@ -253,6 +259,7 @@ class SpanStoreSignals:
         return Health(
             requests=int(row["requests"] or 0),
             errors=int(row["errors"] or 0),
+            queue_full=int(row["queue_full"] or 0),
             p95_latency_s=row["p95"],
             mean_reward=row["mean_reward"],
             rewards=int(row["rewards"] or 0),
