@@ -189,3 +189,46 @@ def test_a_client_that_leaves_before_a_plain_answer_stops_its_generation() -> No
     (span,) = emitter.emitted
     assert span.status_message == "the client closed the connection before the answer ended"
     assert span.attributes[sc.ERROR_TYPE] == "499"
+
+
+def test_a_stream_stalled_on_its_head_still_ends_its_answer() -> None:
+    """A client whose connection takes not even the response's head (its buffers full):
+    the answer's generator had not begun, and closing it would have run none of its
+    ending (the call recorded, the stream to Triton closed). A send that never returns
+    stands for that client."""
+    import asyncio
+
+    from starlette.background import BackgroundTask
+
+    from spanmill.gateway.app import _StreamedAnswer
+
+    ended: list[str] = []
+
+    async def answer() -> Any:
+        try:
+            yield "data: first\n\n"
+            yield "data: second\n\n"
+        except BaseException:
+            ended.append("recorded as a client gone")
+            raise
+        finally:
+            ended.append("stream to Triton closed")
+
+    async def scenario() -> None:
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                await asyncio.Event().wait()  # the head never leaves
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            return {}
+
+        response = _StreamedAnswer(
+            answer(), write_timeout_s=0.2, media_type="text/event-stream", headers={},
+            background=BackgroundTask(lambda: ended.append("slot freed")),
+        )  # fmt: skip
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+        await asyncio.wait_for(response(scope, receive, send), 30)
+
+    asyncio.run(scenario())
+    assert ended == ["slot freed", "recorded as a client gone", "stream to Triton closed"]

@@ -139,3 +139,24 @@ def test_the_shared_prefix_stops_at_padding_a_differing_token_and_the_limit() ->
     left_padded[1, 0] = 0
     assert shared_prefix(ids, left_padded, limit=10) == 0
     assert shared_prefix(ids, None, limit=10) == 3
+
+
+def test_a_loss_or_norm_that_is_not_a_number_stops_training_but_fp16s_skipped_steps_do_not() -> (
+    None
+):
+    """fp16's loss scaler skips a step whose gradients overflowed (logging an infinite
+    norm) and lowers its scale; nothing reached the weights. In bf16 or fp32 the same
+    norm was applied."""
+    from types import SimpleNamespace
+
+    from spanmill.train.errors import TrainError
+    from spanmill.train.tracking import FiniteLoss
+
+    state = SimpleNamespace(global_step=7)
+    overflowed = {"loss": 2.5, "grad_norm": float("inf")}
+    FiniteLoss(fp16=True).on_log(None, state, None, logs=overflowed)  # type: ignore[arg-type]
+    with pytest.raises(TrainError, match="gradient norm at step 7 is inf"):
+        FiniteLoss().on_log(None, state, None, logs=overflowed)  # type: ignore[arg-type]
+    with pytest.raises(TrainError, match="training loss at step 7 is nan"):
+        FiniteLoss(fp16=True).on_log(None, state, None, logs={"loss": float("nan")})  # type: ignore[arg-type]
+    FiniteLoss().on_log(None, state, None, logs={"loss": 2.5, "grad_norm": 1.0})  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from collections.abc import (
     Iterator,
     Sequence,
 )
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -585,6 +585,7 @@ class _StreamedAnswer(StreamingResponse):
     ) -> None:
         super().__init__(content, media_type=media_type, headers=headers, background=background)
         self._content = content
+        self._pieces_sent = False  # a piece of the answer went to the send (so it began)
         self.write_timeout_s = write_timeout_s
 
     async def stream_response(self, send: Any) -> None:
@@ -599,6 +600,8 @@ class _StreamedAnswer(StreamingResponse):
         async def timed(message: Any) -> None:
             nonlocal began
             began = loop.time()
+            if message["type"] == "http.response.body":
+                self._pieces_sent = True
             await send(message)
             began = None
 
@@ -637,6 +640,12 @@ class _StreamedAnswer(StreamingResponse):
             # first piece never reached the generator's own release.
             if self.background is not None:
                 await self.background()
+            if not self._pieces_sent:
+                # Stalled on the response's head: the answer's generator has not begun,
+                # and closing it would run none of its ending (the call recorded as a
+                # client gone, its stream to Triton closed). Its first piece is at hand.
+                with suppress(StopAsyncIteration):
+                    await anext(self._content)
         finally:
             # Now rather than whenever the generator is collected: left at a piece (its
             # client gone or stalled), it still holds its stream to Triton.

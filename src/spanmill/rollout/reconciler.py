@@ -380,8 +380,10 @@ class Reconciler:
             aliases = self.registry.aliases(agent)
             # Promoted by hand meanwhile: the registry's word is the later one.
             if aliases.get(names.CHAMPION) != version:
-                self.registry.record(agent, version, f"{agent} v{version}: rollback: {reason}",
-                                     status=names.ROLLED_BACK, reason=reason)  # fmt: skip
+                # Tagged by a pass that stopped before the alias: not recorded twice.
+                if not self.registry.version(agent, version).rolled_back:
+                    self.registry.record(agent, version, f"{agent} v{version}: rollback: {reason}",
+                                         status=names.ROLLED_BACK, reason=reason)  # fmt: skip
                 if aliases.get(names.CHALLENGER) == version:
                     self.registry.delete_alias(agent, names.CHALLENGER)
             st = decide.recorded(st, version, self.clock())

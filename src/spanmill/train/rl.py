@@ -350,6 +350,12 @@ def _resume_point(checkpoints: Path, settings: TrainSettings) -> tuple[Path | No
             f"{checkpoints} holds checkpoints of a run with other settings; use another "
             "output folder, delete that one, or turn resume off"
         )
+    if "init_adapter" not in state and settings.init_adapter:
+        raise CheckpointMismatchError(
+            f"{checkpoints} holds checkpoints that do not record which weights of "
+            f"{settings.init_adapter} they started from (an earlier spanmill's); use another "
+            "output folder, delete that one, or turn resume off"
+        )
     if state.get("init_adapter") != _adapter_digest(settings.init_adapter):
         # The settings name the same folder, but what is in it was trained again: its
         # checkpoints grew from the other weights, and its manifest's lineage would be

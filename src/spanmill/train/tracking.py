@@ -209,11 +209,22 @@ class MetricsCallback(TrainerCallback):
             self.tracker.log_metrics(metrics, state.global_step)
 
 
+_WATCHED = {"loss": "loss", "grad_norm": "gradient norm"}
+
+
 class FiniteLoss(TrainerCallback):
     """Stops a run whose training loss or gradient norm is not a number: the optimizer
     has written it into the weights, and every later step trains a broken model.
     Needs the Trainer's ``logging_nan_inf_filter`` off, which otherwise leaves such
-    steps out of the logged loss."""
+    steps out of the logged loss.
+
+    ``fp16``: the gradient norm is not looked at. fp16's loss scaler meets an infinite
+    norm now and then by design (its scale grew too far), skips that step without
+    touching the weights, and lowers the scale: a normal step, not a broken run.
+    """
+
+    def __init__(self, *, fp16: bool = False) -> None:
+        self.watched = ("loss",) if fp16 else ("loss", "grad_norm")
 
     def on_log(
         self,
@@ -223,11 +234,11 @@ class FiniteLoss(TrainerCallback):
         logs: dict[str, float] | None = None,
         **kwargs: Any,
     ) -> None:
-        for name in ("loss", "grad_norm"):
+        for name in self.watched:
             value = (logs or {}).get(name)
             if isinstance(value, int | float) and not math.isfinite(value):
                 raise TrainError(
-                    f"the training {name.replace('_', ' ')} at step {state.global_step} is "
+                    f"the training {_WATCHED[name]} at step {state.global_step} is "
                     f"{value}; the run stops with no adapter. Check the dataset's weights and "
                     "the precision (fp16 overflows where bf16 does not), or lower the "
                     "learning rate"

@@ -324,7 +324,7 @@ def _run(
             eval_dataset=eval_set,
             processing_class=tokenizer,
             peft_config=lora,
-            callbacks=[metrics_callback, FiniteLoss(), *callbacks],
+            callbacks=[metrics_callback, FiniteLoss(fp16=fp16), *callbacks],
         )
     else:
         from trl import SFTConfig
@@ -342,7 +342,7 @@ def _run(
             eval_dataset=eval_set,
             processing_class=tokenizer,
             peft_config=lora,
-            callbacks=[metrics_callback, FiniteLoss(), *callbacks],
+            callbacks=[metrics_callback, FiniteLoss(fp16=fp16), *callbacks],
             weighted=weighted,
             scored_logits_only=not torch.cuda.is_available(),
         )
