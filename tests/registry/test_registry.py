@@ -272,6 +272,11 @@ def test_a_retried_registration_finishes_the_version_it_made(
     assert again.version.version == half.version and len(registry.versions(agent)) == 1
     events = registry.version(agent, half.version).events()
     assert [e for e in events if e.endswith("challenger: the gate passed")] == events[:1]
+    # A retry whose evaluation came out otherwise is refused, not quietly ignored.
+    (tmp_path / "again").mkdir()
+    _, rejected = trained_folder(tmp_path / "again", agent=agent, promote=False)
+    with pytest.raises(RegistryError, match="a run registers one verdict"):
+        registry.register_trained(agent, adapter, rejected, pipeline_run_id="pipe-1")
     # Another pipeline run's registration is another version.
     other = registry.register_trained(agent, adapter, metrics, pipeline_run_id="pipe-2")
     assert other.version.version == half.version + 1

@@ -250,6 +250,17 @@ class ModelRegistry:
             base_model=base_model,
         )
         earlier = self._registered_before(agent, lineage)
+        if (
+            earlier is not None
+            and not earlier.registration_pending
+            and earlier.lineage.gate_passed != lineage.gate_passed
+        ):
+            raise RegistryError(
+                f"pipeline run {lineage.pipeline_run_id} registered {agent} version "
+                f"{earlier.version} with the gate's verdict "
+                f"{'promote' if earlier.lineage.gate_passed else 'reject'}, and this try's "
+                "evaluation says otherwise: a run registers one verdict; start a new run"
+            )
         if earlier is not None and not earlier.registration_pending:
             log.info(
                 "%s version %d is already registered for pipeline run %s",
