@@ -296,6 +296,9 @@ def test_a_challenger_whose_registration_stopped_is_not_rolled_out(
     assert registry.desired(agent).challenger is None
     with pytest.raises(RegistryError, match=r"registration .* did not finish"):
         registry.promote(agent, half.version)
+    # Nor named the challenger by hand (spanmill models promote --canary).
+    with pytest.raises(RegistryError, match=r"registration .* did not finish"):
+        registry.make_challenger(agent, half.version, reason="by hand")
 
     registry.register_trained(agent, adapter, metrics, pipeline_run_id="pipe-1")
     assert registry.desired(agent).challenger == half.version

@@ -140,13 +140,9 @@ def promote(
     tracking_uri: str = _TRACKING,
 ) -> None:
     """Move the champion alias to a version (the controller switches traffic to it)."""
-    from spanmill.registry import CHALLENGER
-
     registry = _registry(tracking_uri)
     if canary:
-        registry.version(agent, version)
-        registry.set_alias(agent, CHALLENGER, version)
-        registry.record(agent, version, f"challenger: {reason}")
+        registry.make_challenger(agent, version, reason=reason)
         console.print(f"[green]✓[/] {agent} version {version} is the challenger")
         return
     previous = registry.promote(agent, version, reason=reason)

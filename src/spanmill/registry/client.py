@@ -519,6 +519,25 @@ class ModelRegistry:
             ),
         )
 
+    def _registered(self, agent: str, version: int) -> RegisteredVersion:
+        """``version``, whose registration finished; RegistryError when it is absent or
+        its registration stopped part-way (its gate verdict is not written yet)."""
+        wanted = self.version(agent, version)  # fails with a clear message when absent
+        if wanted.registration_pending:
+            raise RegistryError(
+                f"the registration of {agent} version {version} did not finish (pipeline "
+                f"run {wanted.lineage.pipeline_run_id or 'unknown'}); retry that pipeline run, "
+                "or run `spanmill models register` again with the same --pipeline-run, to "
+                "finish it before putting it in service"
+            )
+        return wanted
+
+    def make_challenger(self, agent: str, version: int, *, reason: str) -> None:
+        """Name ``version`` the challenger by hand: the controller rolls it out step by step."""
+        self._registered(agent, version)
+        self.set_alias(agent, names.CHALLENGER, version)
+        self.record(agent, version, f"challenger: {reason}")
+
     def promote(
         self, agent: str, version: int, *, reason: str = "promoted", record: bool = True
     ) -> int | None:
@@ -527,14 +546,7 @@ class ModelRegistry:
         The replaced champion is remembered, so that :meth:`rollback` can return to it.
         ``record=False`` leaves the version's event history to the caller.
         """
-        wanted = self.version(agent, version)  # fails with a clear message when absent
-        if wanted.registration_pending:
-            raise RegistryError(
-                f"the registration of {agent} version {version} did not finish (pipeline "
-                f"run {wanted.lineage.pipeline_run_id or 'unknown'}); retry that pipeline run, "
-                "or run `spanmill models register` again with the same --pipeline-run, to "
-                "finish it before promoting it"
-            )
+        self._registered(agent, version)
         aliases = self.aliases(agent)
         previous = aliases.get(names.CHAMPION)
         if previous == version:
