@@ -269,12 +269,20 @@ def apply(kube: Any, rendered: Rendered) -> None:
             utils.create_from_dict(client, document, namespace=document["metadata"]["namespace"])
 
 
-def eventually(check: Callable[[], bool], timeout: float, what: str, *pods: Pod) -> None:
+def eventually(
+    check: Callable[[], bool],
+    timeout: float,
+    what: str,
+    *pods: Pod,
+    context: Callable[[], str] | None = None,
+) -> None:
+    """Wait for ``check``; on timeout, fail with the pods' logs and ``context()``."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             logs = "\n".join(f"--- {p.name}\n{p.tail()}" for p in pods)
-            raise AssertionError(f"{what} did not happen in {timeout:.0f}s\n{logs}")
+            more = f"\n--- {context()}" if context is not None else ""
+            raise AssertionError(f"{what} did not happen in {timeout:.0f}s\n{logs}{more}")
         time.sleep(0.5)
 
 
@@ -328,6 +336,7 @@ class Traffic:
         self.url = url
         self.versions: list[str | None] = []
         self.statuses: list[int] = []
+        self.unsent: list[str] = []  # requests that got no answer at all, and why
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -337,11 +346,24 @@ class Traffic:
                 "messages": [{"role": "user", "content": "What is 2 + 3?"}]}  # fmt: skip
         with httpx.Client(base_url=self.url, timeout=60) as client:
             while not self._stop.is_set():
-                with contextlib.suppress(httpx.HTTPError):
+                try:
                     response = client.post("/v1/chat/completions", json=body)
+                except httpx.HTTPError as exc:
+                    self.unsent.append(f"{type(exc).__name__}: {exc}")
+                else:
                     self.statuses.append(response.status_code)
                     self.versions.append(response.headers.get("x-spanmill-model-version"))
                 self._stop.wait(0.05)
+
+    def describe(self) -> str:
+        """What the clients saw, for a failure's message."""
+        from collections import Counter
+
+        return (
+            f"traffic: statuses {dict(Counter(self.statuses))}, versions "
+            f"{dict(Counter(self.versions))}, the last five {self.versions[-5:]}; "
+            f"{len(self.unsent)} unanswered{f', last {self.unsent[-1]}' if self.unsent else ''}"
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -501,10 +523,20 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
         # The controller: canary on the gateway's traffic, read back from the span store,
         # then promotion; the routing table moves and every decision is an Event.
         traffic = Traffic(gateway_url)
+
+        def seen() -> str:
+            """What the clients saw, and what of it reached the span store."""
+            calls = store.query(
+                "SELECT model_version, count(*) AS calls, max(start_time) AS last "
+                "FROM llm_calls() GROUP BY ALL ORDER BY model_version"
+            ).to_pylist()
+            return f"{traffic.describe()}\n--- the span store's calls: {calls}"
+
         try:
             eventually(lambda: registry.aliases(AGENT).get(CHAMPION) == v2, 300,
-                       "promoting the challenger", *pods)  # fmt: skip
-            eventually(lambda: "2" in traffic.versions[-5:], 60, "v2 answering", gateway)
+                       "promoting the challenger", *pods, context=seen)  # fmt: skip
+            eventually(lambda: "2" in traffic.versions[-5:], 60, "v2 answering", gateway,
+                       context=seen)  # fmt: skip
         finally:
             traffic.stop()
         assert {"1", "2"} <= set(traffic.versions)
