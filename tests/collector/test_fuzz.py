@@ -34,7 +34,9 @@ def test_the_native_path_survives_a_short_fuzz_run(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     found = re.match(r"fuzz: (\d+) inputs executed in \d+ s, (\d+) findings", summary)
     assert found is not None, summary
-    assert (int(found.group(1)), int(found.group(2))) == (RUNS, 0)
+    # libFuzzer stops once it has run at least -runs inputs, and may finish the batch it
+    # is in (1,521 of 1,500 once): at least the runs asked, and no finding.
+    assert int(found.group(1)) >= RUNS and int(found.group(2)) == 0, summary
 
 
 def test_a_finding_fails_the_run(tmp_path: Path) -> None:
