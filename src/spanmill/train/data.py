@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -202,8 +203,13 @@ def _chat_problem(messages: Any, *, final_assistant: bool) -> str | None:
 def _digest(folder: Path, card: DatasetCard | None) -> str:
     if card and card.content_hash:
         return card.content_hash
+    return files_digest(folder, (TRAIN_FILE, EVAL_FILE))
+
+
+def files_digest(folder: Path, names: Iterable[str]) -> str:
+    """A hash of the named files in ``folder`` (those present), names and contents."""
     digest = hashlib.sha256()
-    for name in (TRAIN_FILE, EVAL_FILE):
+    for name in names:
         path = folder / name
         if path.is_file():
             digest.update(name.encode())

@@ -40,7 +40,6 @@ started again on the same folder with the same settings resumes from the last.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -60,6 +59,7 @@ from spanmill.config import KafkaSettings
 from spanmill.contracts import TrainManifest
 from spanmill.tasks.base import Task, get_task
 from spanmill.tasks.runner import EpisodeResult
+from spanmill.train.data import files_digest
 from spanmill.train.errors import CheckpointMismatchError, RewardError, TrainError
 from spanmill.train.grpo import (
     group_advantages,
@@ -374,12 +374,7 @@ def _adapter_digest(folder: str | None) -> str | None:
     config and weight files (a LoRA adapter is megabytes)."""
     if not folder:
         return None
-    digest = hashlib.sha256()
-    for path in sorted(Path(folder).glob("adapter_*")):
-        if path.is_file():
-            digest.update(path.name.encode() + b"\0")
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return files_digest(Path(folder), sorted(p.name for p in Path(folder).glob("adapter_*")))
 
 
 def _load_policy(base_model: str, settings: TrainSettings, dtype: Any, start: Path | None) -> Any:
