@@ -119,6 +119,33 @@ def test_a_claim_made_between_another_collectors_look_and_its_write_is_the_one_k
     assert entry is not None and entry.last == 120
 
 
+def test_what_other_processes_write_is_seen_after_a_listing(
+    store_at: tuple[str, dict[str, Any]],
+) -> None:
+    """A partition moves between collector processes, each with a filesystem of its own.
+    The new owner listed the partition's ledger while pruning it once; an entry the old
+    owner made since must still be read, and its extent taken (fsspec answered "not
+    found" from its cached listing, and the conditional put then refused the claim: the
+    batch failed for ever). A reader that listed an hour sees files written since."""
+    url, options = store_at
+    # skip_instance_cache: a filesystem each, as two processes have.
+    own = {**options, "skip_instance_cache": True}
+    old_owner, new_owner = StoreWriter(url, own), StoreWriter(url, own)
+    mark = "00000000000000aa"
+    old_owner.claim("t", 3, 0, mark, 9)
+    new_owner.prune_ledger("t", 3, committed=0)  # lists the ledger's folder
+    old_owner.claim("t", 3, 10, mark, 19)
+    entry = new_owner.ledger_entry("t", 3, 10, mark)
+    assert entry is not None and entry.last == 19
+    assert new_owner.claim("t", 3, 10, mark, 25).last == 19
+
+    reader = SpanStore(url, own)
+    old_owner.write_batch(BatchId("t", 3, 0, 9, mark), _tables(10))
+    assert reader.count() == 10
+    old_owner.write_batch(BatchId("t", 3, 10, 19, mark), _tables(10, offset=10))
+    assert reader.count() == 20
+
+
 def test_prune_removes_only_old_committed_entries(tmp_path: Path) -> None:
     writer = StoreWriter(str(tmp_path))
     for first, last in ((0, 9), (10, 19), (20, 29)):

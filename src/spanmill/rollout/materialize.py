@@ -87,9 +87,9 @@ class ModelRepository:
         self.local = "://" not in location
         self._fs: Any = None
         if not self.local:
-            import fsspec
+            from spanmill.store.writer import open_store
 
-            self._fs, self._root = fsspec.core.url_to_fs(location, **(storage_options or {}))
+            self._fs, self._root = open_store(location, storage_options)
         else:
             Path(location).mkdir(parents=True, exist_ok=True)
 

@@ -171,7 +171,6 @@ class Compactor:
     # -- hours -----------------------------------------------------------------------
 
     def _hours(self) -> list[_Hour]:
-        self.fs.invalidate_cache()
         found = []
         for day in sorted(self._ls(self.root)):
             dt = is_date_dir(day.rsplit("/", 1)[-1])

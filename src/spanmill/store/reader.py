@@ -123,8 +123,6 @@ class SpanStore:
         return self._attempts(lambda: self._files(start, end))
 
     def _files(self, start: TimeLike | None, end: TimeLike | None) -> list[StoredFile]:
-        # Object-store filesystems cache listings, and the store grows while we read it.
-        self.fs.invalidate_cache()
         low = hour_key(to_unix_nanos(start)) if start is not None else None
         high = hour_key(to_unix_nanos(end) - 1) if end is not None else None
         found = []

@@ -94,8 +94,17 @@ def _writer_id() -> str:
 
 
 def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """The fsspec filesystem and root path of a store URL (a folder or e.g. s3://b/p)."""
-    fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    """The fsspec filesystem and root path of a store URL (a folder or e.g. s3://b/p)
+    that other processes write too: the span store, the model repository.
+
+    Its listings are never cached. fsspec keeps a folder's listing once made and then
+    answers for every file in the folder from it: a file another process wrote since
+    is "not found" without a request (``DirCache``). A collector that had listed its
+    partition's ledger could not read the entry another collector made after it, and,
+    refused by the conditional put as well, its batch failed for ever.
+    """
+    options = {**dict(storage_options or {}), "use_listings_cache": False}
+    fs, root = fsspec.core.url_to_fs(url, **options)
     return fs, root.rstrip("/")
 
 
