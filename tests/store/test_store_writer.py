@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 from store_samples import span
 
 from spanmill.store import BatchId, SpanStore, StoreWriter, fingerprint, parse_file_name
@@ -117,6 +119,48 @@ def test_a_claim_made_between_another_collectors_look_and_its_write_is_the_one_k
     assert old_owner.claim("t", 2, 100, mark, 199).last == 120
     entry = new_owner.ledger_entry("t", 2, 100, mark)
     assert entry is not None and entry.last == 120
+
+
+def test_a_conditional_put_refused_without_a_reason_still_takes_the_entry_in_force(
+    s3: dict[str, Any],
+) -> None:
+    """An S3-compatible store may answer a refused conditional put with a bare 412 (no
+    AWS error body: an OSError, not FileExistsError), and a put's answer may be lost
+    after it landed: either way the entry read back is the one in force."""
+    from object_store import s3_bucket
+
+    url = s3_bucket(s3)
+    own = {**s3, "skip_instance_cache": True}
+    other, writer = StoreWriter(url, own), StoreWriter(url, own)
+    mark = "00000000000000aa"
+    put = writer.fs.pipe_file
+
+    def answered_412(path: str, value: bytes, **kwargs: Any) -> None:
+        with contextlib.suppress(FileExistsError):
+            put(path, value, **kwargs)
+        raise OSError("An error occurred (412) when calling the PutObject operation")
+
+    writer.fs.pipe_file = answered_412
+    assert writer.claim("t", 4, 0, mark, 9).last == 9  # landed, its answer lost
+    looked = writer.ledger_entry
+
+    def look_then_let_the_other_claim(*args: Any) -> Any:
+        found = looked(*args)
+        if found is None:
+            other.claim("t", 4, 10, mark, 15)
+        return found
+
+    writer.ledger_entry = look_then_let_the_other_claim  # type: ignore[method-assign]
+    assert writer.claim("t", 4, 10, mark, 19).last == 15
+
+    # A put that failed and left nothing is the store's failure, raised for a retry.
+    def timed_out(path: str, value: bytes, **kwargs: Any) -> None:
+        raise OSError("timed out")
+
+    writer.ledger_entry = looked  # type: ignore[method-assign]
+    writer.fs.pipe_file = timed_out
+    with pytest.raises(OSError, match="timed out"):
+        writer.claim("t", 4, 20, mark, 29)
 
 
 def test_what_other_processes_write_is_seen_after_a_listing(

@@ -236,9 +236,12 @@ class StoreWriter:
             # write the same files instead of overlapping ones.
             try:
                 self.fs.pipe_file(path, content, mode="create")
-            except FileExistsError:
+            except OSError:
+                # FileExistsError where the store says why (AWS's PreconditionFailed); a
+                # store that answers 412 alone, or a put whose answer was lost, is a bare
+                # OSError: the entry read back tells them apart from a failure.
                 found = self.ledger_entry(topic, partition, first, fingerprint)
-                if found is None:  # pragma: no cover - entries are never removed while in use
+                if found is None:
                     raise
                 return found
             return entry
