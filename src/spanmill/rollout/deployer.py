@@ -110,8 +110,10 @@ class Deployer:
         no server had before is removed from the repository again (a version that cannot
         load would make every later load of the agent's model fail); one that others
         serve stays with them. So does one ``serving`` (the champion, loaded again after
-        every server lost it): no server holding it says nothing of its files, and the
-        next try loads them again.
+        every server lost it): no server holding it says nothing of its files. Where its
+        files do not load, they are written again from the registry and loaded once more
+        (damaged files would otherwise fail every try); kept whatever happens, for the
+        next try.
         """
         started = time.perf_counter()
         model = names.triton_model(agent)
@@ -133,22 +135,53 @@ class Deployer:
         except TritonError as exc:
             raise DeployError(f"finding where {agent} version {version} is loaded failed: "
                               f"{exc}") from None  # fmt: skip
+        written = False
         if lacking and not self.repository.has(model, version):
-            try:
-                materialize(registered, self.registry, self.repository, self.options)
-            except SpanmillError as exc:
-                message = f"writing {agent} version {version} failed: {_first_line(str(exc))}"
-                if len(lacking) == len(servers):
-                    self._clean_up(agent, version)
-                    raise DeployError(message) from None
-                raise PodDeployError(message) from None
-        self._load_and_check(agent, version, servers, lacking, version,
-                             new=len(lacking) == len(servers) and not serving)  # fmt: skip
+            self._write(agent, registered, servers, lacking)
+            written = True
+        try:
+            self._load_and_check(agent, version, servers, lacking, version,
+                                 new=len(lacking) == len(servers) and not serving)  # fmt: skip
+        except PodDeployError:
+            raise
+        except DeployError as exc:
+            if written or not serving or len(lacking) != len(servers):
+                raise
+            # No server holds the champion and its files do not load: they may be what
+            # is wrong (damaged on the volume), so they are written again from the
+            # registry and tried once more; if that fails too, the new files stay.
+            log.warning("%s version %d: %s; writing it again from the registry", agent,
+                        version, exc)  # fmt: skip
+            self._write(agent, registered, servers, lacking, keep=True)
+            self._load_and_check(agent, version, servers, lacking, version, new=False)
         seconds = time.perf_counter() - started
         if lacking:
             onto = ", ".join(s.describe() for s in lacking)
             log.info("%s version %d deployed in %.1fs onto %s", agent, version, seconds, onto)
         return seconds
+
+    def _write(
+        self,
+        agent: str,
+        registered: Any,
+        servers: list[TritonControl],
+        lacking: list[TritonControl],
+        *,
+        keep: bool = False,
+    ) -> None:
+        """Write ``registered`` into the repository for the servers ``lacking`` it; a
+        version no server holds is removed again where that fails, unless ``keep``."""
+        try:
+            materialize(registered, self.registry, self.repository, self.options)
+        except SpanmillError as exc:
+            message = (
+                f"writing {agent} version {registered.version} failed: {_first_line(str(exc))}"
+            )
+            if len(lacking) == len(servers):
+                if not keep:
+                    self._clean_up(agent, registered.version)
+                raise DeployError(message) from None
+            raise PodDeployError(message) from None
 
     def _load_and_check(
         self,

@@ -115,7 +115,8 @@ class ModelRepository:
         return version in self.versions(model)
 
     def install(self, staged_model_dir: Path, model: str, version: int) -> None:
-        """Move a staged ``<model>/<version>`` (and its config) into the repository."""
+        """Move a staged ``<model>/<version>`` (and its config) into the repository, in
+        place of what the version held."""
         staged_version = staged_model_dir / str(version)
         config = staged_model_dir / "config.pbtxt"
         if self.local:
@@ -134,6 +135,8 @@ class ModelRepository:
                 tmp.replace(current)
             return
         remote = self._path(model, str(version))
+        # Into an existing folder, a put would nest the staged one inside it.
+        self.remove_folder(model, str(version))
         self._fs.put(str(staged_version), remote, recursive=True)
         self._fs.put(str(config), self._path(model, "config.pbtxt"))
 
