@@ -35,6 +35,11 @@ DEFAULT_TRITON_GRPC_PORT = 18001
 DEFAULT_TRITON_METRICS_PORT = 18002
 DEFAULT_GATEWAY_PORT = 18080
 DEFAULT_COLLECTOR_PORT = 14318
+# How long the gateway and the collector's receiver keep an idle client connection open.
+# Longer than clients' own idle limits (httpx's 5 s) and a load balancer's (60 s is
+# common): the one that closes first must be the client, or a request sent as the
+# server closes fails on a connection the client took for open.
+HTTP_KEEP_ALIVE_S = 75
 
 
 def _config(prefix: str) -> SettingsConfigDict:
@@ -215,6 +220,12 @@ class CollectorSettings(BaseSettings):
     http_port: int = Field(
         4318, gt=0, lt=65536, description="OTLP/HTTP receiver, /metrics, /healthz and /readyz."
     )
+    http_keep_alive_s: int = Field(
+        HTTP_KEEP_ALIVE_S,
+        gt=0,
+        description="Seconds an idle client connection stays open: longer than the "
+        "exporters' and any load balancer's idle timeout.",
+    )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
         description='fsspec options for store_url, JSON; e.g. {"endpoint_url": "http://minio:9000"}.',
@@ -371,6 +382,12 @@ class GatewaySettings(BaseSettings):
     triton: TritonSettings = Field(default_factory=TritonSettings)
     host: str = LOOPBACK
     port: int = Field(DEFAULT_GATEWAY_PORT, gt=0, lt=65536)
+    keep_alive_s: int = Field(
+        HTTP_KEEP_ALIVE_S,
+        gt=0,
+        description="Seconds an idle client connection stays open: longer than the clients' "
+        "and any load balancer's idle timeout.",
+    )
     routing_file: Path | None = None
     routing_configmap: str | None = Field(
         None,

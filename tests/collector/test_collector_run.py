@@ -7,7 +7,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from collector_helpers import Topics, collector_process
+from collector_helpers import Topics, collector_process, ready, wait_for
+from keep_alive import answers_after_idle
 
 from spanmill.stack.ports import free_port
 
@@ -61,3 +62,18 @@ def test_sigterm_while_starting_stops_cleanly_and_starts_no_consumer_processes(
     assert "signal 15: writing what is held, then stopping" in text
     assert "stopped" in text.splitlines()[-1], text[-2000:]
     assert not children, "no consumer process is started once a stop is asked for"
+
+
+def test_an_idle_exporter_connection_outlives_the_exporters_own_idle_limit(
+    topics: Topics, tmp_path: Path
+) -> None:
+    """The receiver keeps an idle connection open longer than clients keep theirs (5 s
+    for httpx, uvicorn's default too), so no export goes out on one it is closing."""
+    port = free_port()
+    process = collector_process(topics, tmp_path / "store", tmp_path / "collector.log", port)
+    try:
+        wait_for(lambda: ready(port), 60, "the collector")
+        assert answers_after_idle(f"http://127.0.0.1:{port}", "/readyz")
+    finally:
+        process.terminate()
+        process.wait(timeout=60)

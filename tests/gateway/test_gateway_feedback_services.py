@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
+from keep_alive import answers_after_idle
 
 from spanmill import semconv as sc
 from spanmill.feedback import new_response_id
@@ -177,3 +178,10 @@ def test_a_burst_of_feedback_is_all_on_the_topic_once(kafka, gateway) -> None:  
         assert span.rewards[0].value == float(item["value"])
         assert span.attributes[sc.CLIENT_ADDRESS] == "127.0.0.1"
         assert span.attributes[sc.SPANMILL_FEEDBACK_PRINCIPAL] == "anonymous"
+
+
+def test_an_idle_client_connection_outlives_the_clients_own_idle_limit(gateway) -> None:  # type: ignore[no-untyped-def]
+    """httpx keeps an idle connection 5 s, as long as uvicorn's default keep-alive: a post
+    sent on it as the gateway closed it failed with a ReadError in a burst of feedback."""
+    url, _ = gateway
+    assert answers_after_idle(url, "/healthz")

@@ -39,6 +39,7 @@ def gateway(
         port=settings.port,
         log_level="info",
         access_log=False,
+        timeout_keep_alive=settings.keep_alive_s,
     )
 
 

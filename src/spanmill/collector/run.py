@@ -79,6 +79,7 @@ def _start_http(
             log_level="warning",
             lifespan="off",
             access_log=False,
+            timeout_keep_alive=settings.http_keep_alive_s,
         )
     )
     thread = threading.Thread(target=server.run, name="collector-http", daemon=True)
