@@ -370,6 +370,16 @@ class Traffic:
         self._thread.join(timeout=60)
 
 
+def counted(pod: Pod, prefixes: tuple[str, ...]) -> str:
+    """A pod's Prometheus samples whose names start with one of ``prefixes``."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{pod.port}/metrics", timeout=5).text
+    except httpx.HTTPError as exc:
+        return f"{pod.name}: no metrics ({exc})"
+    samples = [line for line in text.splitlines() if line.startswith(prefixes)]
+    return f"{pod.name}: {'; '.join(samples)}"
+
+
 def only(root: Path, pattern: str) -> Path:
     found = sorted(root.rglob(pattern))
     assert len(found) == 1, f"{pattern}: {found}"
@@ -525,12 +535,23 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
         traffic = Traffic(gateway_url)
 
         def seen() -> str:
-            """What the clients saw, and what of it reached the span store."""
+            """What the clients saw, what of it reached the span store, and on the way
+            there, the gateway's spans sent and the collector's records taken from Kafka."""
             calls = store.query(
                 "SELECT model_version, count(*) AS calls, max(start_time) AS last "
                 "FROM llm_calls() GROUP BY ALL ORDER BY model_version"
             ).to_pylist()
-            return f"{traffic.describe()}\n--- the span store's calls: {calls}"
+            counters = [
+                counted(gateway, ("spanmill_gateway_spans_", "spanmill_gateway_span_queue")),
+                counted(collector, ("spanmill_collector_records_consumed",
+                                    "spanmill_collector_spans_written", "spanmill_collector_lag",
+                                    "spanmill_collector_assigned", "spanmill_collector_commits",
+                                    "spanmill_collector_dead")),
+            ]  # fmt: skip
+            return (
+                f"{traffic.describe()}\n--- the span store's calls: {calls}\n--- "
+                + "\n--- ".join(counters)
+            )
 
         try:
             eventually(lambda: registry.aliases(AGENT).get(CHAMPION) == v2, 300,
