@@ -432,6 +432,37 @@ def test_the_controller_loads_every_triton_pod(render_set: Any, value_set: str) 
     assert TritonSettings.model_fields["port_name"].default == http["name"]
 
 
+def test_the_evaluation_stages_its_candidates_on_a_triton_of_its_own_when_asked(
+    render_set: Any,
+) -> None:
+    """triton.evaluation: one more Triton, made as the serving ones are but routed nothing,
+    reached by pipeline runs alone, named to the evaluation in the pipeline's settings.
+    Without it the key is there (the compiled pipeline mounts it) and empty."""
+    rendered = render_set("triton-replicas")
+    name = f"{FULLNAME}-triton-evaluation"
+    serving, evaluation = rendered.container(f"{FULLNAME}-triton"), rendered.container(name)
+    assert rendered.get("Deployment", name)["spec"]["replicas"] == 1
+    for field in ("image", "command", "args", "resources", "volumeMounts"):
+        assert evaluation[field] == serving[field], field
+    assert evaluation["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    selector = rendered.get("Service", name)["spec"]["selector"]
+    assert selector["app.kubernetes.io/component"] == "triton-evaluation"
+    assert selector != rendered.get("Service", f"{FULLNAME}-triton")["spec"]["selector"]
+    (inference,) = [
+        rule for rule in rendered.get("NetworkPolicy", name)["spec"]["ingress"]
+        if {"port": "http"} in rule["ports"]
+    ]  # fmt: skip
+    assert inference["from"] == merged_values("triton-replicas")["networkPolicy"]["pipelineRuns"]
+    settings = rendered.get("ConfigMap", "spanmill-pipeline")["data"]
+    assert settings["SPANMILL_EVAL_CANDIDATES_URL"] == f"{name}.{NAMESPACE}.svc:8000"
+
+    defaults = render_set("defaults")
+    assert defaults.find("Deployment", name) is None and defaults.find("Service", name) is None
+    assert (
+        defaults.get("ConfigMap", "spanmill-pipeline")["data"]["SPANMILL_EVAL_CANDIDATES_URL"] == ""
+    )
+
+
 def test_strimzi_resources_when_enabled(render_set: Any) -> None:
     everything = render_set("all-features")
     kafka = everything.get("Kafka", FULLNAME)

@@ -250,34 +250,49 @@ def test_a_pod_that_cannot_load_a_version_fails_its_deploy_by_name(  # type: ign
         elsewhere.stop()
 
 
-def test_the_evaluation_stages_its_candidate_on_every_pod(  # type: ignore[no-untyped-def]
+def test_the_evaluation_stages_its_candidate_on_one_pod_or_its_own_triton(  # type: ignore[no-untyped-def]
     kube, triton, pods, no_system_model: Path
 ) -> None:
-    """The pipeline's evaluation sends its requests through the Service, which may reach any
-    pod: the candidate is loaded on every one for the evaluation's length, then gone."""
+    """The evaluation's candidate is loaded on one serving pod, not on every one (a large
+    or broken candidate took memory from every pod's models), and its requests go to that
+    pod alone; with a Triton of the evaluation's own (``candidates_url``), on no serving
+    pod at all. Gone from each when the evaluation ends."""
+    from spanmill.evaluate.run import candidates_server
     from spanmill.evaluate.served import staged_candidate
+    from spanmill.evaluate.settings import EvalSettings
     from spanmill.rollout.materialize import ModelRepository, ServingOptions
+    from spanmill.serving.protocol import GenerationParams
 
     every = ("triton-a", "triton-b", "triton-c")
     for pod in every:
         register(kube, pod, pods[pod], ready=True)
     fleet = EndpointSliceFleet(NS, SERVICE, api_client=kube.api_client())
-    agent = new_agent()
-    model = names.triton_candidate_model(agent)
     repository = ModelRepository(str(triton.model_repository))
-    with staged_candidate(fleet, repository, agent, str(no_system_model), None,
-                          ServingOptions(dtype="float32", num_threads=1),
-                          triton_url=triton.http_url) as served:  # fmt: skip
-        for pod in every:
-            control = TritonControl(pods[pod])
-            try:
-                assert control.versions(model) == {served.version: "READY"}, pod
-            finally:
-                control.close()
-    for pod in every:
-        control = TritonControl(pods[pod])
-        try:
-            assert control.versions(model).get(served.version) not in ("READY", "LOADING"), pod
-        finally:
-            control.close()
-    assert not repository.versions(model)
+    options = ServingOptions(dtype="float32", num_threads=1)
+    question = [[{"role": "user", "content": "What is 2 + 3?"}]]
+    for own, expected in ((None, "triton-a"), (pods["triton-d"], "triton-d")):
+        agent = new_agent()
+        model = names.triton_candidate_model(agent)
+        settings = EvalSettings(track=False, candidates_url=own)
+        with (
+            candidates_server(settings, fleet) as server,
+            staged_candidate(server, repository, agent, str(no_system_model), None, options,
+                             triton_url=server.url) as served,
+        ):  # fmt: skip
+            holding = [pod for pod in pods if served.version in loaded_model(pods[pod], model)]
+            assert holding == [expected]
+            assert served.triton_url == pods[expected]
+            (answer,) = served.generate_batch(question, GenerationParams(max_tokens=4))
+            assert answer.completion_tokens > 0
+        assert not [pod for pod in pods if served.version in loaded_model(pods[pod], model)]
+        assert not repository.versions(model)
+
+
+def loaded_model(url: str, model: str) -> dict[int, str]:
+    """The versions of ``model`` READY or LOADING on the Triton at ``url``."""
+    control = TritonControl(url)
+    try:
+        states = control.versions(model)
+    finally:
+        control.close()
+    return {v: state for v, state in states.items() if state in ("READY", "LOADING")}

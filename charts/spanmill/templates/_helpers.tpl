@@ -402,6 +402,12 @@ folder: no pod sees another pod's files.
 {{- if and .Values.gateway.autoscaling.enabled (gt (int .Values.gateway.autoscaling.minReplicas) (int .Values.gateway.autoscaling.maxReplicas)) -}}
 {{- fail "gateway.autoscaling.minReplicas exceeds gateway.autoscaling.maxReplicas" -}}
 {{- end -}}
+{{- if and .Values.triton.evaluation.enabled (not .Values.triton.enabled) -}}
+{{- fail "triton.evaluation.enabled needs triton.enabled: the evaluation's Triton is run beside the release's" -}}
+{{- end -}}
+{{- if and .Values.triton.evaluation.enabled (ne .Values.triton.flavour "python") -}}
+{{- fail "triton.evaluation.enabled needs triton.flavour python: the evaluation stages python-flavour challengers" -}}
+{{- end -}}
 {{- if and (eq .Values.triton.flavour "vllm") (eq (int .Values.triton.gpu.count) 0) -}}
 {{- fail "triton.flavour vllm needs triton.gpu.count of at least 1" -}}
 {{- end -}}

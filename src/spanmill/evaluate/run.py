@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from spanmill.contracts import METRICS_FILE, OUTCOMES_FILE, TrainManifest
-from spanmill.errors import ModelError
+from spanmill.errors import ModelError, SpanmillError
 from spanmill.evaluate.comparison import ROLES, Comparison, ModelRef, SuiteResult
 from spanmill.evaluate.evaluators import Evaluator, EvaluatorContext, ReplayItem, load_evaluator
 from spanmill.evaluate.gate import GateDecision, decide
@@ -37,10 +37,12 @@ from spanmill.evaluate.play import play_episodes
 from spanmill.evaluate.replay import answer, replay_items, score
 from spanmill.evaluate.report import html_page, markdown_page, rates_png
 from spanmill.evaluate.scoring import Outcome, Summary, as_jsonable, per_item
-from spanmill.evaluate.served import ServedModel, staged_candidate
+from spanmill.evaluate.served import ServedModel, ServingError, staged_candidate
 from spanmill.evaluate.settings import EvalSettings, GatePolicy
 from spanmill.evaluate.stats import bootstrap_difference
 from spanmill.models import resolve_model
+from spanmill.rollout.fleet import TritonFleet
+from spanmill.rollout.triton import TritonControl
 from spanmill.tasks import Task, TaskInstance, find_task, get_task
 from spanmill.train.data import TrainingData, load_training_data
 from spanmill.train.tracking import RunTracker
@@ -298,13 +300,15 @@ def _serve(
         version = registry.aliases(agent).get(CHAMPION) if agent in registry.agents() else None
     adapter = Path(challenger.adapter) if challenger.adapter else None
     with ExitStack() as stack:
+        candidates = stack.enter_context(candidates_server(settings, triton))
 
         def stage(base: str, adapter: Path | None) -> ServedModel:
             return stack.enter_context(
                 staged_candidate(
-                    triton, repository, agent, base, adapter, options, triton_url=triton_url
+                    candidates, repository, agent, base, adapter, options,
+                    triton_url=candidates.url,
                 )
-            )
+            )  # fmt: skip
 
         if version is not None:
             Deployer(registry, triton, repository, options).deploy(agent, version)
@@ -314,6 +318,28 @@ def _serve(
             log.info("%s has no champion in MLflow; comparing with the base model", agent)
             champion = stage(challenger.base, None)
         yield {"champion": champion, "challenger": stage(challenger.base, adapter)}
+
+
+@contextmanager
+def candidates_server(settings: EvalSettings, triton: TritonFleet) -> Iterator[TritonControl]:
+    """The Triton server the evaluation stages its candidates on, and sends their requests
+    to: the evaluation's own (``candidates_url``) where there is one, else one serving pod,
+    never all of them, so that a large or broken candidate takes memory and time from one
+    pod's models at most."""
+    if settings.candidates_url is not None:
+        server = TritonControl(settings.candidates_url)
+        try:
+            yield server
+        finally:
+            server.close()
+        return
+    try:
+        servers = triton.members()
+    except SpanmillError as exc:
+        raise ServingError(f"no Triton server to stage the challenger on: {exc}") from None
+    if not servers:
+        raise ServingError("no Triton server to stage the challenger on")
+    yield min(servers, key=lambda server: server.pod or server.url)
 
 
 def _tracker(settings: EvalSettings, challenger: ModelRef) -> RunTracker | None:

@@ -5,7 +5,8 @@ champion is the agent's registered version in Triton (deployed there first if
 the controller has not), and the challenger, not registered yet, is staged as a
 version of the agent's *candidate* Triton model (:func:`names.triton_candidate_model`),
 so the agent's own model keeps holding registered versions only. The candidate
-version is removed again when the evaluation ends, whatever its outcome.
+version is removed again when the evaluation ends, whatever its outcome. It is staged
+on one server, the evaluation's own Triton or one serving pod, never on every pod.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def staged_candidate(
         repository.install(stage / model, model, version)
     try:
         try:
-            # Every Triton pod: the evaluation's requests reach any of them.
+            # Every server of ``triton``: the evaluation's requests may reach any of them.
             for server in triton.members():
                 server.load(model)
                 server.smoke(model, version, timeout_s=smoke_timeout_s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spanmill.config import MLflowSettings, ServingSettings, TritonSettings
@@ -93,6 +93,18 @@ class EvalSettings(BaseSettings):
     batch_size: int = Field(16, gt=0)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     triton: TritonSettings = Field(default_factory=TritonSettings)
+    candidates_url: str | None = Field(
+        None,
+        description="A Triton server of the evaluation's own (host:port of its HTTP API) to "
+        "stage the challenger on; unset or empty: one of the serving Triton's pods (never "
+        "all: a large or broken candidate takes memory from one pod's models at most).",
+    )
+
+    @field_validator("candidates_url")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        # The chart's ConfigMap holds the key whether or not it runs such a Triton.
+        return value.strip() or None if value is not None else None
 
     bootstrap_resamples: int = Field(2000, ge=100)
     confidence: float = Field(0.95, gt=0.5, lt=1.0)

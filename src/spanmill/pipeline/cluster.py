@@ -33,10 +33,13 @@ SETTINGS: tuple[str, ...] = (
     "SPANMILL_TRITON_MODEL_REPOSITORY",
     "SPANMILL_TRITON_REPOSITORY_OPTIONS",
     "SPANMILL_TRITON_SERVER_REPOSITORY",
-    # Every Triton pod, to stage a candidate on all of them as the controller does.
+    # Every Triton pod, to deploy a champion on all of them as the controller does, and
+    # to stage a candidate on one of them; or the evaluation's own Triton, where the
+    # chart runs one (EvalSettings.candidates_url; empty: none).
     "SPANMILL_TRITON_DISCOVERY",
     "SPANMILL_TRITON_PODS_SERVICE",
     "SPANMILL_TRITON_NAMESPACE",
+    "SPANMILL_EVAL_CANDIDATES_URL",
     # How versions are written, the same as the rollout controller (ServingSettings).
     "SPANMILL_SERVING_FLAVOUR",
     "SPANMILL_SERVING_DTYPE",
