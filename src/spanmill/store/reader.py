@@ -99,7 +99,9 @@ class SpanStore:
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = url
-        self.fs, self.root = open_store(url, storage_options)
+        # Listings cached: the files of a read are opened as listed, without a request
+        # each to ask their size; every read lists afresh (``_files``, ``links``).
+        self.fs, self.root = open_store(url, storage_options, listings_cache=True)
         self._replaced_cache: dict[str, frozenset[str]] = {}
         from fsspec.implementations.local import LocalFileSystem
 
@@ -123,6 +125,8 @@ class SpanStore:
         return self._attempts(lambda: self._files(start, end))
 
     def _files(self, start: TimeLike | None, end: TimeLike | None) -> list[StoredFile]:
+        # The store grows and shrinks under other processes while it is read.
+        self.fs.invalidate_cache()
         low = hour_key(to_unix_nanos(start)) if start is not None else None
         high = hour_key(to_unix_nanos(end) - 1) if end is not None else None
         found = []
@@ -187,10 +191,12 @@ class SpanStore:
 
     def links(self) -> pa.Table:
         """The store's links of gateway calls to agent episodes (:mod:`spanmill.store.links`)."""
+        self.fs.invalidate_cache()
         return read_links(self.fs, self.root)
 
     def erased_trace_ids(self) -> list[str]:
         """Traces of every erasure request, pending or applied: no read returns them."""
+        self.fs.invalidate_cache()
         return sorted({t for e in read_erasures(self.fs, self.root) for t in e.trace_ids})
 
     def _check_window(self, start: TimeLike | None) -> None:

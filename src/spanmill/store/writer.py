@@ -93,17 +93,21 @@ def _writer_id() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
-def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+def open_store(
+    url: str, storage_options: Mapping[str, Any] | None = None, *, listings_cache: bool = False
+) -> tuple[Any, str]:
     """The fsspec filesystem and root path of a store URL (a folder or e.g. s3://b/p)
     that other processes write too: the span store, the model repository.
 
-    Its listings are never cached. fsspec keeps a folder's listing once made and then
-    answers for every file in the folder from it: a file another process wrote since
-    is "not found" without a request (``DirCache``). A collector that had listed its
-    partition's ledger could not read the entry another collector made after it, and,
-    refused by the conditional put as well, its batch failed for ever.
+    Its listings are not cached unless ``listings_cache``. fsspec keeps a folder's
+    listing once made and then answers for every file in the folder from it: a file
+    another process wrote since is "not found" without a request (``DirCache``). A
+    collector that had listed its partition's ledger could not read the entry another
+    collector made after it, and, refused by the conditional put as well, its batch
+    failed for ever. A reader that opens every file it listed wants the cache (a request
+    less a file) and must begin each read from a fresh listing (``invalidate_cache``).
     """
-    options = {**dict(storage_options or {}), "use_listings_cache": False}
+    options = {**dict(storage_options or {}), "use_listings_cache": listings_cache}
     fs, root = fsspec.core.url_to_fs(url, **options)
     return fs, root.rstrip("/")
 
