@@ -9,33 +9,43 @@ with its own limits and its own shape of refusal.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 Scope = dict[str, Any]
-# The limit of a request's body from its scope (None: no limit); the refusal to send.
-LimitOf = Callable[[Scope], int | None]
-Refusal = Callable[[Scope, int], Any]
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A route's bound on request bodies, in bytes, and the response that refuses a body
+    past it (an ASGI app, from the request's scope and the bound)."""
+
+    bytes: int
+    refuse: Callable[[Scope, int], Any]
 
 
 class BodyLimit:
-    def __init__(self, app: Any, limit_of: LimitOf, refuse: Refusal) -> None:
+    """``limits``: by path; ``default``: every other path's (None: no limit)."""
+
+    def __init__(self, app: Any, limits: Mapping[str, Limit], default: Limit | None = None) -> None:
         self.app = app
-        self.limit_of = limit_of
-        self.refuse = refuse
+        self.limits = dict(limits)
+        self.default = default
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        limit = self.limit_of(scope)
-        if limit is None:
+        bound = self.limits.get(scope["path"], self.default)
+        if bound is None:
             await self.app(scope, receive, send)
             return
+        limit = bound.bytes
         declared = header(scope, b"content-length")
         if declared is not None:
             if not declared.isdigit() or int(declared) > limit:
-                await self.refuse(scope, limit)(scope, receive, send)
+                await bound.refuse(scope, limit)(scope, receive, send)
                 return
             await self.app(scope, receive, send)  # the server holds the body to that length
             return
@@ -48,7 +58,7 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > limit:
-                await self.refuse(scope, limit)(scope, receive, send)
+                await bound.refuse(scope, limit)(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break

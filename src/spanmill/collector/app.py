@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from spanmill.bodylimit import BodyLimit, Scope, header
+from spanmill.bodylimit import BodyLimit, Limit, Scope, header
 from spanmill.collector.metrics import CollectorMetrics
 from spanmill.collector.receiver import OtlpReceiver, status_message
 from spanmill.feedback import MAX_BODY_BYTES, Caller, too_large
@@ -113,18 +113,20 @@ def create_app(
             )
 
         # Bodies are bounded before they are read, chunked ones too.
-        limits = {"/v1/traces": receiver.max_bytes, "/v1/feedback": MAX_BODY_BYTES}
-
-        def refuse(scope: Scope, limit: int) -> Response:
-            if scope["path"] == "/v1/feedback":
-                error = too_large()
-                return JSONResponse(error.body(), status_code=error.status)
+        def traces_too_large(scope: Scope, limit: int) -> Response:
             as_json = b"json" in (header(scope, b"content-type") or b"")
             message = f"request is over {limit} bytes; export smaller batches"
             return Response(status_message(3, message, as_json), status_code=413)
 
-        app.add_middleware(BodyLimit, limit_of=lambda scope: limits.get(scope["path"]),
-                           refuse=refuse)  # fmt: skip
+        def feedback_too_large(scope: Scope, limit: int) -> Response:
+            error = too_large()
+            return JSONResponse(error.body(), status_code=error.status)
+
+        limits = {
+            "/v1/traces": Limit(receiver.max_bytes, traces_too_large),
+            "/v1/feedback": Limit(MAX_BODY_BYTES, feedback_too_large),
+        }
+        app.add_middleware(BodyLimit, limits=limits)
     if store is not None:
         _admin_routes(app, admin, *store)
     return app

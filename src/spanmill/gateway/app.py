@@ -39,7 +39,7 @@ from starlette.background import BackgroundTask
 
 from spanmill import feedback
 from spanmill import messages as chat
-from spanmill.bodylimit import BodyLimit, Scope, header
+from spanmill.bodylimit import BodyLimit, Limit, Scope, header
 from spanmill.config import GatewaySettings
 from spanmill.errors import ConfigError
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
@@ -200,22 +200,24 @@ def create_app(
 
     # Feedback has its own limit, as at the collector's receiver (the gateway's where
     # that is lower), enforced here before its body is read, chunked or declared.
-    def limit_of(scope: Scope) -> int:
-        if scope["path"] == FEEDBACK:
-            return min(settings.max_request_bytes, feedback.MAX_BODY_BYTES)
-        return settings.max_request_bytes
-
-    def refuse(scope: Scope, limit: int) -> JSONResponse:
-        if scope["path"] == FEEDBACK:
-            metrics.feedback.labels("rejected").inc()
-            if limit == feedback.MAX_BODY_BYTES:
-                error = feedback.too_large()
-                return JSONResponse(error.body(), status_code=error.status)
+    def too_large(scope: Scope, limit: int) -> JSONResponse:
         return _error(
             413, f"the request body is over the limit of {limit} bytes", "invalid_request_error"
         )
 
-    app.add_middleware(BodyLimit, limit_of=limit_of, refuse=refuse)
+    def feedback_too_large(scope: Scope, limit: int) -> JSONResponse:
+        metrics.feedback.labels("rejected").inc()
+        if limit != feedback.MAX_BODY_BYTES:
+            return too_large(scope, limit)
+        error = feedback.too_large()
+        return JSONResponse(error.body(), status_code=error.status)
+
+    feedback_bytes = min(settings.max_request_bytes, feedback.MAX_BODY_BYTES)
+    app.add_middleware(
+        BodyLimit,
+        limits={FEEDBACK: Limit(feedback_bytes, feedback_too_large)},
+        default=Limit(settings.max_request_bytes, too_large),
+    )
     keys = KeyRing(settings.client_keys_file, settings.api_key, settings.admin_api_key)
     app.add_middleware(_Authorize, keys=keys)
 
