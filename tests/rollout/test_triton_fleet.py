@@ -296,3 +296,42 @@ def loaded_model(url: str, model: str) -> dict[int, str]:
     finally:
         control.close()
     return {v: state for v, state in states.items() if state in ("READY", "LOADING")}
+
+
+def test_an_evaluation_stages_a_champion_not_in_service_and_never_loads_it_there(  # type: ignore[no-untyped-def]
+    triton, pods, mlflow_server, no_system_model: Path
+) -> None:
+    """The registry's champion, which no serving Triton holds yet: the evaluation deployed
+    it onto the serving Triton, the controller's alone. It is staged on the evaluation's
+    server as the challenger is, answers there, and is gone from it after."""
+    from spanmill.config import MLflowSettings, ServingSettings, TritonSettings
+    from spanmill.evaluate.comparison import ModelRef
+    from spanmill.evaluate.run import serve_models
+    from spanmill.evaluate.settings import EvalSettings
+    from spanmill.registry import ModelRegistry
+    from spanmill.serving.protocol import GenerationParams
+
+    agent = new_agent()
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    v1 = registry.register(agent, Lineage(kind="base", base_model=str(no_system_model))).version
+    registry.promote(agent, v1)
+    settings = EvalSettings(
+        track=False,
+        candidates_url=pods["triton-b"],
+        mlflow=MLflowSettings(tracking_uri=mlflow_server.tracking_uri),
+        triton=TritonSettings(
+            http_url=triton.http_url, model_repository=str(triton.model_repository)
+        ),
+        serving=ServingSettings(dtype="float32", num_threads=1),
+    )
+    candidate = names.triton_candidate_model(agent)
+    with serve_models(settings, agent, ModelRef("challenger", str(no_system_model))) as served:
+        champion = served["champion"]
+        assert (champion.triton_url, champion.model) == (pods["triton-b"], candidate)
+        question = [[{"role": "user", "content": "What is 2 + 3?"}]]
+        (answer,) = champion.generate_batch(question, GenerationParams(max_tokens=4))
+        assert answer.completion_tokens > 0
+        assert len(loaded_model(pods["triton-b"], candidate)) == 2  # and the challenger
+    assert loaded_model(triton.http_url, names.triton_model(agent)) == {}
+    assert loaded_model(pods["triton-b"], candidate) == {}
+    assert not (triton.model_repository / names.triton_model(agent)).exists()

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spanmill.contracts import METRICS_FILE, OUTCOMES_FILE, TrainManifest
 from spanmill.errors import ModelError, SpanmillError
@@ -46,6 +47,9 @@ from spanmill.rollout.triton import TritonControl
 from spanmill.tasks import Task, TaskInstance, find_task, get_task
 from spanmill.train.data import TrainingData, load_training_data
 from spanmill.train.tracking import RunTracker
+
+if TYPE_CHECKING:
+    from spanmill.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ def evaluate(
     plan = _plan(settings, data)
     tracker = _tracker(settings, challenger_ref)
     try:
-        with _serve(settings, plan.agent, challenger_ref) as served:
+        with serve_models(settings, plan.agent, challenger_ref) as served:
             refs = {
                 "champion": ModelRef("champion", served["champion"].describe()),
                 "challenger": replace(challenger_ref, served=served["challenger"].describe()),
@@ -280,11 +284,13 @@ def fresh_instances(task: Task, n: int, seed: int, exclude: frozenset[str]) -> l
 
 
 @contextmanager
-def _serve(
+def serve_models(
     settings: EvalSettings, agent: str, challenger: ModelRef
 ) -> Iterator[dict[str, ServedModel]]:
-    """The champion as Triton serves it (deployed first if it is not), the challenger staged;
-    without a champion, the challenger's base model staged beside it."""
+    """The champion as Triton serves it, the challenger staged; a champion no serving pod
+    holds staged as the challenger is (the serving pods are the rollout controller's: an
+    evaluation never loads a version onto them); without a champion, the challenger's
+    base model staged beside it."""
     from spanmill.registry import CHAMPION, ModelRegistry, names
     from spanmill.rollout.deployer import Deployer
     from spanmill.rollout.fleet import fleet_of
@@ -310,14 +316,41 @@ def _serve(
                 )
             )  # fmt: skip
 
-        if version is not None:
-            Deployer(registry, triton, repository, options).deploy(agent, version)
+        if version is not None and Deployer(registry, triton, repository, options).ready(
+            agent, version
+        ):
             champion = ServedModel(triton_url, names.triton_model(agent), version)
+        elif version is not None:
+            log.info("%s version %d is not in service; staging it for the evaluation", agent,
+                     version)  # fmt: skip
+            champion = stage(*stack.enter_context(registered_files(registry, agent, version)))
         else:
             # No champion yet (the agent's first run): the base model stands in.
             log.info("%s has no champion in MLflow; comparing with the base model", agent)
             champion = stage(challenger.base, None)
         yield {"champion": champion, "challenger": stage(challenger.base, adapter)}
+
+
+@contextmanager
+def registered_files(
+    registry: ModelRegistry, agent: str, version: int
+) -> Iterator[tuple[str, Path | None]]:
+    """A registered version as a base model and an adapter to stage (downloaded for the
+    length of the block): what the rollout controller would write into the repository."""
+    from spanmill.rollout.materialize import resolve_base
+
+    lineage = registry.version(agent, version).lineage
+    if lineage.kind == "echo":
+        raise ServingError(f"{agent} version {version} is an echo model: nothing to compare with")
+    if lineage.kind == "base":
+        yield resolve_base(lineage.base_model), None
+        return
+    with tempfile.TemporaryDirectory(prefix="spanmill-champion-") as scratch:
+        folder = registry.download(agent, version, Path(scratch))
+        if lineage.kind == "adapter":
+            yield resolve_base(lineage.base_model), folder
+        else:
+            yield str(folder), None
 
 
 @contextmanager
