@@ -441,7 +441,8 @@ def test_the_evaluation_stages_its_candidates_on_a_triton_of_its_own_when_asked(
     rendered = render_set("triton-replicas")
     name = f"{FULLNAME}-triton-evaluation"
     serving, evaluation = rendered.container(f"{FULLNAME}-triton"), rendered.container(name)
-    assert rendered.get("Deployment", name)["spec"]["replicas"] == 1
+    deployment = rendered.get("Deployment", name)["spec"]
+    assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}
     for field in ("image", "command", "args", "resources", "volumeMounts"):
         assert evaluation[field] == serving[field], field
     assert evaluation["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
