@@ -87,9 +87,9 @@ class ModelRepository:
         self.local = "://" not in location
         self._fs: Any = None
         if not self.local:
-            from spanmill.store.writer import open_store
+            import fsspec
 
-            self._fs, self._root = open_store(location, storage_options)
+            self._fs, self._root = fsspec.core.url_to_fs(location, **(storage_options or {}))
         else:
             Path(location).mkdir(parents=True, exist_ok=True)
 
@@ -103,6 +103,8 @@ class ModelRepository:
             path = Path(folder)
             entries = [p.name for p in path.iterdir() if p.is_dir()] if path.is_dir() else []
         else:
+            # The pipeline's steps and other controllers write here too (open_store).
+            self._fs.invalidate_cache(folder)
             try:
                 entries = [
                     p.rstrip("/").rsplit("/", 1)[-1] for p in self._fs.ls(folder, detail=False)
@@ -170,6 +172,7 @@ class ModelRepository:
             if self.local:
                 text = Path(path).read_text()
             else:
+                self._fs.invalidate_cache(path)
                 with self._fs.open(path, "r") as handle:
                     text = handle.read()
             data = json.loads(text)

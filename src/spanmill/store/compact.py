@@ -130,7 +130,7 @@ class Compactor:
         started = time.perf_counter()
         report = CompactionReport()
         write_policy(self.fs, self.root, self.policy)
-        self.fs.invalidate_cache()  # the store's reader caches listings
+        self.fs.invalidate_cache()  # others write the store (open_store)
         erasures = read_erasures(self.fs, self.root)
         pending = [self._resolve(e) for e in erasures if e.status == "pending"]
         # Pending requests' traces send every hour holding one to be rewritten; applied
@@ -172,7 +172,7 @@ class Compactor:
     # -- hours -----------------------------------------------------------------------
 
     def _hours(self) -> list[_Hour]:
-        self.fs.invalidate_cache()  # the store's reader caches listings
+        self.fs.invalidate_cache()
         found = []
         for day in sorted(self._ls(self.root)):
             dt = is_date_dir(day.rsplit("/", 1)[-1])

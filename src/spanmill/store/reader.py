@@ -99,9 +99,7 @@ class SpanStore:
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = url
-        # Listings cached: the files of a read are opened as listed, without a request
-        # each to ask their size; every read lists afresh (``_files``, ``links``).
-        self.fs, self.root = open_store(url, storage_options, listings_cache=True)
+        self.fs, self.root = open_store(url, storage_options)
         self._replaced_cache: dict[str, frozenset[str]] = {}
         from fsspec.implementations.local import LocalFileSystem
 

@@ -93,22 +93,16 @@ def _writer_id() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
-def open_store(
-    url: str, storage_options: Mapping[str, Any] | None = None, *, listings_cache: bool = False
-) -> tuple[Any, str]:
-    """The fsspec filesystem and root path of a store URL (a folder or e.g. s3://b/p)
-    that other processes write too: the span store, the model repository.
+def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem and root path of a store URL (a folder or e.g. s3://b/p).
 
-    Its listings are not cached unless ``listings_cache``. fsspec keeps a folder's
-    listing once made and then answers for every file in the folder from it: a file
-    another process wrote since is "not found" without a request (``DirCache``). A
-    collector that had listed its partition's ledger could not read the entry another
-    collector made after it, and, refused by the conditional put as well, its batch
-    failed for ever. A reader that opens every file it listed wants the cache (a request
-    less a file) and must begin each read from a fresh listing (``invalidate_cache``).
+    Other processes write the store all the time, and fsspec keeps a folder's listing
+    once made and then answers for every file in it from that listing: a file another
+    process wrote since is "not found" without a request (``DirCache``). Whatever reads
+    what others write therefore drops that listing first (``invalidate_cache``); the cache is
+    kept for the rest, where it spares a request for each file a read opens.
     """
-    options = {**dict(storage_options or {}), "use_listings_cache": listings_cache}
-    fs, root = fsspec.core.url_to_fs(url, **options)
+    fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     return fs, root.rstrip("/")
 
 
@@ -212,6 +206,10 @@ class StoreWriter:
     ) -> LedgerEntry | None:
         """The recorded extent of the batch starting at ``first``, if anyone started it."""
         path = self._ledger_path(topic, partition, first, fingerprint)
+        # Asked of the store, not of a listing made before another collector made it (a
+        # collector that had pruned this ledger could not read the entry, and, refused
+        # by the conditional put as well, its batch failed for ever).
+        self.fs.invalidate_cache(path)
         try:
             with self.fs.open(path, "rb") as file:
                 data = json.loads(file.read())
@@ -277,6 +275,7 @@ class StoreWriter:
         offsets; the age margin covers one that fell behind its group unnoticed.
         """
         folder = self.path(ledger_dir(topic, partition))
+        self.fs.invalidate_cache(folder)
         try:
             names = self.fs.ls(folder, detail=False)
         except FileNotFoundError:
