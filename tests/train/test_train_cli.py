@@ -8,6 +8,7 @@ challenger); tracking runs in MLflow are off.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,9 @@ def test_train_then_evaluate_from_the_command_line(  # type: ignore[no-untyped-d
     assert "adapter in" in trained.output
     assert json.loads(metrics.read_text())["global_step"] == 2.0
 
+    # An agent no other test registers: the session's MLflow may hold a champion of the
+    # dataset's own agent (calculator), and this compares with the base model.
+    agent = f"calc-{uuid.uuid4().hex[:6]}"
     evaluated = runner.invoke(
         app,
         [
@@ -68,6 +72,10 @@ def test_train_then_evaluate_from_the_command_line(  # type: ignore[no-untyped-d
             str(small_dataset),
             str(adapter),
             str(tmp_path / "evaluation"),
+            "--agent",
+            agent,
+            "--task",
+            "calculator",
             "--instances",
             "3",
             "--replay-items",
@@ -82,7 +90,7 @@ def test_train_then_evaluate_from_the_command_line(  # type: ignore[no-untyped-d
     assert result["decision"]["verdict"] == "reject"
     assert result["metrics"]["tasks.challenger.n"] == 3
     assert result["metrics"]["replay.challenger.n"] == 2
-    assert "Triton calculator.candidate version" in result["models"]["challenger"]["served"]
+    assert f"Triton {agent}.candidate version" in result["models"]["challenger"]["served"]
     assert (tmp_path / "evaluation" / "report.html").read_text().startswith("<!doctype html>")
 
 
