@@ -50,47 +50,44 @@ def genai(i: int) -> dict[str, Any]:
     }
 
 
+def flattened(turn: str, **attributes: Any) -> dict[str, Any]:
+    """``attributes`` and the prompt's turns as a convention flattens them: ``turn`` is
+    the key of turn ``n``'s ``field`` (role, content)."""
+    for n, (role, content) in enumerate(TURNS):
+        attributes[turn.format(n=n, field="role")] = role
+        attributes[turn.format(n=n, field="content")] = content
+    return attributes
+
+
 def openllmetry(i: int) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
+    answer = "gen_ai.completion.0"
+    return flattened("gen_ai.prompt.{n}.{field}", **{
         "gen_ai.system": "openai",
         "llm.request.type": "chat",
         "gen_ai.request.model": "gpt-4o",
         "gen_ai.usage.prompt_tokens": 120,
         "gen_ai.usage.completion_tokens": 20,
-    }
-    for n, (role, content) in enumerate(TURNS):
-        attributes[f"gen_ai.prompt.{n}.role"] = role
-        attributes[f"gen_ai.prompt.{n}.content"] = content
-    answer = "gen_ai.completion.0"
-    attributes |= {
         f"{answer}.role": "assistant",
         f"{answer}.finish_reason": "tool_calls",
         f"{answer}.tool_calls.0.id": f"call_{i}",
         f"{answer}.tool_calls.0.name": "calculator",
         f"{answer}.tool_calls.0.arguments": ARGUMENTS,
-    }
-    return attributes
+    })  # fmt: skip
 
 
 def openinference(i: int) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
+    call = "llm.output_messages.0.message.tool_calls.0.tool_call"
+    return flattened("llm.input_messages.{n}.message.{field}", **{
         "openinference.span.kind": "LLM",
         "llm.provider": "openai",
         "llm.model_name": "gpt-4o",
         "llm.token_count.prompt": 120,
         "llm.token_count.completion": 20,
-    }
-    for n, (role, content) in enumerate(TURNS):
-        attributes[f"llm.input_messages.{n}.message.role"] = role
-        attributes[f"llm.input_messages.{n}.message.content"] = content
-    call = "llm.output_messages.0.message.tool_calls.0.tool_call"
-    attributes |= {
         "llm.output_messages.0.message.role": "assistant",
         f"{call}.id": f"call_{i}",
         f"{call}.function.name": "calculator",
         f"{call}.function.arguments": ARGUMENTS,
-    }
-    return attributes
+    })  # fmt: skip
 
 
 CONVENTIONS = {"genai": genai, "openllmetry": openllmetry, "openinference": openinference}

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spanmill.contracts import METRICS_FILE, OUTCOMES_FILE, TrainManifest
 from spanmill.errors import ModelError, SpanmillError
@@ -47,9 +47,6 @@ from spanmill.rollout.triton import TritonControl
 from spanmill.tasks import Task, TaskInstance, find_task, get_task
 from spanmill.train.data import TrainingData, load_training_data
 from spanmill.train.tracking import RunTracker
-
-if TYPE_CHECKING:
-    from spanmill.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +291,7 @@ def serve_models(
     from spanmill.registry import CHAMPION, ModelRegistry, names
     from spanmill.rollout.deployer import Deployer
     from spanmill.rollout.fleet import fleet_of
-    from spanmill.rollout.materialize import ModelRepository, ServingOptions
+    from spanmill.rollout.materialize import ModelRepository, ServingOptions, weights_of
 
     triton_url = settings.triton.http_url
     triton = fleet_of(settings.triton)
@@ -308,10 +305,11 @@ def serve_models(
     with ExitStack() as stack:
         candidates = stack.enter_context(candidates_server(settings, triton))
 
-        def stage(base: str, adapter: Path | None) -> ServedModel:
+        def stage(base: str, adapter: Path | None, *, copy_base: bool = False) -> ServedModel:
+            written = replace(options, copy_base=True) if copy_base else options
             return stack.enter_context(
                 staged_candidate(
-                    candidates, repository, agent, base, adapter, options,
+                    candidates, repository, agent, base, adapter, written,
                     triton_url=candidates.url,
                 )
             )  # fmt: skip
@@ -323,34 +321,18 @@ def serve_models(
         elif version is not None:
             log.info("%s version %d is not in service; staging it for the evaluation", agent,
                      version)  # fmt: skip
-            champion = stage(*stack.enter_context(registered_files(registry, agent, version)))
+            registered = registry.version(agent, version)
+            if registered.lineage.kind == "echo":
+                raise ServingError(f"{agent} version {version} is an echo model: "
+                                   "nothing to compare with")  # fmt: skip
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="spanmill-champion-"))
+            base, champion_adapter, downloaded = weights_of(registered, registry, Path(scratch))
+            champion = stage(base, champion_adapter, copy_base=downloaded)
         else:
             # No champion yet (the agent's first run): the base model stands in.
             log.info("%s has no champion in MLflow; comparing with the base model", agent)
             champion = stage(challenger.base, None)
         yield {"champion": champion, "challenger": stage(challenger.base, adapter)}
-
-
-@contextmanager
-def registered_files(
-    registry: ModelRegistry, agent: str, version: int
-) -> Iterator[tuple[str, Path | None]]:
-    """A registered version as a base model and an adapter to stage (downloaded for the
-    length of the block): what the rollout controller would write into the repository."""
-    from spanmill.rollout.materialize import resolve_base
-
-    lineage = registry.version(agent, version).lineage
-    if lineage.kind == "echo":
-        raise ServingError(f"{agent} version {version} is an echo model: nothing to compare with")
-    if lineage.kind == "base":
-        yield resolve_base(lineage.base_model), None
-        return
-    with tempfile.TemporaryDirectory(prefix="spanmill-champion-") as scratch:
-        folder = registry.download(agent, version, Path(scratch))
-        if lineage.kind == "adapter":
-            yield resolve_base(lineage.base_model), folder
-        else:
-            yield str(folder), None
 
 
 @contextmanager

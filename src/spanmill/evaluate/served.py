@@ -1,10 +1,10 @@
 """The two models of an evaluation, as Triton serves them.
 
 Evaluation generates through the serving path, never in its own process: the
-champion is the agent's registered version in Triton (deployed there first if
-the controller has not), and the challenger, not registered yet, is staged as a
-version of the agent's *candidate* Triton model (:func:`names.triton_candidate_model`),
-so the agent's own model keeps holding registered versions only. The candidate
+champion is the agent's registered version where Triton serves it, and the
+challenger, not registered yet, is staged as a version of the agent's *candidate*
+Triton model (:func:`names.triton_candidate_model`), so the agent's own model keeps
+holding registered versions only; so is a champion no serving pod holds. A candidate
 version is removed again when the evaluation ends, whatever its outcome. It is staged
 on one server, the evaluation's own Triton or one serving pod, never on every pod.
 """

@@ -218,26 +218,32 @@ def materialize(
         try:
             if lineage.kind == "echo":
                 write_echo_version(stage, model, version)
-            elif lineage.kind == "base":
-                write_python_version(stage, model, version, resolve_base(lineage.base_model),
-                                     dtype=options.dtype, num_threads=options.num_threads,
-                                     copy_base=options.copy_base, gpu=options.gpu)  # fmt: skip
-            elif lineage.kind == "adapter":
-                adapter = downloader.download(agent, version, download)
-                write_python_version(stage, model, version, resolve_base(lineage.base_model),
-                                     adapter=adapter, dtype=options.dtype,
-                                     num_threads=options.num_threads,
-                                     copy_base=options.copy_base, gpu=options.gpu)  # fmt: skip
             else:
-                folder = downloader.download(agent, version, download)
-                # The downloaded folder is temporary: the version keeps its own copy.
-                write_python_version(stage, model, version, folder, dtype=options.dtype,
-                                     num_threads=options.num_threads, copy_base=True,
+                base, adapter, downloaded = weights_of(registered, downloader, download)
+                write_python_version(stage, model, version, base, adapter=adapter,
+                                     dtype=options.dtype, num_threads=options.num_threads,
+                                     copy_base=options.copy_base or downloaded,
                                      gpu=options.gpu)  # fmt: skip
         except RepositoryError as exc:
             raise MaterializeError(f"{agent} version {version}: {exc}") from None
         (stage / model / str(version) / ORIGIN).write_text(json.dumps(origin_of(registered)))
         repository.install(stage / model, model, version)
+
+
+def weights_of(
+    registered: RegisteredVersion, downloader: Downloader, download: Path
+) -> tuple[str, Path | None, bool]:
+    """A registered version (not an echo one) as a Python-flavour version is written
+    from it: its base model, its adapter (None for a base or a whole model), and whether
+    the base is a download into ``download``, which the version must copy (the folder is
+    temporary)."""
+    lineage = registered.lineage
+    if lineage.kind == "base":
+        return resolve_base(lineage.base_model), None, False
+    folder = downloader.download(registered.agent, registered.version, download)
+    if lineage.kind == "adapter":
+        return resolve_base(lineage.base_model), folder, False
+    return str(folder), None, True
 
 
 def origin_of(registered: RegisteredVersion) -> dict[str, Any]:
