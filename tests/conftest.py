@@ -187,6 +187,14 @@ def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[
 
 
 @pytest.fixture(scope="session")
+def taught_adapters(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two adapters of SmolLM2 whose answers tell them apart (tests/taught_adapters.py)."""
+    from taught_adapters import both
+
+    return both(smollm2_dir, tmp_path_factory.mktemp("taught-adapters"))
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The real SmolLM2-135M-Instruct as a Hugging Face folder.
 

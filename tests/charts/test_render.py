@@ -152,11 +152,13 @@ def _gpu_resources(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_gpus_are_requested_by_triton_alone(rendered: Rendered) -> None:
+    """By the serving Triton, and by the evaluation's where there is one."""
     values = merged_values(rendered.name)
     count = values["triton"]["gpu"]["count"]
+    tritons = {f"Deployment/{FULLNAME}-{name}/triton" for name in ("triton", "triton-evaluation")}
     for where, container, _ in rendered.containers():
         gpus = _gpu_resources(container)
-        if where == f"Deployment/{FULLNAME}-triton/triton" and count:
+        if where in tritons and count:
             assert gpus == {"requests.nvidia.com/gpu": count, "limits.nvidia.com/gpu": count}
         else:
             assert gpus == {}, f"{where} asks for GPUs"
@@ -456,6 +458,14 @@ def test_the_evaluation_stages_its_candidates_on_a_triton_of_its_own_when_asked(
     assert inference["from"] == merged_values("triton-replicas")["networkPolicy"]["pipelineRuns"]
     settings = rendered.get("ConfigMap", "spanmill-pipeline")["data"]
     assert settings["SPANMILL_EVAL_CANDIDATES_URL"] == f"{name}.{NAMESPACE}.svc:8000"
+
+    # The vLLM flavour's: the same image with a GPU of its own (its candidates are an
+    # engine of their own), reading adapters from the same volume.
+    gpu = render_set("gpu-cluster")
+    serving, evaluation = gpu.container(f"{FULLNAME}-triton"), gpu.container(name)
+    for field in ("image", "args", "resources", "volumeMounts"):
+        assert evaluation[field] == serving[field], field
+    assert evaluation["resources"]["limits"]["nvidia.com/gpu"] == 1
 
     defaults = render_set("defaults")
     assert defaults.find("Deployment", name) is None and defaults.find("Service", name) is None

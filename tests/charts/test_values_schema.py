@@ -52,6 +52,10 @@ BAD_VALUES = {
         "triton:\n  flavour: vllm\n  gpu:\n    count: 1\n",
         "triton.modelRepository.type: triton.modelRepository.type does not match",
     ),
+    "vllm-without-evaluation": (
+        "triton:\n  flavour: vllm\n  gpu:\n    count: 1\n  modelRepository:\n    type: pvc\n",
+        "triton.flavour vllm needs triton.evaluation.enabled",
+    ),
     "floating-image-tag": ("image:\n  tag: latest\n", "image.tag: Must not validate"),
     "floating-triton-tag": ("triton:\n  image:\n    tag: latest\n", "triton.image.tag"),
     "triton-repository-without-tag": (
@@ -102,6 +106,7 @@ TEMPLATE_CHECKS = {
     "mlflow-auth-without-controller-user",
     "mlflow-ingress-without-auth",
     "mlflow-ingress-blocked-by-network-policy",
+    "vllm-without-evaluation",
 }
 
 

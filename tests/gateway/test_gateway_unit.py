@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections import Counter
@@ -194,6 +195,15 @@ class Replicas:
         self.requests.append(connection)
         await request.read()
         answer = self.plan[min(connection, len(self.plan) - 1)]
+        if answer == "drops":  # a kept-alive connection closed as the request went out
+            request.transport.abort()
+            return web.Response()
+        if answer == "dies":  # a pod killed while it generated: half an answer, then nothing
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b'data: {"model_name": ')
+            request.transport.abort()
+            return response
         if answer == "missing":
             return web.json_response({"error": MISSING}, status=404)
         if answer == "fails":
@@ -254,8 +264,40 @@ class StreamsThenMisses(Replicas):
         return web.Response(text=pieces + error, content_type="text/event-stream")
 
 
+class Slow(Replicas):
+    """A Triton that takes two seconds to answer."""
+
+    async def infer(self, request: Any) -> Any:
+        await asyncio.sleep(2)
+        return await super().infer(request)
+
+
+class StreamsThenDies(Replicas):
+    """A Triton that streams a piece of text, then goes away."""
+
+    async def infer(self, request: Any) -> Any:
+        from aiohttp import web
+
+        from spanmill.serving import protocol
+
+        await request.read()
+        self.requests.append(len(self.requests))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        piece = as_event(protocol.encode_partial(["Hel"]))
+        await response.write(f"data: {json.dumps(piece)}\n\n".encode())
+        await asyncio.sleep(0.2)
+        request.transport.abort()
+        return response
+
+
 async def _generate(
-    replicas: Replicas, calls: int = 1, *, together: bool = False, stream: bool = False
+    replicas: Replicas,
+    calls: int = 1,
+    *,
+    together: bool = False,
+    stream: bool = False,
+    timeout_s: float = 10,
 ) -> tuple[list[Any], int]:
     """``calls`` generations through one TritonUpstream, one after the other or all at
     once (``together``), streamed or not; (results or errors, retries)."""
@@ -279,7 +321,7 @@ async def _generate(
         nonlocal retries
         retries += 1
 
-    upstream = TritonUpstream(f"127.0.0.1:{port}", timeout_s=10, on_retry=count)
+    upstream = TritonUpstream(f"127.0.0.1:{port}", timeout_s=timeout_s, on_retry=count)
 
     async def call() -> Any:
         target, messages = Target("calculator", "2"), [{"role": "user", "content": "2+3"}]
@@ -366,6 +408,45 @@ def test_only_one_retry_and_only_for_a_missing_version() -> None:
     (error,), retries = asyncio.run(_generate(replicas))
     assert error.status == 502 and "out of memory" in str(error)
     assert replicas.requests == [0, 1] and retries == 1
+
+
+def test_a_connection_broken_before_the_answer_is_tried_once_more_on_a_fresh_one() -> None:
+    """A kept-alive connection Triton closed as the request went out, or a pod that went
+    away mid-generation: the caller has none of the answer, and another connection (which
+    the Service may send to another pod) gives it."""
+    import asyncio
+
+    from spanmill.gateway.upstream import UpstreamError
+
+    for broken in ("drops", "dies"):
+        replicas = Replicas([broken, "ok"])
+        (outcome,), retries = asyncio.run(_generate(replicas))
+        assert getattr(outcome, "model_version", outcome) == "2", broken
+        assert replicas.requests == [0, 1] and retries == 1
+
+    # Once only: a connection that breaks again is the caller's 503.
+    replicas = Replicas(["drops"])
+    (error,), retries = asyncio.run(_generate(replicas))
+    assert isinstance(error, UpstreamError) and error.dropped and error.status == 503
+    assert replicas.requests == [0, 1] and retries == 1
+
+    # Streamed, the caller already holds what came before the break: not begun again.
+    replicas = StreamsThenDies(["ok"])
+    (error,), retries = asyncio.run(_generate(replicas, stream=True))
+    assert isinstance(error, UpstreamError) and error.dropped
+    assert replicas.requests == [0] and retries == 0
+
+
+def test_a_slow_triton_is_not_sent_the_call_twice() -> None:
+    import asyncio
+
+    from spanmill.gateway.upstream import UpstreamError
+
+    replicas = Slow(["ok"])
+    (error,), retries = asyncio.run(_generate(replicas, timeout_s=0.5))
+    assert isinstance(error, UpstreamError) and not error.dropped and error.status == 503
+    assert "TimeoutError" in str(error)
+    assert replicas.requests == [0] and retries == 0
 
 
 def test_tokenizers_load_apart_and_a_failed_load_waits_before_it_is_tried_again(

@@ -7,9 +7,10 @@ real: the controller's deployer writes the agent's one engine (the base model as
 version 1, two adapters as versions 2 and 3), Triton loads it, and the gateway
 renders prompts with the model's chat template and serves each version by name.
 
-The two adapters are taught one answer each to the same question, so which one
-answered is plain from the text: version 2 calls the calculator tool, version 3
-says "Twelve.", and the base model says something else.
+The two adapters are taught one answer each to the same question
+(tests/taught_adapters.py), so which one answered is plain from the text: version 2
+calls the calculator tool, version 3 says "Twelve.", and the base model says something
+else.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 import tritonclient.http as triton_http
+from taught_adapters import QUESTION, TOOL_CALL, TOOLS, WORDS
 
 from spanmill import semconv as sc
 from spanmill.config import GatewaySettings, KafkaSettings, TritonSettings
@@ -40,43 +42,6 @@ from spanmill.rollout.triton import TritonControl
 pytestmark = pytest.mark.services
 
 AGENT = "vllmcalc"
-TOOLS = [{"type": "function", "function": {
-    "name": "calculator", "description": "Evaluates an arithmetic expression.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                   "required": ["expression"]}}}]  # fmt: skip
-QUESTION = [{"role": "user", "content": "What is 7 + 5?"}]
-TOOL_CALL = '{"name": "calculator", "arguments": {"expression": "7 + 5"}}'
-WORDS = "Twelve."
-
-
-def teach(base: Path, tokenizer: Any, answer: str, out: Path, seed: int) -> Path:
-    """A LoRA adapter taught to answer QUESTION (with TOOLS offered) with ``answer``."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from spanmill.serving.generation import render_prompt
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                        task_type="CAUSAL_LM")  # fmt: skip
-    peft = get_peft_model(model, config)
-    prompt = tokenizer(render_prompt(tokenizer, QUESTION, TOOLS))["input_ids"]
-    target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    ids = torch.tensor([prompt + target])
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100
-    optimizer = torch.optim.AdamW([p for p in peft.parameters() if p.requires_grad], lr=3e-3)
-    for _ in range(60):
-        loss = peft(input_ids=ids, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if loss.item() < 0.02:
-            break
-    peft.save_pretrained(out)
-    return out
 
 
 class Registry:
@@ -98,13 +63,8 @@ class Registry:
 
 
 @pytest.fixture(scope="module")
-def engine(triton, smollm2_dir: Path, tmp_path_factory) -> Iterator[Deployer]:  # type: ignore[no-untyped-def]
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    folder = tmp_path_factory.mktemp("adapters")
-    calls = teach(smollm2_dir, tokenizer, TOOL_CALL, folder / "calls", seed=2)
-    words = teach(smollm2_dir, tokenizer, WORDS, folder / "words", seed=3)
+def engine(triton, smollm2_dir: Path, taught_adapters: dict[str, Path]) -> Iterator[Deployer]:  # type: ignore[no-untyped-def]
+    calls, words = taught_adapters["calls"], taught_adapters["words"]
     base = str(smollm2_dir)
     registry = Registry({
         1: (Lineage(kind="base", base_model=base), None),

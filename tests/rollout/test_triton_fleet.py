@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from rollout_helpers import controller, new_agent, rollout_settings
+from triton_state import loaded_model
 
 from spanmill.gateway.routing import RoutingFile
 from spanmill.registry import CHALLENGER, Lineage, names
@@ -286,16 +287,6 @@ def test_the_evaluation_stages_its_candidate_on_one_pod_or_its_own_triton(  # ty
             assert answer.completion_tokens > 0
         assert not [pod for pod in pods if served.version in loaded_model(pods[pod], model)]
         assert not repository.versions(model)
-
-
-def loaded_model(url: str, model: str) -> dict[int, str]:
-    """The versions of ``model`` READY or LOADING on the Triton at ``url``."""
-    control = TritonControl(url)
-    try:
-        states = control.versions(model)
-    finally:
-        control.close()
-    return {v: state for v, state in states.items() if state in ("READY", "LOADING")}
 
 
 def test_an_evaluation_stages_a_champion_not_in_service_and_never_loads_it_there(  # type: ignore[no-untyped-def]

@@ -405,8 +405,8 @@ folder: no pod sees another pod's files.
 {{- if and .Values.triton.evaluation.enabled (not .Values.triton.enabled) -}}
 {{- fail "triton.evaluation.enabled needs triton.enabled: the evaluation's Triton is run beside the release's" -}}
 {{- end -}}
-{{- if and .Values.triton.evaluation.enabled (ne .Values.triton.flavour "python") -}}
-{{- fail "triton.evaluation.enabled needs triton.flavour python: the evaluation stages python-flavour challengers" -}}
+{{- if and .Values.triton.enabled (eq .Values.triton.flavour "vllm") (not .Values.triton.evaluation.enabled) -}}
+{{- fail "triton.flavour vllm needs triton.evaluation.enabled: an evaluation stages its candidates in a vLLM engine of their own, and a serving pod's GPU memory is its serving engine's" -}}
 {{- end -}}
 {{- if and (eq .Values.triton.flavour "vllm") (eq (int .Values.triton.gpu.count) 0) -}}
 {{- fail "triton.flavour vllm needs triton.gpu.count of at least 1" -}}

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spanmill.contracts import METRICS_FILE, OUTCOMES_FILE, TrainManifest
 from spanmill.errors import ModelError, SpanmillError
@@ -38,7 +38,7 @@ from spanmill.evaluate.play import play_episodes
 from spanmill.evaluate.replay import answer, replay_items, score
 from spanmill.evaluate.report import html_page, markdown_page, rates_png
 from spanmill.evaluate.scoring import Outcome, Summary, as_jsonable, per_item
-from spanmill.evaluate.served import ServedModel, ServingError, staged_candidate
+from spanmill.evaluate.served import Candidate, ServedModel, ServingError, staged_candidates
 from spanmill.evaluate.settings import EvalSettings, GatePolicy
 from spanmill.evaluate.stats import bootstrap_difference
 from spanmill.models import resolve_model
@@ -47,6 +47,9 @@ from spanmill.rollout.triton import TritonControl
 from spanmill.tasks import Task, TaskInstance, find_task, get_task
 from spanmill.train.data import TrainingData, load_training_data
 from spanmill.train.tracking import RunTracker
+
+if TYPE_CHECKING:
+    from spanmill.rollout.deployer import Deployer
 
 log = logging.getLogger(__name__)
 
@@ -287,8 +290,10 @@ def serve_models(
     """The champion as Triton serves it, the challenger staged; a champion no serving pod
     holds staged as the challenger is (the serving pods are the rollout controller's: an
     evaluation never loads a version onto them); without a champion, the challenger's
-    base model staged beside it."""
-    from spanmill.registry import CHAMPION, ModelRegistry, names
+    base model staged beside it. What is staged is staged together
+    (:func:`~spanmill.evaluate.served.staged_candidates`: in the vLLM flavour, adapters of
+    one engine)."""
+    from spanmill.registry import CHAMPION, ModelRegistry
     from spanmill.rollout.deployer import Deployer
     from spanmill.rollout.fleet import fleet_of
     from spanmill.rollout.materialize import ModelRepository, ServingOptions, weights_of
@@ -302,22 +307,13 @@ def serve_models(
     if version is None:
         version = registry.aliases(agent).get(CHAMPION) if agent in registry.agents() else None
     adapter = Path(challenger.adapter) if challenger.adapter else None
+    deployer = Deployer(registry, triton, repository, options)
     with ExitStack() as stack:
-        candidates = stack.enter_context(candidates_server(settings, triton))
-
-        def stage(base: str, adapter: Path | None, *, copy_base: bool = False) -> ServedModel:
-            written = replace(options, copy_base=True) if copy_base else options
-            return stack.enter_context(
-                staged_candidate(
-                    candidates, repository, agent, base, adapter, written,
-                    triton_url=candidates.url,
-                )
-            )  # fmt: skip
-
-        if version is not None and Deployer(registry, triton, repository, options).ready(
-            agent, version
-        ):
-            champion = ServedModel(triton_url, names.triton_model(agent), version)
+        server = stack.enter_context(candidates_server(settings, triton))
+        staged: dict[str, Candidate] = {}
+        champion: ServedModel | None = None
+        if version is not None and deployer.ready(agent, version):
+            champion = _in_service(deployer, triton_url, agent, version)
         elif version is not None:
             log.info("%s version %d is not in service; staging it for the evaluation", agent,
                      version)  # fmt: skip
@@ -326,13 +322,30 @@ def serve_models(
                 raise ServingError(f"{agent} version {version} is an echo model: "
                                    "nothing to compare with")  # fmt: skip
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="spanmill-champion-"))
-            base, champion_adapter, downloaded = weights_of(registered, registry, Path(scratch))
-            champion = stage(base, champion_adapter, copy_base=downloaded)
+            staged["champion"] = Candidate(*weights_of(registered, registry, Path(scratch)))
         else:
             # No champion yet (the agent's first run): the base model stands in.
             log.info("%s has no champion in MLflow; comparing with the base model", agent)
-            champion = stage(challenger.base, None)
-        yield {"champion": champion, "challenger": stage(challenger.base, adapter)}
+            staged["champion"] = Candidate(challenger.base)
+        staged["challenger"] = Candidate(challenger.base, adapter)
+        served = stack.enter_context(
+            staged_candidates(server, repository, agent, staged, options, triton_url=server.url)
+        )
+        yield {"champion": champion or served["champion"], "challenger": served["challenger"]}
+
+
+def _in_service(deployer: Deployer, triton_url: str, agent: str, version: int) -> ServedModel:
+    """``version`` where the serving Triton holds it (in the vLLM flavour: its adapter of
+    the agent's engine)."""
+    from spanmill.registry import names
+
+    model = names.triton_model(agent)
+    engine = deployer.engine(agent)
+    if engine is None:
+        return ServedModel(triton_url, model, version)
+    lora = engine.versions[version]
+    return ServedModel(triton_url, model, version, flavour="vllm", lora_name=lora,
+                       base_model=engine.base_model)  # fmt: skip
 
 
 @contextmanager

@@ -7,24 +7,30 @@ Triton model (:func:`names.triton_candidate_model`), so the agent's own model ke
 holding registered versions only; so is a champion no serving pod holds. A candidate
 version is removed again when the evaluation ends, whatever its outcome. It is staged
 on one server, the evaluation's own Triton or one serving pod, never on every pod.
+
+In the vLLM flavour the candidates of one evaluation are LoRA adapters of one engine
+(a version of the candidate model), each asked for by name: a GPU holds one engine,
+and both sides of the comparison then run on the same one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from spanmill.errors import SpanmillError
 from spanmill.registry import names
 from spanmill.rollout.fleet import TritonFleet
-from spanmill.rollout.materialize import ModelRepository, ServingOptions
+from spanmill.rollout.materialize import Flavour, ModelRepository, ServingOptions
 from spanmill.serving.protocol import GenerationParams, GenerationResult
+from spanmill.serving.repository import ENGINE_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +52,16 @@ class ServedModel:
     version: int
     concurrency: int = 16
     timeout_s: float = 600.0
+    # The vLLM flavour: the engine (its Triton version) and the adapter that serve this
+    # version (None: the base model itself), and the base model whose tokenizer renders.
+    flavour: Flavour = "python"
+    engine: int = ENGINE_VERSION
+    lora_name: str | None = None
+    base_model: str | None = None
 
     def describe(self) -> str:
-        return f"Triton {self.model} version {self.version}"
+        served = f"Triton {self.model} version {self.version}"
+        return f"{served} (adapter {self.lora_name})" if self.lora_name else served
 
     def generate_batch(
         self,
@@ -71,7 +84,8 @@ class ServedModel:
 
         async def one(messages: list[dict[str, Any]]) -> GenerationResult:
             async with gate:
-                target = Target(self.model, str(self.version))
+                target = Target(self.model, str(self.version), self.flavour, self.lora_name,
+                                self.base_model, self.engine)  # fmt: skip
                 return await upstream.generate(target, messages, params, tools)
 
         try:
@@ -86,6 +100,128 @@ def candidate_version(taken: list[int]) -> int:
     """A version number no other evaluation picks: milliseconds since the epoch, or past
     the versions ``taken`` already."""
     return max(time.time_ns() // 1_000_000, max(taken, default=0) + 1)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What an evaluation stages: a base model, and an adapter on it (None: the base
+    itself); ``copy_base``: the base is a download the version must take with it."""
+
+    base_model: str
+    adapter: Path | None = None
+    copy_base: bool = False
+
+
+@contextmanager
+def staged_candidates(
+    triton: TritonFleet,
+    repository: ModelRepository,
+    agent: str,
+    candidates: Mapping[str, Candidate],
+    options: ServingOptions,
+    *,
+    triton_url: str,
+) -> Iterator[dict[str, ServedModel]]:
+    """Each of ``candidates`` served, by its name, for the duration of the block: a
+    version of its own each in the Python flavour, adapters of one engine in the vLLM
+    flavour."""
+    if options.flavour == "vllm":
+        with staged_engine(triton, repository, agent, candidates, options,
+                           triton_url=triton_url) as served:  # fmt: skip
+            yield served
+        return
+    with ExitStack() as stack:
+        yield {
+            name: stack.enter_context(
+                staged_candidate(
+                    triton,
+                    repository,
+                    agent,
+                    candidate.base_model,
+                    candidate.adapter,
+                    replace(options, copy_base=True) if candidate.copy_base else options,
+                    triton_url=triton_url,
+                )
+            )
+            for name, candidate in candidates.items()
+        }
+
+
+@contextmanager
+def staged_engine(
+    triton: TritonFleet,
+    repository: ModelRepository,
+    agent: str,
+    candidates: Mapping[str, Candidate],
+    options: ServingOptions,
+    *,
+    triton_url: str,
+    smoke_timeout_s: float = 300.0,
+) -> Iterator[dict[str, ServedModel]]:
+    """``candidates`` as LoRA adapters of one vLLM engine on their common base model, a
+    version of the agent's candidate model, each asked for by its name (None for the base
+    model itself); removed from the repository and from Triton afterwards."""
+    from spanmill.rollout.deployer import drop_version
+    from spanmill.rollout.materialize import MaterializeError, adapter_root, engine_base
+    from spanmill.serving.repository import RepositoryError, write_vllm_engine
+
+    bases = {engine_base(candidate.base_model) for candidate in candidates.values()}
+    whole = [name for name, candidate in candidates.items() if candidate.copy_base]
+    if whole:
+        raise ServingError(
+            f"the {', '.join(whole)} is a whole model, and the vllm flavour serves a base "
+            "model and LoRA adapters on it"
+        )
+    if len(bases) != 1:
+        raise ServingError(
+            f"the vllm flavour evaluates in one engine, and the models to compare are on "
+            f"different base models ({', '.join(sorted(bases))})"
+        )
+    (base,) = bases
+    model = names.triton_candidate_model(agent)
+    version = candidate_version(repository.versions(model))
+    try:
+        root = f"{adapter_root(repository, options)}/{model}/{version}/adapters"
+    except MaterializeError as exc:
+        raise ServingError(str(exc)) from None
+    loras = {name: c.adapter for name, c in candidates.items() if c.adapter is not None}
+    with repository.staging() as scratch:
+        stage = Path(scratch) / "repository"
+        try:
+            folder = write_vllm_engine(
+                stage, model, base, {name: f"{root}/{name}" for name in loras},
+                max_lora_rank=options.vllm_max_lora_rank,
+                gpu_memory_utilization=options.vllm_gpu_memory_utilization,
+                max_model_len=options.vllm_max_model_len,
+                version=version, every_version=True,
+            )  # fmt: skip
+        except RepositoryError as exc:
+            raise ServingError(f"staging the candidates for evaluation: {exc}") from None
+        for name, adapter in loras.items():
+            if not (adapter / "adapter_config.json").exists():
+                raise ServingError(f"LoRA adapter {adapter} has no adapter_config.json")
+            shutil.copytree(adapter, folder / "adapters" / name)
+        repository.install(stage / model, model, version)
+    try:
+        try:
+            for server in triton.members():
+                server.load(model)
+                for name in candidates:
+                    server.smoke(model, version, flavour="vllm", lora=name if name in loras
+                                 else None, timeout_s=smoke_timeout_s)  # fmt: skip
+        except SpanmillError as exc:
+            raise ServingError(f"{model} version {version} does not serve: {exc}") from None
+        log.info("%s staged as adapters of %s version %d", ", ".join(candidates), model, version)
+        yield {
+            name: ServedModel(triton_url, model, version, flavour="vllm", engine=version,
+                              lora_name=name if name in loras else None, base_model=base)
+            for name in candidates
+        }  # fmt: skip
+    finally:
+        try:
+            drop_version(triton, repository, model, version)
+        except SpanmillError as exc:
+            log.warning("removing %s version %d after the evaluation: %s", model, version, exc)
 
 
 @contextmanager

@@ -34,7 +34,8 @@ class GatewayMetrics:
         )
         self.retries = Counter(
             "spanmill_gateway_upstream_retries",
-            "Calls tried again on another Triton replica because the first lacked the version.",
+            "Calls tried again on a fresh connection: the Triton reached first lacked the version, "
+            "or the connection broke before an answer.",
             registry=r,
         )
         self.spans_emitted = Counter(

@@ -8,8 +8,12 @@ With several Triton replicas behind one Service, each connection goes to one rea
 pod. A pod may lack a version another one serves (it joined a moment ago and its
 readiness has not caught up, or it is the one whose load failed), so when Triton
 answers that the version is missing the call is tried once more on a connection
-of its own, which the Service may send to another pod. Nothing else is retried:
-another error would happen again, and a generation is not repeated.
+of its own, which the Service may send to another pod. So is a call whose connection
+broke before any of its answer reached the caller: a kept-alive connection Triton
+closed as the request went out, or a pod that went away (killed, drained, its node
+lost) while it generated; a generation has no effect but its answer. Nothing else is
+retried: another error would happen again, a timeout would only double the load of a
+slow server, and an answer part of which the caller holds is not begun again.
 """
 
 from __future__ import annotations
@@ -26,20 +30,29 @@ import aiohttp
 from spanmill.gateway.prompts import PromptError, Tokenizers
 from spanmill.serving import protocol, vllm
 from spanmill.serving.protocol import GenerationParams, GenerationResult
+from spanmill.serving.repository import ENGINE_VERSION
 
 log = logging.getLogger(__name__)
 
 
 class UpstreamError(Exception):
     """Triton could not answer. ``status`` is the HTTP status the client gets; ``missing``
-    says the server does not hold the version (another replica may)."""
+    says the server does not hold the version (another replica may); ``dropped``, that the
+    connection broke before an answer (another connection may get one)."""
 
     def __init__(
-        self, message: str, status: int, *, missing: bool = False, code: str | None = None
+        self,
+        message: str,
+        status: int,
+        *,
+        missing: bool = False,
+        dropped: bool = False,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.missing = missing
+        self.dropped = dropped
         self.code = code
 
 
@@ -47,9 +60,10 @@ class UpstreamError(Exception):
 class Target:
     """Which model answers a call: a Triton model and the registered version asked for.
 
-    In the vLLM flavour the version is served by the model's one engine, as the
-    adapter ``lora_name`` (or as the base model, with none), and the prompt is
-    rendered with the tokenizer of ``base_model``.
+    In the vLLM flavour the version is served by an engine, the model's Triton version
+    ``engine`` (the agent's one, or an evaluation's candidates'), as the adapter
+    ``lora_name`` (or as the base model, with none), and the prompt is rendered with the
+    tokenizer of ``base_model``.
     """
 
     model: str
@@ -57,6 +71,7 @@ class Target:
     flavour: Literal["python", "vllm"] = "python"
     lora_name: str | None = None
     base_model: str | None = None
+    engine: int = ENGINE_VERSION
 
 
 class Upstream(Protocol):
@@ -203,9 +218,9 @@ class TritonUpstream:
             prompt = await self.tokenizers.render(target.base_model, messages, tools)
         except PromptError as exc:
             raise UpstreamError(str(exc), 400 if "refused" in str(exc) else 503) from None
-        # The engine is the model's one Triton version; the adapter names the version.
+        # The engine is a Triton version of the model; the adapter names the version.
         return _Prepared(
-            path=f"/v2/models/{target.model}/generate_stream",
+            path=f"/v2/models/{target.model}/versions/{target.engine}/generate_stream",
             body=vllm.generate_body(prompt.text, params, target.lora_name, stream=stream),
             n=params.n,
             prompt=prompt,
@@ -252,9 +267,9 @@ class TritonUpstream:
             return
         except UpstreamError as exc:
             # Only before anything streamed: the caller has none of this answer yet.
-            if not exc.missing or streamed:
+            if not (exc.missing or exc.dropped) or streamed:
                 raise
-            log.debug("%s; trying another Triton replica", exc)
+            log.debug("%s; trying again on a fresh connection", exc)
         if self.on_retry is not None:
             self.on_retry()
         # A client of its own opens a new connection, which the Service balances anew;
@@ -299,7 +314,9 @@ class TritonUpstream:
                     return
         except (aiohttp.ClientError, TimeoutError) as exc:  # refused, reset, timeout
             raise UpstreamError(
-                f"Triton at {self.url} is unavailable ({type(exc).__name__}: {exc})", 503
+                f"Triton at {self.url} is unavailable ({type(exc).__name__}: {exc})",
+                503,
+                dropped=_dropped(exc),
             ) from None
         except (ValueError, KeyError, TypeError, protocol.ProtocolError) as exc:
             raise UpstreamError(
@@ -311,6 +328,14 @@ class TritonUpstream:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def _dropped(exc: BaseException) -> bool:
+    """Whether the connection failed (closed, reset, refused, cut mid-answer), which another
+    connection may not; a timeout is the server being slow."""
+    if isinstance(exc, TimeoutError):
+        return False
+    return isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError)
 
 
 async def _lines(content: aiohttp.StreamReader) -> AsyncGenerator[bytes, None]:

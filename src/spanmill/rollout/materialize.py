@@ -284,13 +284,25 @@ def read_engine(repository: ModelRepository, model: str) -> Engine | None:
     )
 
 
-def _engine_base(reference: str) -> str:
+def engine_base(reference: str) -> str:
     """The base model as vLLM in the Triton pod opens it: a hub id (a catalog name is
     its hub id) or a path Triton sees; never a name only spanmill knows."""
     from spanmill.models.catalog import CATALOG
 
     entry = CATALOG.get(reference)
     return entry.hf_id if entry is not None else reference
+
+
+def adapter_root(repository: ModelRepository, options: ServingOptions) -> str:
+    """The model repository as Triton sees it, where the vLLM backend opens adapters from."""
+    root = (options.triton_root or repository.location).rstrip("/")
+    if "://" in root:
+        raise MaterializeError(
+            f"the vLLM backend opens LoRA adapters from local paths, and Triton reads the model "
+            f"repository at {root}: serve the vllm flavour from a repository on a volume "
+            "(the chart's triton.modelRepository.type pvc)"
+        )
+    return root
 
 
 def write_engine(
@@ -301,13 +313,7 @@ def write_engine(
     if not engine.versions:
         repository.remove(model, ENGINE_VERSION)
         return
-    root = (options.triton_root or repository.location).rstrip("/")
-    if "://" in root:
-        raise MaterializeError(
-            f"the vLLM backend opens LoRA adapters from local paths, and Triton reads the model "
-            f"repository at {root}: serve the vllm flavour from a repository on a volume "
-            "(the chart's triton.modelRepository.type pvc)"
-        )
+    root = adapter_root(repository, options)
     adapters = {
         lora: f"{root}/{model}/adapters/{lora}"
         for lora in sorted(lora for lora in engine.versions.values() if lora)
@@ -316,7 +322,7 @@ def write_engine(
         stage = Path(scratch) / "repository"
         try:
             write_vllm_engine(
-                stage, model, _engine_base(engine.base_model), adapters,
+                stage, model, engine_base(engine.base_model), adapters,
                 max_lora_rank=options.vllm_max_lora_rank,
                 gpu_memory_utilization=options.vllm_gpu_memory_utilization,
                 max_model_len=options.vllm_max_model_len,

@@ -160,17 +160,21 @@ def write_echo_version(repository: Path, model_name: str, version: int) -> Path:
     return version_dir
 
 
-def vllm_config(model_name: str) -> str:
+def vllm_config(model_name: str, *, every_version: bool = False) -> str:
     """config.pbtxt of the vLLM flavour, complete: Triton runs with auto-complete off, so
     the backend's own tensors (:mod:`spanmill.serving.vllm`) are written out. vLLM
-    batches by itself (``max_batch_size: 0``) and answers through a response sender."""
+    batches by itself (``max_batch_size: 0``) and answers through a response sender.
+
+    An agent's model is one engine, one version: adapters are its versions
+    (multi_lora.json). ``every_version``: each version present is an engine of its own
+    (the evaluations' candidate models, one version an evaluation)."""
+    policy = "all: {}" if every_version else "latest: { num_versions: 1 }"
     return (
         f'name: "{model_name}"\n'
         'backend: "vllm"\n'
         "max_batch_size: 0\n"
         "model_transaction_policy { decoupled: true }\n"
-        # One engine, one version: adapters are its versions (multi_lora.json).
-        "version_policy: { latest: { num_versions: 1 } }\n"
+        f"version_policy: {{ {policy} }}\n"
         + _tensor_block("input", vllm.INPUTS, vllm.REQUIRED_INPUTS)
         + _tensor_block("output", vllm.OUTPUTS)
         + "instance_group [ { count: 1, kind: KIND_MODEL } ]\n"
@@ -193,15 +197,18 @@ def write_vllm_engine(
     tensor_parallel_size: int = 1,
     max_model_len: int = 4096,
     dtype: Literal["auto", "bfloat16", "float16"] = "auto",
+    version: int = ENGINE_VERSION,
+    every_version: bool = False,
 ) -> Path:
     """Write (or replace) the engine version of a vLLM-backend model; returns its folder.
 
     ``adapters`` maps the LoRA name a request asks for (``sampling_parameters``'
     ``lora_name``) to where the adapter lies as Triton sees it. No adapters: the base
     model alone serves (an agent's first version). The backend reads both files when
-    the model loads, so a changed list takes a reload of the model.
+    the model loads, so a changed list takes a reload of the model. ``version`` and
+    ``every_version``: see :func:`vllm_config`.
     """
-    version_dir = _check_target(repository, model_name, ENGINE_VERSION)
+    version_dir = _check_target(repository, model_name, version)
     if not 0 < gpu_memory_utilization <= 1:
         raise RepositoryError(
             f"gpu_memory_utilization must be within (0, 1], got {gpu_memory_utilization}"
@@ -221,7 +228,7 @@ def write_vllm_engine(
         "max_lora_rank": max_lora_rank,
         "max_loras": max(1, len(adapters)),
     }
-    staging = version_dir.with_name(f".{ENGINE_VERSION}.staging")
+    staging = version_dir.with_name(f".{version}.staging")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     (staging / "model.json").write_text(json.dumps(engine, indent=2))
@@ -229,7 +236,7 @@ def write_vllm_engine(
     config = version_dir.parent / "config.pbtxt"
     if config.exists() and 'backend: "vllm"' not in config.read_text():
         raise RepositoryError(f"{config.parent} holds a model of another flavour")
-    config.write_text(vllm_config(model_name))
+    config.write_text(vllm_config(model_name, every_version=every_version))
     if version_dir.exists():
         shutil.rmtree(version_dir)
     staging.rename(version_dir)

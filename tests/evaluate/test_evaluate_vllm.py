@@ -1,0 +1,141 @@
+"""The evaluation in the vLLM flavour: what it stages is LoRA adapters of one engine.
+
+A GPU holds one vLLM engine, so an evaluation stages its candidates (the challenger,
+and a champion no serving Triton holds, or the base model on an agent's first run) as
+adapters of one engine, a version of the agent's candidate model, and asks each by its
+LoRA name; a champion in service answers from the agent's own engine. The tests' Triton
+runs the stand-in for the vLLM backend (tests/vllm_backend_standin.py: vLLM needs a GPU,
+and this machine has none); everything of spanmill's is real, MLflow included. The two
+adapters (tests/taught_adapters.py) answer the same question differently, so which one
+answered is plain from the text.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from taught_adapters import QUESTION, TOOL_CALL, TOOLS, WORDS
+from triton_state import loaded_model
+
+from spanmill.config import MLflowSettings, ServingSettings, TritonSettings
+from spanmill.evaluate.comparison import ModelRef
+from spanmill.evaluate.run import serve_models
+from spanmill.evaluate.served import ServingError
+from spanmill.evaluate.settings import EvalSettings
+from spanmill.registry import Lineage, ModelRegistry, names
+from spanmill.rollout.deployer import Deployer
+from spanmill.rollout.fleet import fleet_of
+from spanmill.rollout.materialize import ModelRepository, ServingOptions
+from spanmill.serving.protocol import GenerationParams
+
+pytestmark = pytest.mark.services
+
+
+def settings_for(triton, mlflow_server) -> EvalSettings:  # type: ignore[no-untyped-def]
+    return EvalSettings(
+        track=False,
+        mlflow=MLflowSettings(tracking_uri=mlflow_server.tracking_uri),
+        triton=TritonSettings(
+            http_url=triton.http_url, model_repository=str(triton.model_repository)
+        ),
+        serving=ServingSettings(flavour="vllm"),
+    )
+
+
+def answer(served) -> str:  # type: ignore[no-untyped-def]
+    (result,) = served.generate_batch(
+        [QUESTION], GenerationParams(max_tokens=40, temperature=0.0), TOOLS
+    )
+    return str(result.choices[0].text)
+
+
+def test_a_first_run_compares_the_base_and_the_challenger_in_one_engine(  # type: ignore[no-untyped-def]
+    triton, mlflow_server, smollm2_dir: Path, taught_adapters: dict[str, Path]
+) -> None:
+    agent = f"vl{uuid.uuid4().hex[:8]}"
+    candidate = names.triton_candidate_model(agent)
+    challenger = ModelRef("challenger", str(smollm2_dir), str(taught_adapters["words"]))
+    with serve_models(settings_for(triton, mlflow_server), agent, challenger) as served:
+        champion, staged = served["champion"], served["challenger"]
+        # One engine, one version of the candidate model, both asked for by name.
+        assert (champion.model, staged.model) == (candidate, candidate)
+        assert champion.engine == staged.engine == champion.version
+        assert (champion.lora_name, staged.lora_name) == (None, "challenger")
+        assert list(loaded_model(triton.http_url, candidate)) == [staged.engine]
+        assert answer(staged) == WORDS
+        assert answer(champion) not in (WORDS, TOOL_CALL)
+        assert "adapter challenger" in staged.describe()
+    assert loaded_model(triton.http_url, candidate) == {}
+    assert ModelRepository(str(triton.model_repository)).versions(candidate) == []
+
+
+def promoted(mlflow_server, base: Path | str, adapter: Path) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    """A new agent whose champion in MLflow is ``adapter`` on ``base``: (agent, version)."""
+    agent = f"vl{uuid.uuid4().hex[:8]}"
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    lineage = Lineage(kind="adapter", base_model=str(base))
+    version = registry.register(agent, lineage, adapter).version
+    registry.promote(agent, version)
+    return agent, version
+
+
+def test_a_champion_not_in_service_is_an_adapter_beside_the_challenger(  # type: ignore[no-untyped-def]
+    triton, mlflow_server, smollm2_dir: Path, taught_adapters: dict[str, Path]
+) -> None:
+    agent, _ = promoted(mlflow_server, smollm2_dir, taught_adapters["calls"])
+    challenger = ModelRef("challenger", str(smollm2_dir), str(taught_adapters["words"]))
+    with serve_models(settings_for(triton, mlflow_server), agent, challenger) as served:
+        champion, staged = served["champion"], served["challenger"]
+        assert champion.model == staged.model == names.triton_candidate_model(agent)
+        assert champion.engine == staged.engine
+        assert (champion.lora_name, staged.lora_name) == ("champion", "challenger")
+        assert answer(champion) == TOOL_CALL
+        assert answer(staged) == WORDS
+    # The serving engine is the controller's: the evaluation loaded nothing there.
+    assert loaded_model(triton.http_url, names.triton_model(agent)) == {}
+
+
+def test_a_champion_in_service_answers_from_the_agents_engine(  # type: ignore[no-untyped-def]
+    triton, mlflow_server, smollm2_dir: Path, taught_adapters: dict[str, Path]
+) -> None:
+    agent, version = promoted(mlflow_server, smollm2_dir, taught_adapters["calls"])
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    settings = settings_for(triton, mlflow_server)
+    deployer = Deployer(
+        registry,
+        fleet_of(settings.triton),
+        ModelRepository.from_settings(settings.triton),
+        ServingOptions(flavour="vllm"),
+        smoke_timeout_s=300,
+    )
+    deployer.deploy(agent, version)
+    try:
+        challenger = ModelRef("challenger", str(smollm2_dir), str(taught_adapters["words"]))
+        with serve_models(settings, agent, challenger) as served:
+            champion, staged = served["champion"], served["challenger"]
+            assert (champion.model, champion.version) == (names.triton_model(agent), version)
+            assert champion.lora_name == names.lora_name(agent, version)
+            assert staged.model == names.triton_candidate_model(agent)
+            assert answer(champion) == TOOL_CALL
+            assert answer(staged) == WORDS
+        assert deployer.ready(agent, version)
+    finally:
+        deployer.retire(agent, version)
+
+
+def test_models_on_different_bases_are_refused_before_anything_is_staged(  # type: ignore[no-untyped-def]
+    triton, mlflow_server, smollm2_dir: Path, taught_adapters: dict[str, Path]
+) -> None:
+    other = "HuggingFaceTB/SmolLM2-360M-Instruct"
+    agent, _ = promoted(mlflow_server, other, taught_adapters["calls"])
+    challenger = ModelRef("challenger", str(smollm2_dir), str(taught_adapters["words"]))
+    settings = settings_for(triton, mlflow_server)
+    with (
+        pytest.raises(ServingError, match="different base models"),
+        serve_models(settings, agent, challenger),
+    ):
+        pass
+    candidate = names.triton_candidate_model(agent)
+    assert ModelRepository(str(triton.model_repository)).versions(candidate) == []
