@@ -163,6 +163,25 @@ class ServingSettings(BaseSettings):
         "Triton cannot read the writer's own files (every cluster).",
     )
     gpu: bool = Field(False, description="Python-backend instances on a GPU.")
+    # The vLLM flavour's engine (model.json). Adding an adapter reloads the engine, and
+    # Triton loads the new engine beside the old one before it lets the old one go (a
+    # reload loses no availability): both must fit on the GPU at once.
+    vllm_gpu_memory_utilization: float = Field(
+        0.45,
+        gt=0,
+        le=1,
+        description="The share of each GPU's memory one vLLM engine takes (weights and key/value "
+        "cache); at most half, so that the engine's reload when an adapter joins fits beside it.",
+    )
+    vllm_max_model_len: int = Field(
+        4096, gt=0, description="The longest prompt and answer together, in tokens (vLLM)."
+    )
+    vllm_max_lora_rank: int = Field(
+        64, gt=0, description="The highest LoRA rank an adapter may have (vLLM)."
+    )
+    vllm_tensor_parallel_size: int = Field(
+        1, gt=0, description="GPUs one vLLM engine spreads over (the Triton pod's GPUs)."
+    )
 
 
 class StackSettings(BaseSettings):

@@ -809,3 +809,19 @@ def test_multi_user_upload_signs_with_a_projected_token_of_its_own_account(
     assert "serviceAccountName" not in plain_pod
     assert "kfp-token" not in {v["name"] for v in plain_pod["volumes"]}
     assert plain.find("ServiceAccount", name) is None
+
+
+def test_the_vllm_engine_spreads_over_the_pods_gpus_and_leaves_room_for_its_reload(
+    render_set: Any,
+) -> None:
+    """The rollout controller and the pipeline's steps write engines the same way: over
+    every GPU of a Triton pod, at the share of memory triton.vllm gives."""
+    for name, gpus in (("gpu-cluster", "1"), ("all-features", "2")):
+        rendered = render_set(name)
+        env = {k: v["value"] for k, v in env_of(rendered.container(f"{FULLNAME}-rollout")).items()
+               if "value" in v}  # fmt: skip
+        pipeline = rendered.get("ConfigMap", "spanmill-pipeline")["data"]
+        for settings in (env, pipeline):
+            assert settings["SPANMILL_SERVING_VLLM_TENSOR_PARALLEL_SIZE"] == gpus, name
+            assert settings["SPANMILL_SERVING_VLLM_GPU_MEMORY_UTILIZATION"] == "0.45", name
+            assert settings["SPANMILL_SERVING_VLLM_MAX_MODEL_LEN"] == "4096", name

@@ -56,6 +56,10 @@ BAD_VALUES = {
         "triton:\n  flavour: vllm\n  gpu:\n    count: 1\n  modelRepository:\n    type: pvc\n",
         "triton.flavour vllm needs triton.evaluation.enabled",
     ),
+    "vllm-engine-over-half-a-gpu": (
+        "triton:\n  vllm:\n    gpuMemoryUtilization: 0.9\n",
+        "triton.vllm.gpuMemoryUtilization: Must be less than or equal to 0.5",
+    ),
     "floating-image-tag": ("image:\n  tag: latest\n", "image.tag: Must not validate"),
     "floating-triton-tag": ("triton:\n  image:\n    tag: latest\n", "triton.image.tag"),
     "triton-repository-without-tag": (

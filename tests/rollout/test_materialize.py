@@ -136,3 +136,26 @@ def test_vllm_flavour_serves_every_version_from_one_engine(tmp_path: Path, adapt
     remove_from_engine(repository, "calc", 6, options)
     assert remove_from_engine(repository, "calc", 1, options) is None
     assert repository.versions("calc") == [] and read_engine(repository, "calc") is None
+
+
+def test_the_vllm_engine_is_written_as_the_serving_settings_say(
+    tmp_path: Path, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's arguments come from SPANMILL_SERVING_VLLM_* (the chart sets them from
+    triton.vllm and the pod's GPUs); by default an engine takes at most half a GPU, so
+    that Triton can load the reloaded engine beside it when an adapter joins."""
+    from spanmill.config import ServingSettings, TritonSettings, load_settings
+
+    assert ServingSettings().vllm_gpu_memory_utilization <= 0.5
+    for name, value in {"GPU_MEMORY_UTILIZATION": "0.4", "MAX_MODEL_LEN": "8192",
+                        "MAX_LORA_RANK": "128", "TENSOR_PARALLEL_SIZE": "2"}.items():  # fmt: skip
+        monkeypatch.setenv(f"SPANMILL_SERVING_VLLM_{name}", value)
+    monkeypatch.setenv("SPANMILL_SERVING_FLAVOUR", "vllm")
+    triton = TritonSettings(model_repository=str(tmp_path / "repo"), server_repository="/models")
+    options = ServingOptions.from_settings(load_settings(ServingSettings), triton)
+    repository = ModelRepository.from_settings(triton)
+    materialize(registered(2, Lineage(kind="adapter", base_model="org/base")),
+                FolderDownloader(adapter), repository, options)  # fmt: skip
+    args = json.loads((tmp_path / "repo" / "calc" / "1" / "model.json").read_text())
+    assert (args["gpu_memory_utilization"], args["max_model_len"]) == (0.4, 8192)
+    assert (args["max_lora_rank"], args["tensor_parallel_size"]) == (128, 2)

@@ -383,6 +383,10 @@ folder: no pod sees another pod's files.
   "SPANMILL_SERVING_DTYPE" .Values.rollout.dtype
   "SPANMILL_SERVING_GPU" (gt (int .Values.triton.gpu.count) 0 | toString)
   "SPANMILL_SERVING_COPY_BASE" "true"
+  "SPANMILL_SERVING_VLLM_GPU_MEMORY_UTILIZATION" (.Values.triton.vllm.gpuMemoryUtilization | toString)
+  "SPANMILL_SERVING_VLLM_MAX_MODEL_LEN" (int .Values.triton.vllm.maxModelLen | toString)
+  "SPANMILL_SERVING_VLLM_MAX_LORA_RANK" (int .Values.triton.vllm.maxLoraRank | toString)
+  "SPANMILL_SERVING_VLLM_TENSOR_PARALLEL_SIZE" (max 1 (int .Values.triton.gpu.count) | toString)
 -}}
 {{- toJson $settings -}}
 {{- end -}}

@@ -190,10 +190,7 @@ def staged_engine(
         try:
             folder = write_vllm_engine(
                 stage, model, base, {name: f"{root}/{name}" for name in loras},
-                max_lora_rank=options.vllm_max_lora_rank,
-                gpu_memory_utilization=options.vllm_gpu_memory_utilization,
-                max_model_len=options.vllm_max_model_len,
-                version=version, every_version=True,
+                **options.engine_arguments(), version=version, every_version=True,
             )  # fmt: skip
         except RepositoryError as exc:
             raise ServingError(f"staging the candidates for evaluation: {exc}") from None

@@ -59,8 +59,9 @@ class ServingOptions:
     # writes it (vLLM adapter paths are read by Triton, not by the controller).
     triton_root: str | None = None
     vllm_max_lora_rank: int = 64
-    vllm_gpu_memory_utilization: float = 0.9
+    vllm_gpu_memory_utilization: float = 0.45
     vllm_max_model_len: int = 4096
+    vllm_tensor_parallel_size: int = 1
 
     @classmethod
     def from_settings(cls, serving: ServingSettings, triton: TritonSettings) -> ServingOptions:
@@ -72,7 +73,20 @@ class ServingOptions:
             copy_base=serving.copy_base,
             gpu=serving.gpu,
             triton_root=triton.server_repository,
+            vllm_max_lora_rank=serving.vllm_max_lora_rank,
+            vllm_gpu_memory_utilization=serving.vllm_gpu_memory_utilization,
+            vllm_max_model_len=serving.vllm_max_model_len,
+            vllm_tensor_parallel_size=serving.vllm_tensor_parallel_size,
         )
+
+    def engine_arguments(self) -> dict[str, Any]:
+        """What every vLLM engine is written with (:func:`write_vllm_engine`'s keywords)."""
+        return {
+            "max_lora_rank": self.vllm_max_lora_rank,
+            "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
+            "max_model_len": self.vllm_max_model_len,
+            "tensor_parallel_size": self.vllm_tensor_parallel_size,
+        }
 
 
 class ModelRepository:
@@ -323,9 +337,7 @@ def write_engine(
         try:
             write_vllm_engine(
                 stage, model, engine_base(engine.base_model), adapters,
-                max_lora_rank=options.vllm_max_lora_rank,
-                gpu_memory_utilization=options.vllm_gpu_memory_utilization,
-                max_model_len=options.vllm_max_model_len,
+                **options.engine_arguments(),
             )  # fmt: skip
         except RepositoryError as exc:
             raise MaterializeError(f"{model}: {exc}") from None
