@@ -1,8 +1,9 @@
-"""The flywheel: spans -> dataset -> LoRA -> evaluation -> (gate) -> registry -> Triton.
+"""The flywheel: spans -> dataset -> LoRA -> evaluation -> (gate) -> registry.
 
 Every parameter is one a person can set from the Kubeflow UI. Only a challenger
-that passes the gate is registered as ``challenger`` and staged in Triton; the
-rollout controller then gives it traffic step by step and promotes or rolls back.
+that passes the gate is registered as ``challenger``; the rollout controller, the
+one writer of what Triton serves, then deploys it, gives it traffic step by step,
+and promotes or rolls back.
 
 Cluster settings compiled in: every step gets the chart's pipeline ConfigMap and
 the Secrets beside it as environment (spanmill.pipeline.cluster), so a run
@@ -20,7 +21,6 @@ from typing import Any
 from kfp import dsl, kubernetes
 
 from components.build_dataset import build_dataset
-from components.deploy_model import deploy_model
 from components.evaluate import evaluate
 from components.register_model import register_model
 from components.train_lora import train_lora
@@ -142,7 +142,7 @@ def flywheel(
         return rl
 
     def judge_and_stage(trained_model: Any) -> None:
-        """Evaluate the model a branch trained; register and stage it if the gate passes."""
+        """Evaluate the model a branch trained; register it if the gate passes."""
         judged = evaluate(
             dataset=data.outputs["dataset"], model=trained_model, agent=agent,
             base_model=base_model, margin=margin, instances=eval_instances,
@@ -163,12 +163,6 @@ def flywheel(
             )  # fmt: skip
             registered.set_caching_options(False)
             _cluster(registered)
-            staged = deploy_model(
-                agent=agent, version=registered.output, triton_url=triton_url,
-                model_repository=model_repository, flavour=flavour, tracking_uri=tracking_uri,
-            )  # fmt: skip
-            staged.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
-            _cluster(staged)
 
     # train_method: sft or dpo (the dataset's mode must match), grpo from the base model,
     # or sft+grpo: GRPO from the SFT adapter. Each branch evaluates what it trained (kfp's

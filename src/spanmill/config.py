@@ -142,8 +142,8 @@ class ServingSettings(BaseSettings):
     """How versions are written into the model repository. Env prefix ``SPANMILL_SERVING_``.
 
     One set for everything that writes versions (the rollout controller, the pipeline's
-    evaluation and deploy steps), so a version staged by the pipeline is served the way
-    the controller serves it.
+    evaluation), so a candidate the pipeline stages is served the way the controller
+    serves what it deploys.
     """
 
     model_config = _config("SPANMILL_SERVING_")

@@ -261,7 +261,7 @@ def test_rbac_is_exactly_what_the_controller_and_gateway_use(rendered: Rendered)
     pipeline = values["pipelineSettings"]
     if pipeline["enabled"] and values["triton"]["enabled"]:
         expected |= {TRITON_PODS_ROLE}
-        # spanmill.rollout.fleet in the pipeline's evaluate and deploy steps: list the
+        # spanmill.rollout.fleet in the pipeline's evaluation: list the
         # Triton pods, for the pipeline's ServiceAccount from the runs' namespace.
         assert _rules(roles[TRITON_PODS_ROLE]) == [
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],

@@ -13,7 +13,6 @@ import pytest
 from pydantic import BaseModel
 
 import components.build_dataset
-import components.deploy_model
 import components.evaluate
 import components.register_model
 import components.train_lora
@@ -31,7 +30,6 @@ COMPONENTS: dict[str, tuple[Any, Callable[..., Any]]] = {
     "train_rl": (components.train_rl.train_rl, steps.train_rl_step),
     "evaluate": (components.evaluate.evaluate, steps.evaluate_step),
     "register_model": (components.register_model.register_model, steps.register_step),
-    "deploy_model": (components.deploy_model.deploy_model, steps.deploy_step),
 }
 SETTINGS: list[tuple[type[BaseModel], Callable[..., Any]]] = [
     (DatasetSpec, steps.build_dataset_step),

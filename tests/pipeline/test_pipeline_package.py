@@ -86,7 +86,7 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
         assert k8s[name]["tolerations"][0]["key"] == "nvidia.com/gpu"
     steps = ["exec-build-dataset", *trainers] + [
         f"exec-{step}{suffix}"
-        for step in ("evaluate", "register-model", "deploy-model")
+        for step in ("evaluate", "register-model")
         for suffix in ("", "-2", "-3")
     ]
     assert sorted(steps) == sorted(executors)

@@ -79,7 +79,7 @@ def deploy(servers: list[Server]) -> float:
 
 
 def test_a_version_loaded_everywhere_that_answers_nowhere_is_not_served() -> None:
-    # Loaded by an earlier pass or the pipeline's deploy step, then found not to answer:
+    # Loaded by an earlier pass, then found not to answer:
     # no server serves it, which is the version's fault, not a pod's.
     servers = [Server("a", loaded=True, answers=False), Server("b", loaded=True, answers=False)]
     with pytest.raises(DeployError) as refused:

@@ -364,7 +364,7 @@ s3:// and the bucket, with the scheme kept only for https.
 
 {{/*
 Settings shared by everything that writes and loads model versions (the rollout
-controller and the pipeline's evaluate and deploy steps): TritonSettings (the
+controller and the pipeline's evaluation): TritonSettings (the
 repository, and every Triton pod through the headless Service's EndpointSlices when
 Triton runs in the release) and ServingSettings. A dict of environment variable to value; the Deployment renders it
 as env, the pipeline ConfigMap as data. Base weights always go into each version

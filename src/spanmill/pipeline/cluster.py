@@ -33,9 +33,9 @@ SETTINGS: tuple[str, ...] = (
     "SPANMILL_TRITON_MODEL_REPOSITORY",
     "SPANMILL_TRITON_REPOSITORY_OPTIONS",
     "SPANMILL_TRITON_SERVER_REPOSITORY",
-    # Every Triton pod, to deploy a champion on all of them as the controller does, and
-    # to stage a candidate on one of them; or the evaluation's own Triton, where the
-    # chart runs one (EvalSettings.candidates_url; empty: none).
+    # Every Triton pod, to see whether the champion serves on all of them, and to stage
+    # a candidate on one of them; or the evaluation's own Triton, where the chart runs
+    # one (EvalSettings.candidates_url; empty: none).
     "SPANMILL_TRITON_DISCOVERY",
     "SPANMILL_TRITON_PODS_SERVICE",
     "SPANMILL_TRITON_NAMESPACE",

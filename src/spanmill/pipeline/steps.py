@@ -288,31 +288,6 @@ def register_step(
     return registration.version.version
 
 
-def deploy_step(
-    *,
-    agent: str,
-    version: int,
-    triton_url: str = "",
-    model_repository: str = "",
-    flavour: str = "",
-    tracking_uri: str = "",
-) -> float:
-    """Stage ``version`` in Triton and smoke-check it; traffic is the controller's call."""
-    from spanmill.registry import ModelRegistry
-    from spanmill.rollout.deployer import Deployer
-    from spanmill.rollout.fleet import fleet_of
-    from spanmill.rollout.materialize import ModelRepository, ServingOptions
-
-    triton = _triton(triton_url, model_repository)
-    deployer = Deployer(
-        ModelRegistry(_mlflow(tracking_uri).tracking_uri),
-        fleet_of(triton),
-        ModelRepository.from_settings(triton),
-        ServingOptions.from_settings(_serving(flavour), triton),
-    )
-    return deployer.deploy(agent, version)
-
-
 def _given(**values: Any) -> dict[str, Any]:
     """The values a caller set; an empty one (a run parameter left blank) is not set."""
     return {k: v for k, v in values.items() if v not in ("", None)}

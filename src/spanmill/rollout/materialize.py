@@ -65,7 +65,7 @@ class ServingOptions:
 
     @classmethod
     def from_settings(cls, serving: ServingSettings, triton: TritonSettings) -> ServingOptions:
-        """The options every writer of versions shares (controller, evaluation, deploy step)."""
+        """The options every writer of versions shares (the controller, the evaluation)."""
         return cls(
             flavour=serving.flavour,
             dtype=serving.dtype,
