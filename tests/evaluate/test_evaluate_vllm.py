@@ -22,7 +22,7 @@ from triton_state import loaded_model
 from spanmill.config import MLflowSettings, ServingSettings, TritonSettings
 from spanmill.evaluate.comparison import ModelRef
 from spanmill.evaluate.run import serve_models
-from spanmill.evaluate.served import ServingError
+from spanmill.evaluate.served import ServingError, _tokenizers
 from spanmill.evaluate.settings import EvalSettings
 from spanmill.registry import Lineage, ModelRegistry, names
 from spanmill.rollout.deployer import Deployer
@@ -67,6 +67,8 @@ def test_a_first_run_compares_the_base_and_the_challenger_in_one_engine(  # type
         assert answer(staged) == WORDS
         assert answer(champion) not in (WORDS, TOOL_CALL)
         assert "adapter challenger" in staged.describe()
+        # The prompts' tokenizer was loaded once for the process, not once per batch.
+        assert str(smollm2_dir) in _tokenizers()._loaded
     assert loaded_model(triton.http_url, candidate) == {}
     assert ModelRepository(str(triton.model_repository)).versions(candidate) == []
 

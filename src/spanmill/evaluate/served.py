@@ -16,6 +16,7 @@ and both sides of the comparison then run on the same one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shutil
 import time
@@ -23,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spanmill.errors import SpanmillError
 from spanmill.registry import names
@@ -31,6 +32,9 @@ from spanmill.rollout.fleet import TritonFleet
 from spanmill.rollout.materialize import Flavour, ModelRepository, ServingOptions
 from spanmill.serving.protocol import GenerationParams, GenerationResult
 from spanmill.serving.repository import ENGINE_VERSION
+
+if TYPE_CHECKING:
+    from spanmill.gateway.prompts import Tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,8 @@ class ServedModel:
     ) -> list[GenerationResult]:
         from spanmill.gateway.upstream import Target, TritonUpstream, UpstreamError
 
-        upstream = TritonUpstream(self.triton_url, timeout_s=self.timeout_s)
+        upstream = TritonUpstream(self.triton_url, timeout_s=self.timeout_s,
+                                  tokenizers=_tokenizers())  # fmt: skip
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(messages: list[dict[str, Any]]) -> GenerationResult:
@@ -94,6 +99,15 @@ class ServedModel:
             raise ServingError(f"{self.describe()} failed: {exc}") from None
         finally:
             await upstream.close()
+
+
+@functools.cache
+def _tokenizers() -> Tokenizers:
+    """The vLLM flavour's prompt renderers, each base model's loaded once per process (not
+    once per batch)."""
+    from spanmill.gateway.prompts import Tokenizers
+
+    return Tokenizers()
 
 
 def candidate_version(taken: list[int]) -> int:
