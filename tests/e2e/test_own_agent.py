@@ -208,11 +208,16 @@ def test_own_agent_turns_the_flywheel(
     assert version.tags[tags.TAG_GATE] == "promote"
     assert version.tags[tags.TAG_KIND] == "adapter"
     triton = TritonControl(world.triton.http_url)
-    assert triton.versions(world.agent).get(2) == "READY"  # staged for the controller
+    repository = ModelRepository(str(world.triton.model_repository))
     # The candidate the evaluation staged is gone again, from Triton and its repository.
     candidate = f"{world.agent}.candidate"
     assert "READY" not in triton.versions(candidate).values()
-    assert not ModelRepository(str(world.triton.model_repository)).versions(candidate)
+    assert not repository.versions(candidate)
+    # What Triton serves is the rollout controller's to write: the pipeline left the
+    # challenger in MLflow alone, and the controller's deployer takes it from there.
+    assert triton.versions(world.agent).get(2) is None and 2 not in repository.versions(world.agent)
+    Deployer(registry, triton, repository, ServingOptions(num_threads=2)).deploy(world.agent, 2)
+    assert triton.versions(world.agent).get(2) == "READY"
 
 
 def test_a_worse_challenger_is_refused(world: World, smollm2_dir: Path, tmp_path: Path) -> None:
