@@ -107,16 +107,16 @@ def demo(
 
     heading("5. the flywheel pipeline (kfp local runner)")
     root = Path(settings.state_dir) / "pipeline-root"
-    with console.status("build_dataset → train_lora → evaluate → register → deploy…"):
+    with console.status("build_dataset → train_lora → evaluate → register…"):
         steps.run_flywheel(settings, plan, root)
     registry = ModelRegistry(urls["mlflow"])
     desired = registry.desired(steps.AGENT)
     if desired.challenger is None:
         console.print("[yellow]the gate kept the champion: no challenger this turn[/]")
         raise typer.Exit(1)
-    console.print(f"  [green]✓[/] v{desired.challenger} registered as challenger and staged")
+    console.print(f"  [green]✓[/] v{desired.challenger} registered as challenger")
 
-    heading("6. rollout: canary, then promotion by the controller")
+    heading("6. rollout: the controller deploys it, runs a canary, then promotes")
     with _bar() as bar:
         canary = _episodes(bar, "canary traffic", None)
         done = {"n": 0}
@@ -141,7 +141,7 @@ def demo(
     new_champion = registry.aliases(steps.AGENT).get(CHAMPION)
     promoted = new_champion == desired.challenger
     for decision in decisions:
-        if decision.version == desired.challenger and decision.action != "deploy":
+        if decision.version == desired.challenger:
             console.print(f"  {decision.action:<8} {decision.reason}")
     mark, outcome = ("[green]✓[/]", "promoted") if promoted else ("[yellow]✗[/]", "rolled back")
     console.print(f"  {mark} v{desired.challenger} {outcome}")
