@@ -123,7 +123,7 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     assert {"feedback_horizon_hours", "reward"} <= set(
         spec["components"]["comp-build-dataset"]["inputDefinitions"]["parameters"]
     )
-    # Only a passing challenger is registered and staged.
+    # Only a passing challenger is registered.
     gates = [t for t in _tasks(spec).values() if "evaluate" in json.dumps(t.get("triggerPolicy"))]
     assert len(gates) == 3  # one gate per branch of train_method
 
