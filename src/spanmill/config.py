@@ -169,7 +169,7 @@ class ServingSettings(BaseSettings):
     vllm_gpu_memory_utilization: float = Field(
         0.45,
         gt=0,
-        le=1,
+        le=0.5,
         description="The share of each GPU's memory one vLLM engine takes (weights and key/value "
         "cache); at most half, so that the engine's reload when an adapter joins fits beside it.",
     )

@@ -12,6 +12,8 @@ answered is plain from the text.
 
 from __future__ import annotations
 
+import json
+import shutil
 import uuid
 from pathlib import Path
 
@@ -123,6 +125,21 @@ def test_a_champion_in_service_answers_from_the_agents_engine(  # type: ignore[n
             assert answer(champion) == TOOL_CALL
             assert answer(staged) == WORDS
         assert deployer.ready(agent, version)
+        # A challenger on another base than the engine's: the controller could not deploy
+        # it, so it is refused before anything is staged or compared.
+        other = ModelRef("other", "HuggingFaceTB/SmolLM2-360M-Instruct",
+                         str(taught_adapters["words"]))  # fmt: skip
+        with (
+            pytest.raises(ServingError, match="different base models"),
+            serve_models(settings, agent, other),
+        ):
+            pass
+        assert (
+            ModelRepository.from_settings(settings.triton).versions(
+                names.triton_candidate_model(agent)
+            )
+            == []
+        )
     finally:
         deployer.retire(agent, version)
 
@@ -141,3 +158,59 @@ def test_models_on_different_bases_are_refused_before_anything_is_staged(  # typ
         pass
     candidate = names.triton_candidate_model(agent)
     assert ModelRepository(str(triton.model_repository)).versions(candidate) == []
+
+
+def test_a_candidate_that_does_not_load_is_removed_again(  # type: ignore[no-untyped-def]
+    triton, mlflow_server, smollm2_dir: Path, taught_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(taught_adapters["words"], broken)
+    for weights in broken.glob("adapter_model.*"):
+        weights.write_bytes(b"not a tensor file")
+    agent = f"vl{uuid.uuid4().hex[:8]}"
+    challenger = ModelRef("challenger", str(smollm2_dir), str(broken))
+    settings = settings_for(triton, mlflow_server)
+    with (
+        pytest.raises(ServingError, match="does not serve"),
+        serve_models(settings, agent, challenger),
+    ):
+        pass
+    candidate = names.triton_candidate_model(agent)
+    assert loaded_model(triton.http_url, candidate) == {}
+    assert ModelRepository(str(triton.model_repository)).versions(candidate) == []
+
+
+class NoServers:
+    """A fleet with no server: what is staged is written and never loaded."""
+
+    def members(self) -> list[object]:
+        return []
+
+
+def test_the_engine_opens_the_base_as_named_not_as_this_machine_resolved_it(
+    tmp_path: Path, taught_adapters: dict[str, Path]
+) -> None:
+    """A catalog name resolves to the evaluation pod's own download; the engine in the
+    Triton pod is given its hub id, and a hub id and the catalog name of one model agree."""
+    from spanmill.evaluate.served import Candidate, staged_engine
+
+    repository = ModelRepository(str(tmp_path / "repo"))
+    options = ServingOptions(flavour="vllm", triton_root="/models")
+    candidates = {
+        "champion": Candidate("/local/pulled/smollm2", named="smollm2-135m"),
+        "challenger": Candidate("HuggingFaceTB/SmolLM2-135M-Instruct", taught_adapters["words"],
+                                named="HuggingFaceTB/SmolLM2-135M-Instruct"),
+    }  # fmt: skip
+    model = names.triton_candidate_model("calc")
+    with staged_engine(NoServers(), repository, "calc", candidates, options,  # type: ignore[arg-type]
+                       triton_url="triton:8000") as served:  # fmt: skip
+        (version,) = repository.versions(model)
+        folder = tmp_path / "repo" / model / str(version)
+        args = json.loads((folder / "model.json").read_text())
+        assert args["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+        assert json.loads((folder / "multi_lora.json").read_text()) == {
+            "challenger": f"/models/{model}/{version}/adapters/challenger"
+        }
+        assert (folder / "adapters" / "challenger" / "adapter_config.json").exists()
+        assert served["champion"].lora_name is None
+    assert repository.versions(model) == []

@@ -23,6 +23,9 @@ class ModelRef:
     adapter: str | None = None
     run_id: str | None = None
     served: str = ""
+    # The base as it was named (a catalog name, a hub id), before ``base`` resolved it to
+    # this machine's files: what another machine (a vLLM engine) can open.
+    base_named: str = ""
 
     def describe(self) -> str:
         model = f"{self.adapter} on {self.base}" if self.adapter else self.base

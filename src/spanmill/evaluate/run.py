@@ -38,7 +38,13 @@ from spanmill.evaluate.play import play_episodes
 from spanmill.evaluate.replay import answer, replay_items, score
 from spanmill.evaluate.report import html_page, markdown_page, rates_png
 from spanmill.evaluate.scoring import Outcome, Summary, as_jsonable, per_item
-from spanmill.evaluate.served import Candidate, ServedModel, ServingError, staged_candidates
+from spanmill.evaluate.served import (
+    Candidate,
+    ServedModel,
+    ServingError,
+    same_engine,
+    staged_candidates,
+)
 from spanmill.evaluate.settings import EvalSettings, GatePolicy
 from spanmill.evaluate.stats import bootstrap_difference
 from spanmill.models import resolve_model
@@ -258,7 +264,7 @@ def model_ref(ref: str, base_override: str | None = None) -> ModelRef:
                 f"adapter {path} does not say which base model it adapts; pass base_model"
             )
         run_id = manifest.run_id if manifest else None
-        return ModelRef(label, resolve_model(str(base)), str(path), run_id)
+        return ModelRef(label, resolve_model(str(base)), str(path), run_id, base_named=str(base))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise EvaluationError(
@@ -266,7 +272,7 @@ def model_ref(ref: str, base_override: str | None = None) -> ModelRef:
                 "folder (config.json)"
             )
         return ModelRef(label, str(path.resolve()))
-    return ModelRef(label, resolve_model(ref))
+    return ModelRef(label, resolve_model(ref), base_named=ref)
 
 
 def fresh_instances(task: Task, n: int, seed: int, exclude: frozenset[str]) -> list[TaskInstance]:
@@ -322,12 +328,19 @@ def serve_models(
                 raise ServingError(f"{agent} version {version} is an echo model: "
                                    "nothing to compare with")  # fmt: skip
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="spanmill-champion-"))
-            staged["champion"] = Candidate(*weights_of(registered, registry, Path(scratch)))
+            base, champion_adapter, downloaded = weights_of(registered, registry, Path(scratch))
+            staged["champion"] = Candidate(
+                base, champion_adapter, downloaded, named=registered.lineage.base_model or ""
+            )
         else:
             # No champion yet (the agent's first run): the base model stands in.
             log.info("%s has no champion in MLflow; comparing with the base model", agent)
-            staged["champion"] = Candidate(challenger.base)
-        staged["challenger"] = Candidate(challenger.base, adapter)
+            staged["champion"] = Candidate(challenger.base, named=challenger.base_named)
+        staged["challenger"] = Candidate(challenger.base, adapter, named=challenger.base_named)
+        if champion is not None and champion.flavour == "vllm":
+            # One engine serves adapters of one base: the controller could not deploy a
+            # challenger on another, whatever the comparison said.
+            same_engine(champion.base_model or "", staged["challenger"])
         served = stack.enter_context(
             staged_candidates(server, repository, agent, staged, options, triton_url=server.url)
         )
@@ -343,9 +356,15 @@ def _in_service(deployer: Deployer, triton_url: str, agent: str, version: int) -
     engine = deployer.engine(agent)
     if engine is None:
         return ServedModel(triton_url, model, version)
+    if version not in engine.versions:
+        raise ServingError(
+            f"{agent} version {version} left its vLLM engine as the evaluation began (the "
+            "controller retired it): run it again"
+        )
     lora = engine.versions[version]
-    return ServedModel(triton_url, model, version, flavour="vllm", lora_name=lora,
-                       base_model=engine.base_model)  # fmt: skip
+    return ServedModel(
+        triton_url, model, version, flavour="vllm", lora_name=lora, base_model=engine.base_model
+    )
 
 
 @contextmanager

@@ -10,7 +10,8 @@ on one server, the evaluation's own Triton or one serving pod, never on every po
 
 In the vLLM flavour the candidates of one evaluation are LoRA adapters of one engine
 (a version of the candidate model), each asked for by name: a GPU holds one engine,
-and both sides of the comparison then run on the same one.
+and what is staged runs on the same one (a champion in service answers from the
+agent's engine, on the same base model).
 """
 
 from __future__ import annotations
@@ -119,11 +120,32 @@ def candidate_version(taken: list[int]) -> int:
 @dataclass(frozen=True)
 class Candidate:
     """What an evaluation stages: a base model, and an adapter on it (None: the base
-    itself); ``copy_base``: the base is a download the version must take with it."""
+    itself); ``copy_base``: the base is a download the version must take with it;
+    ``named``: the base as it was named before it was resolved to this machine's files
+    (a catalog name, a hub id), which a vLLM engine opens."""
 
     base_model: str
     adapter: Path | None = None
     copy_base: bool = False
+    named: str = ""
+
+    def engine_base(self) -> str:
+        """The base model as a vLLM engine in Triton's pod opens it."""
+        from spanmill.rollout.materialize import engine_base
+
+        return engine_base(self.named or self.base_model)
+
+
+def same_engine(base_model: str, candidate: Candidate) -> None:
+    """Refuse ``candidate`` where an engine on ``base_model`` cannot serve it."""
+    from spanmill.rollout.materialize import engine_base
+
+    if engine_base(base_model) != candidate.engine_base():
+        raise ServingError(
+            f"the vllm flavour serves adapters of one base model in one engine, and the "
+            f"models to compare are on different base models ({engine_base(base_model)}, "
+            f"{candidate.engine_base()})"
+        )
 
 
 @contextmanager
@@ -176,22 +198,19 @@ def staged_engine(
     version of the agent's candidate model, each asked for by its name (None for the base
     model itself); removed from the repository and from Triton afterwards."""
     from spanmill.rollout.deployer import drop_version
-    from spanmill.rollout.materialize import MaterializeError, adapter_root, engine_base
+    from spanmill.rollout.materialize import MaterializeError, adapter_root
     from spanmill.serving.repository import RepositoryError, write_vllm_engine
 
-    bases = {engine_base(candidate.base_model) for candidate in candidates.values()}
     whole = [name for name, candidate in candidates.items() if candidate.copy_base]
     if whole:
         raise ServingError(
             f"the {', '.join(whole)} is a whole model, and the vllm flavour serves a base "
             "model and LoRA adapters on it"
         )
-    if len(bases) != 1:
-        raise ServingError(
-            f"the vllm flavour evaluates in one engine, and the models to compare are on "
-            f"different base models ({', '.join(sorted(bases))})"
-        )
-    (base,) = bases
+    first, *others = candidates.values()
+    base = first.engine_base()
+    for other in others:
+        same_engine(base, other)
     model = names.triton_candidate_model(agent)
     version = candidate_version(repository.versions(model))
     try:
@@ -206,12 +225,12 @@ def staged_engine(
                 stage, model, base, {name: f"{root}/{name}" for name in loras},
                 **options.engine_arguments(), version=version, every_version=True,
             )  # fmt: skip
-        except RepositoryError as exc:
+            for name, adapter in loras.items():
+                if not (adapter / "adapter_config.json").exists():
+                    raise ServingError(f"LoRA adapter {adapter} has no adapter_config.json")
+                shutil.copytree(adapter, folder / "adapters" / name)
+        except (RepositoryError, OSError) as exc:
             raise ServingError(f"staging the candidates for evaluation: {exc}") from None
-        for name, adapter in loras.items():
-            if not (adapter / "adapter_config.json").exists():
-                raise ServingError(f"LoRA adapter {adapter} has no adapter_config.json")
-            shutil.copytree(adapter, folder / "adapters" / name)
         repository.install(stage / model, model, version)
     try:
         try:
@@ -258,9 +277,8 @@ def staged_candidate(
 
     if options.flavour != "python":
         raise ServingError(
-            f"evaluation stages challengers as python-flavour versions, and this deployment "
-            f"serves the {options.flavour!r} flavour (SPANMILL_SERVING_FLAVOUR): evaluating "
-            "vLLM-served adapters is not supported yet"
+            f"a {options.flavour!r}-flavour candidate is staged by staged_candidates, not "
+            "as a version of its own"
         )
     model = names.triton_candidate_model(agent)
     version = candidate_version(repository.versions(model))

@@ -10,8 +10,8 @@ readiness has not caught up, or it is the one whose load failed), so when Triton
 answers that the version is missing the call is tried once more on a connection
 of its own, which the Service may send to another pod. So is a call whose connection
 broke before any of its answer reached the caller: a kept-alive connection Triton
-closed as the request went out, or a pod that went away (killed, drained, its node
-lost) while it generated; a generation has no effect but its answer. Nothing else is
+closed as the request went out, or a pod that went away (killed, drained) while it
+generated; a generation has no effect but its answer. Nothing else is
 retried: another error would happen again, a timeout would only double the load of a
 slow server, and an answer part of which the caller holds is not begun again.
 """
