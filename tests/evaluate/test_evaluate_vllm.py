@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -202,9 +203,16 @@ def test_the_engine_opens_the_base_as_named_not_as_this_machine_resolved_it(
                                 named="HuggingFaceTB/SmolLM2-135M-Instruct"),
     }  # fmt: skip
     model = names.triton_candidate_model("calc")
+    # Versions of evaluations killed before they removed theirs: a day old goes, an hour
+    # old (another evaluation may be using it) stays.
+    now_ms = int(time.time() * 1000)
+    old, recent = now_ms - 25 * 3600_000, now_ms - 3600_000
+    for leftover in (old, recent):
+        (tmp_path / "repo" / model / str(leftover)).mkdir(parents=True)
+        (tmp_path / "repo" / model / str(leftover) / "model.json").write_text("{}")
     with staged_engine(NoServers(), repository, "calc", candidates, options,  # type: ignore[arg-type]
                        triton_url="triton:8000") as served:  # fmt: skip
-        (version,) = repository.versions(model)
+        (version,) = set(repository.versions(model)) - {recent}
         folder = tmp_path / "repo" / model / str(version)
         args = json.loads((folder / "model.json").read_text())
         assert args["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -213,4 +221,4 @@ def test_the_engine_opens_the_base_as_named_not_as_this_machine_resolved_it(
         }
         assert (folder / "adapters" / "challenger" / "adapter_config.json").exists()
         assert served["champion"].lora_name is None
-    assert repository.versions(model) == []
+    assert repository.versions(model) == [recent]

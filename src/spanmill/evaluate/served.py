@@ -5,7 +5,8 @@ champion is the agent's registered version where Triton serves it, and the
 challenger, not registered yet, is staged as a version of the agent's *candidate*
 Triton model (:func:`names.triton_candidate_model`), so the agent's own model keeps
 holding registered versions only; so is a champion no serving pod holds. A candidate
-version is removed again when the evaluation ends, whatever its outcome. It is staged
+version is removed again when the evaluation ends, whatever its outcome (and one left
+by an evaluation that was killed, a day later, by the next). It is staged
 on one server, the evaluation's own Triton or one serving pod, never on every pod.
 
 In the vLLM flavour the candidates of one evaluation are LoRA adapters of one engine
@@ -111,10 +112,33 @@ def _tokenizers() -> Tokenizers:
     return Tokenizers()
 
 
+# A candidate version older than this is a leftover of an evaluation that was killed
+# before it removed it (its number is when it was staged, in milliseconds).
+LEFTOVER_AFTER_S = 24 * 3600.0
+
+
 def candidate_version(taken: list[int]) -> int:
     """A version number no other evaluation picks: milliseconds since the epoch, or past
     the versions ``taken`` already."""
     return max(time.time_ns() // 1_000_000, max(taken, default=0) + 1)
+
+
+def _new_candidate_version(triton: TritonFleet, repository: ModelRepository, model: str) -> int:
+    """A version number for a candidate of ``model``, once the leftovers of evaluations
+    killed before they removed theirs are gone (with ``version_policy: all``, each load of
+    the candidate model would load them again)."""
+    from spanmill.rollout.deployer import drop_version
+
+    taken = repository.versions(model)
+    oldest = (time.time() - LEFTOVER_AFTER_S) * 1000
+    for version in [v for v in taken if v < oldest]:
+        log.warning("removing %s version %d, left by an evaluation that did not end", model,
+                    version)  # fmt: skip
+        try:
+            drop_version(triton, repository, model, version)
+        except SpanmillError as exc:
+            log.warning("removing %s version %d: %s", model, version, exc)
+    return candidate_version(taken)
 
 
 @dataclass(frozen=True)
@@ -212,7 +236,7 @@ def staged_engine(
     for other in others:
         same_engine(base, other)
     model = names.triton_candidate_model(agent)
-    version = candidate_version(repository.versions(model))
+    version = _new_candidate_version(triton, repository, model)
     try:
         root = f"{adapter_root(repository, options)}/{model}/{version}/adapters"
     except MaterializeError as exc:
@@ -281,7 +305,7 @@ def staged_candidate(
             "as a version of its own"
         )
     model = names.triton_candidate_model(agent)
-    version = candidate_version(repository.versions(model))
+    version = _new_candidate_version(triton, repository, model)
     with repository.staging() as scratch:
         stage = Path(scratch) / "repository"
         try:
