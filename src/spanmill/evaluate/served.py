@@ -22,7 +22,7 @@ import functools
 import logging
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +37,7 @@ from spanmill.serving.repository import ENGINE_VERSION
 
 if TYPE_CHECKING:
     from spanmill.gateway.prompts import Tokenizers
+    from spanmill.rollout.triton import TritonControl
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,44 @@ def staged_candidates(
 
 
 @contextmanager
+def _staged(
+    triton: TritonFleet,
+    repository: ModelRepository,
+    model: str,
+    write: Callable[[Path, int], None],
+    smoke: Callable[[TritonControl, int], None],
+    *,
+    what: str,
+) -> Iterator[int]:
+    """A new version of the candidate ``model`` for the duration of the block: ``write``
+    puts it in a staging repository (its root, the version), the version is installed,
+    then loaded onto every server of ``triton`` (the evaluation's requests may reach any
+    of them) and checked there by ``smoke``; removed from the repository and from
+    Triton afterwards, whatever the outcome."""
+    from spanmill.rollout.deployer import drop_version
+
+    version = _new_candidate_version(triton, repository, model)
+    with repository.staging() as scratch:
+        stage = Path(scratch) / "repository"
+        write(stage, version)
+        repository.install(stage / model, model, version)
+    try:
+        try:
+            for server in triton.members():
+                server.load(model)
+                smoke(server, version)
+        except SpanmillError as exc:
+            raise ServingError(f"{model} version {version} does not serve: {exc}") from None
+        log.info("%s staged as %s version %d", what, model, version)
+        yield version
+    finally:
+        try:
+            drop_version(triton, repository, model, version)
+        except SpanmillError as exc:
+            log.warning("removing %s version %d after the evaluation: %s", model, version, exc)
+
+
+@contextmanager
 def staged_engine(
     triton: TritonFleet,
     repository: ModelRepository,
@@ -221,7 +260,6 @@ def staged_engine(
     """``candidates`` as LoRA adapters of one vLLM engine on their common base model, a
     version of the agent's candidate model, each asked for by its name (None for the base
     model itself); removed from the repository and from Triton afterwards."""
-    from spanmill.rollout.deployer import drop_version
     from spanmill.rollout.materialize import MaterializeError, adapter_root
     from spanmill.serving.repository import RepositoryError, write_vllm_engine
 
@@ -236,18 +274,18 @@ def staged_engine(
     for other in others:
         same_engine(base, other)
     model = names.triton_candidate_model(agent)
-    version = _new_candidate_version(triton, repository, model)
     try:
-        root = f"{adapter_root(repository, options)}/{model}/{version}/adapters"
+        root = adapter_root(repository, options)
     except MaterializeError as exc:
         raise ServingError(str(exc)) from None
     loras = {name: c.adapter for name, c in candidates.items() if c.adapter is not None}
-    with repository.staging() as scratch:
-        stage = Path(scratch) / "repository"
+
+    def write(stage: Path, version: int) -> None:
+        adapters = {name: f"{root}/{model}/{version}/adapters/{name}" for name in loras}
         try:
             folder = write_vllm_engine(
-                stage, model, base, {name: f"{root}/{name}" for name in loras},
-                **options.engine_arguments(), version=version, every_version=True,
+                stage, model, base, adapters, **options.engine_arguments(), version=version,
+                every_version=True,
             )  # fmt: skip
             for name, adapter in loras.items():
                 if not (adapter / "adapter_config.json").exists():
@@ -255,27 +293,19 @@ def staged_engine(
                 shutil.copytree(adapter, folder / "adapters" / name)
         except (RepositoryError, OSError) as exc:
             raise ServingError(f"staging the candidates for evaluation: {exc}") from None
-        repository.install(stage / model, model, version)
-    try:
-        try:
-            for server in triton.members():
-                server.load(model)
-                for name in candidates:
-                    server.smoke(model, version, flavour="vllm", lora=name if name in loras
-                                 else None, timeout_s=smoke_timeout_s)  # fmt: skip
-        except SpanmillError as exc:
-            raise ServingError(f"{model} version {version} does not serve: {exc}") from None
-        log.info("%s staged as adapters of %s version %d", ", ".join(candidates), model, version)
+
+    def smoke(server: TritonControl, version: int) -> None:
+        for name in candidates:
+            server.smoke(model, version, flavour="vllm", lora=name if name in loras else None,
+                         timeout_s=smoke_timeout_s)  # fmt: skip
+
+    what = f"{', '.join(candidates)} (adapters of one engine)"
+    with _staged(triton, repository, model, write, smoke, what=what) as version:
         yield {
             name: ServedModel(triton_url, model, version, flavour="vllm", engine=version,
                               lora_name=name if name in loras else None, base_model=base)
             for name in candidates
         }  # fmt: skip
-    finally:
-        try:
-            drop_version(triton, repository, model, version)
-        except SpanmillError as exc:
-            log.warning("removing %s version %d after the evaluation: %s", model, version, exc)
 
 
 @contextmanager
@@ -296,7 +326,6 @@ def staged_candidate(
     Version numbers are not reserved: two evaluations of one agent staging in the
     same millisecond would collide, and the second one's smoke check fails.
     """
-    from spanmill.rollout.deployer import drop_version
     from spanmill.serving.repository import RepositoryError, write_python_version
 
     if options.flavour != "python":
@@ -305,28 +334,17 @@ def staged_candidate(
             "as a version of its own"
         )
     model = names.triton_candidate_model(agent)
-    version = _new_candidate_version(triton, repository, model)
-    with repository.staging() as scratch:
-        stage = Path(scratch) / "repository"
+
+    def write(stage: Path, version: int) -> None:
         try:
             write_python_version(stage, model, version, base_model, adapter=adapter,
                                  dtype=options.dtype, num_threads=options.num_threads,
                                  copy_base=options.copy_base, gpu=options.gpu)  # fmt: skip
         except RepositoryError as exc:
             raise ServingError(f"staging the challenger for evaluation: {exc}") from None
-        repository.install(stage / model, model, version)
-    try:
-        try:
-            # Every server of ``triton``: the evaluation's requests may reach any of them.
-            for server in triton.members():
-                server.load(model)
-                server.smoke(model, version, timeout_s=smoke_timeout_s)
-        except SpanmillError as exc:
-            raise ServingError(f"{model} version {version} does not serve: {exc}") from None
-        log.info("challenger staged as %s version %d", model, version)
+
+    def smoke(server: TritonControl, version: int) -> None:
+        server.smoke(model, version, timeout_s=smoke_timeout_s)
+
+    with _staged(triton, repository, model, write, smoke, what="a candidate") as version:
         yield ServedModel(triton_url, model, version)
-    finally:
-        try:
-            drop_version(triton, repository, model, version)
-        except SpanmillError as exc:
-            log.warning("removing %s version %d after the evaluation: %s", model, version, exc)
