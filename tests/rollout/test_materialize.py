@@ -18,6 +18,7 @@ from spanmill.rollout.materialize import (
     read_engine,
     remove_from_engine,
 )
+from spanmill.serving.repository import RepositoryError
 
 
 class FolderDownloader:
@@ -84,6 +85,47 @@ def test_python_flavour_writes_each_kind(tmp_path: Path, adapter: Path, base: Pa
     assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["calc"]
     repository.remove("calc", 2)
     assert repository.versions("calc") == [1, 3, 4]
+
+
+def _staged_version(root: Path, files: dict[str, bytes | None]) -> Path:
+    """A staged ``calc`` model with version 2 holding ``files`` (a None value: a link to
+    nothing, which cannot be read when the version is copied), and its config."""
+    model = root / "calc"
+    (model / "2").mkdir(parents=True)
+    for name, data in files.items():
+        if data is None:
+            (model / "2" / name).symlink_to(root / "gone")
+        else:
+            (model / "2" / name).write_bytes(data)
+    (model / "config.pbtxt").write_text('backend: "python"\n')
+    return model
+
+
+@pytest.mark.parametrize("location", ["local", "memory://repository"])
+def test_an_install_that_fails_part_way_leaves_no_version(tmp_path: Path, location: str) -> None:
+    # A version Triton could load half of is worse than none: a failed copy (an object
+    # store gone mid-upload, a full disk) takes away what it wrote, and says why.
+    repository = ModelRepository(str(tmp_path / "repo") if location == "local" else location)
+    good = _staged_version(tmp_path / "good", {"model.py": b"1"})
+    repository.install(good, "calc", 2)
+    assert repository.versions("calc") == [2]
+
+    def broken(name: str) -> Path:
+        # One file that copies and one that cannot be read.
+        staged = _staged_version(tmp_path / name, {"a.py": b"2", "b.bin": None})
+        if location == "local":  # a move within one disk cannot fail half way: its config can
+            (staged / "config.pbtxt").unlink()
+        return staged
+
+    with pytest.raises(RepositoryError, match=r"installing calc version 2 into .* failed"):
+        repository.install(broken("broken"), "calc", 2)
+    assert repository.versions("calc") == []
+    # A vLLM engine's version is kept (Triton keeps serving the engine it holds when it
+    # cannot load a broken one; a removed engine would unload the agent).
+    repository.install(_staged_version(tmp_path / "again", {"model.py": b"1"}), "calc", 2)
+    with pytest.raises(RepositoryError):
+        repository.install(broken("broken again"), "calc", 2, keep_failed=True)
+    assert repository.versions("calc") == [2]
 
 
 def test_an_unchanged_config_is_not_rewritten(tmp_path: Path) -> None:

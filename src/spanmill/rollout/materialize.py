@@ -130,9 +130,26 @@ class ModelRepository:
     def has(self, model: str, version: int) -> bool:
         return version in self.versions(model)
 
-    def install(self, staged_model_dir: Path, model: str, version: int) -> None:
+    def install(
+        self, staged_model_dir: Path, model: str, version: int, *, keep_failed: bool = False
+    ) -> None:
         """Move a staged ``<model>/<version>`` (and its config) into the repository, in
-        place of what the version held."""
+        place of what the version held. Where that fails part way, the version is
+        removed again (a load must never find half of it), unless ``keep_failed``, and
+        RepositoryError says why."""
+        try:
+            self._install(staged_model_dir, model, version)
+        except Exception as exc:
+            if not keep_failed:
+                with contextlib.suppress(Exception):  # the cause is what the caller must see
+                    self.remove(model, version)
+            if isinstance(exc, OSError):
+                raise RepositoryError(
+                    f"installing {model} version {version} into {self.location} failed: {exc}"
+                ) from exc
+            raise
+
+    def _install(self, staged_model_dir: Path, model: str, version: int) -> None:
         staged_version = staged_model_dir / str(version)
         config = staged_model_dir / "config.pbtxt"
         if self.local:
@@ -342,7 +359,9 @@ def write_engine(
         except RepositoryError as exc:
             raise MaterializeError(f"{model}: {exc}") from None
         (stage / model / str(ENGINE_VERSION) / SERVED).write_text(engine.to_json())
-        repository.install(stage / model, model, ENGINE_VERSION)
+        # Kept where it fails: Triton keeps serving the engine it holds when a reload
+        # cannot load the new one, where a removed engine would unload the agent.
+        repository.install(stage / model, model, ENGINE_VERSION, keep_failed=True)
 
 
 def add_to_engine(
