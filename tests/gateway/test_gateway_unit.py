@@ -298,6 +298,7 @@ async def _generate(
     together: bool = False,
     stream: bool = False,
     timeout_s: float = 10,
+    connect_timeout_s: float = 10,
 ) -> tuple[list[Any], int]:
     """``calls`` generations through one TritonUpstream, one after the other or all at
     once (``together``), streamed or not; (results or errors, retries)."""
@@ -321,7 +322,10 @@ async def _generate(
         nonlocal retries
         retries += 1
 
-    upstream = TritonUpstream(f"127.0.0.1:{port}", timeout_s=timeout_s, on_retry=count)
+    upstream = TritonUpstream(
+        f"127.0.0.1:{port}", timeout_s=timeout_s, on_retry=count,
+        connect_timeout_s=connect_timeout_s,
+    )  # fmt: skip
 
     async def call() -> Any:
         target, messages = Target("calculator", "2"), [{"role": "user", "content": "2+3"}]
@@ -435,6 +439,42 @@ def test_a_connection_broken_before_the_answer_is_tried_once_more_on_a_fresh_one
     (error,), retries = asyncio.run(_generate(replicas, stream=True))
     assert isinstance(error, UpstreamError) and error.dropped
     assert replicas.requests == [0] and retries == 0
+
+
+def test_a_connection_that_cannot_be_made_is_tried_once_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pod gone with its node, which the Service still sends connections to, answers
+    no connect: nothing reached Triton, and another connection may reach another pod.
+    (No network here can leave a connect unanswered on cue, so the connector stands in
+    for one: its first connection never completes.)"""
+    import asyncio
+
+    import aiohttp
+
+    from spanmill.gateway.upstream import UpstreamError
+
+    attempts, unanswered = 0, 1
+
+    class Unanswered(aiohttp.TCPConnector):
+        async def _create_connection(self, *args: Any, **kwargs: Any) -> Any:
+            nonlocal attempts
+            attempts += 1
+            if attempts <= unanswered:
+                await asyncio.sleep(60)
+            return await super()._create_connection(*args, **kwargs)
+
+    monkeypatch.setattr(aiohttp, "TCPConnector", Unanswered)
+    replicas = Replicas(["ok"])
+    (outcome,), retries = asyncio.run(_generate(replicas, connect_timeout_s=0.3))
+    assert getattr(outcome, "model_version", outcome) == "2"
+    assert attempts == 2 and replicas.requests == [0] and retries == 1
+
+    # Twice unanswered: the caller's 503, after one retry.
+    attempts, unanswered = 0, 2
+    (error,), retries = asyncio.run(_generate(Replicas(["ok"]), connect_timeout_s=0.3))
+    assert isinstance(error, UpstreamError) and error.dropped and error.status == 503
+    assert "ConnectionTimeoutError" in str(error) and retries == 1
 
 
 def test_a_slow_triton_is_not_sent_the_call_twice() -> None:

@@ -10,10 +10,12 @@ readiness has not caught up, or it is the one whose load failed), so when Triton
 answers that the version is missing the call is tried once more on a connection
 of its own, which the Service may send to another pod. So is a call whose connection
 broke before any of its answer reached the caller: a kept-alive connection Triton
-closed as the request went out, or a pod that went away (killed, drained) while it
-generated; a generation has no effect but its answer. Nothing else is
-retried: another error would happen again, a timeout would only double the load of a
-slow server, and an answer part of which the caller holds is not begun again.
+closed as the request went out, a pod that went away (killed, drained) while it
+generated, or one whose connect went unanswered (gone with its node while the Service
+still names it); a generation has no effect but its answer. Nothing else is
+retried: another error would happen again, a timeout once connected would only double
+the load of a slow server, and an answer part of which the caller holds is not begun
+again.
 """
 
 from __future__ import annotations
@@ -165,9 +167,11 @@ class TritonUpstream:
         timeout_s: float = 300.0,
         on_retry: Callable[[], None] | None = None,
         tokenizers: Tokenizers | None = None,
+        connect_timeout_s: float = 10.0,
     ) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self.connect_timeout_s = min(timeout_s, connect_timeout_s)
         # Called for each call tried again on a fresh connection (a metric counts them).
         self.on_retry = on_retry
         self.tokenizers = tokenizers or Tokenizers()
@@ -182,7 +186,7 @@ class TritonUpstream:
         return aiohttp.ClientSession(
             base_url=f"http://{self.url}",
             connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=min(self.timeout_s, 10.0)),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=self.connect_timeout_s),
         )
 
     def _get(self) -> aiohttp.ClientSession:
@@ -331,8 +335,11 @@ class TritonUpstream:
 
 
 def _dropped(exc: BaseException) -> bool:
-    """Whether the connection failed (closed, reset, refused, cut mid-answer), which another
-    connection may not; a timeout is the server being slow."""
+    """Whether the connection failed (closed, reset, refused, cut mid-answer, or never made:
+    a pod gone with its node answers no connect), which another connection may not; a
+    timeout once connected is the server being slow."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):  # nothing reached the server
+        return True
     if isinstance(exc, TimeoutError):
         return False
     return isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError)
