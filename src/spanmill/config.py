@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -138,6 +138,10 @@ class TritonSettings(BaseSettings):
     )
 
 
+# The max_lora_rank values vLLM's engine accepts (its LoRA configuration's choices).
+VLLM_LORA_RANKS: Final = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
 class ServingSettings(BaseSettings):
     """How versions are written into the model repository. Env prefix ``SPANMILL_SERVING_``.
 
@@ -177,11 +181,20 @@ class ServingSettings(BaseSettings):
         4096, gt=0, description="The longest prompt and answer together, in tokens (vLLM)."
     )
     vllm_max_lora_rank: int = Field(
-        64, gt=0, description="The highest LoRA rank an adapter may have (vLLM)."
+        64,
+        description="The highest LoRA rank an adapter may have: one of "
+        f"{', '.join(map(str, VLLM_LORA_RANKS))} (the values vLLM takes).",
     )
     vllm_tensor_parallel_size: int = Field(
         1, gt=0, description="GPUs one vLLM engine spreads over (the Triton pod's GPUs)."
     )
+
+    @field_validator("vllm_max_lora_rank")
+    @classmethod
+    def _a_rank_vllm_takes(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"must be one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return value
 
 
 class StackSettings(BaseSettings):

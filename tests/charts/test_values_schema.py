@@ -60,6 +60,10 @@ BAD_VALUES = {
         "triton:\n  vllm:\n    gpuMemoryUtilization: 0.9\n",
         "triton.vllm.gpuMemoryUtilization: Must be less than or equal to 0.5",
     ),
+    "vllm-rank-vllm-refuses": (
+        "triton:\n  vllm:\n    maxLoraRank: 100\n",
+        "triton.vllm.maxLoraRank must be one of the following: 8, 16",
+    ),
     "floating-image-tag": ("image:\n  tag: latest\n", "image.tag: Must not validate"),
     "floating-triton-tag": ("triton:\n  image:\n    tag: latest\n", "triton.image.tag"),
     "triton-repository-without-tag": (

@@ -165,6 +165,20 @@ def test_vllm_flavour_serves_every_version_from_one_engine(tmp_path: Path, adapt
 
     with pytest.raises(MaterializeError, match="a base model and LoRA adapters"):
         materialize(registered(7, Lineage(kind="echo")), downloader, repository, options)
+    # An adapter above the engine's max_lora_rank is refused before the engine changes
+    # (vLLM would refuse it only at the first request that asked for it).
+    wide = tmp_path / "wide"
+    shutil.copytree(adapter, wide)
+    (wide / "adapter_config.json").write_text(json.dumps({"r": 16, "rank_pattern": {"q": 128}}))
+    with pytest.raises(MaterializeError, match="rank 128, above the vLLM engine's max_lora_rank"):
+        materialize(registered(9, Lineage(kind="adapter", base_model=base)),
+                    FolderDownloader(wide), repository, options)  # fmt: skip
+    (wide / "adapter_config.json").unlink()
+    with pytest.raises(MaterializeError, match=r"has no adapter_config\.json"):
+        materialize(registered(9, Lineage(kind="adapter", base_model=base)),
+                    FolderDownloader(wide), repository, options)  # fmt: skip
+    assert read_engine(repository, "calc") == engine
+    assert not (tmp_path / "repo" / "calc" / "adapters" / "calc-v9").exists()
     with pytest.raises(MaterializeError, match="one engine serves adapters of one base"):
         materialize(registered(8, Lineage(kind="adapter", base_model="org/other")), downloader,
                     repository, options)  # fmt: skip
@@ -189,6 +203,10 @@ def test_the_vllm_engine_is_written_as_the_serving_settings_say(
     from spanmill.config import ServingSettings, TritonSettings, load_settings
 
     assert ServingSettings().vllm_gpu_memory_utilization <= 0.5
+    # A rank vLLM's engine does not take is refused where the settings are read.
+    monkeypatch.setenv("SPANMILL_SERVING_VLLM_MAX_LORA_RANK", "100")
+    with pytest.raises(ValueError, match="must be one of 8, 16, 32, 64, 128, 256, 320, 512"):
+        ServingSettings()
     for name, value in {"GPU_MEMORY_UTILIZATION": "0.4", "MAX_MODEL_LEN": "8192",
                         "MAX_LORA_RANK": "128", "TENSOR_PARALLEL_SIZE": "2"}.items():  # fmt: skip
         monkeypatch.setenv(f"SPANMILL_SERVING_VLLM_{name}", value)

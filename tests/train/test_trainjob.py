@@ -448,3 +448,9 @@ def test_the_step_hands_over_only_when_its_pod_holds_no_gpu(
     # Without the chart's settings the step says which one it lacks, before any API call.
     with pytest.raises(TrainError, match="SPANMILL_TRAINJOB_STAGING_URL"):
         train_step(small_dataset, out, trainer="trainjob", gpus=0)
+    # An adapter the vLLM engine could not load is refused before hours of training.
+    monkeypatch.setenv("SPANMILL_SERVING_FLAVOUR", "vllm")
+    monkeypatch.setenv("SPANMILL_SERVING_VLLM_MAX_LORA_RANK", "32")
+    with pytest.raises(ConfigError, match="lora_r 64 is above the vLLM engine's max_lora_rank 32"):
+        train_step(small_dataset, out, trainer="trainjob", gpus=0, lora_r=64)
+    assert not out.exists()

@@ -261,7 +261,11 @@ def staged_engine(
     version of the agent's candidate model, each asked for by its name (None for the base
     model itself); removed from the repository and from Triton afterwards."""
     from spanmill.rollout.materialize import MaterializeError, adapter_root
-    from spanmill.serving.repository import RepositoryError, write_vllm_engine
+    from spanmill.serving.repository import (
+        RepositoryError,
+        check_vllm_adapter,
+        write_vllm_engine,
+    )
 
     whole = [name for name, candidate in candidates.items() if candidate.copy_base]
     if whole:
@@ -288,8 +292,7 @@ def staged_engine(
                 every_version=True,
             )  # fmt: skip
             for name, adapter in loras.items():
-                if not (adapter / "adapter_config.json").exists():
-                    raise ServingError(f"LoRA adapter {adapter} has no adapter_config.json")
+                check_vllm_adapter(adapter, options.vllm_max_lora_rank)
                 shutil.copytree(adapter, folder / "adapters" / name)
         except (RepositoryError, OSError) as exc:
             raise ServingError(f"staging the candidates for evaluation: {exc}") from None

@@ -131,6 +131,7 @@ def train_step(
         experiment=experiment,
         mlflow=_mlflow(tracking_uri),
     )
+    _servable(settings.lora_r)
     if trainer == "trainjob":
         from spanmill.pipeline import cluster
         from spanmill.train.settings import TrainJobSettings
@@ -208,6 +209,7 @@ def train_rl_step(
         experiment=experiment,
         mlflow=_mlflow(tracking_uri),
     )
+    _servable(settings.lora_r)
     result = train_grpo(out_dir, settings, load_settings(KafkaSettings))
     return {**result.metrics, "global_step": result.global_step, "run_id": result.run_id}
 
@@ -286,6 +288,19 @@ def register_step(
         base_model=base_model,
     )
     return registration.version.version
+
+
+def _servable(lora_r: int) -> None:
+    """Refuse, before any training, an adapter rank the serving engine could not load."""
+    from spanmill.errors import ConfigError
+
+    serving = load_settings(ServingSettings)
+    if serving.flavour == "vllm" and lora_r > serving.vllm_max_lora_rank:
+        raise ConfigError(
+            f"lora_r {lora_r} is above the vLLM engine's max_lora_rank "
+            f"{serving.vllm_max_lora_rank}: the adapter could not be served; lower lora_r or "
+            "raise SPANMILL_SERVING_VLLM_MAX_LORA_RANK (the chart's triton.vllm.maxLoraRank)"
+        )
 
 
 def _given(**values: Any) -> dict[str, Any]:

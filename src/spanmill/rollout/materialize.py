@@ -25,6 +25,7 @@ from spanmill.registry.client import RegisteredVersion
 from spanmill.serving.repository import (
     ENGINE_VERSION,
     RepositoryError,
+    check_vllm_adapter,
     write_echo_version,
     write_python_version,
     write_vllm_engine,
@@ -395,10 +396,10 @@ def add_to_engine(
         lora = names.lora_name(agent, version)
         with tempfile.TemporaryDirectory(prefix="spanmill-adapter-") as scratch:
             adapter = downloader.download(agent, version, Path(scratch) / "download")
-            if not (adapter / "adapter_config.json").exists():
-                raise MaterializeError(
-                    f"{agent} version {version}: the adapter has no adapter_config.json"
-                )
+            try:
+                check_vllm_adapter(adapter, options.vllm_max_lora_rank)
+            except RepositoryError as exc:
+                raise MaterializeError(f"{agent} version {version}: {exc}") from None
             repository.put_folder(adapter, model, "adapters", lora)
     updated = Engine(
         base_model=lineage.base_model,

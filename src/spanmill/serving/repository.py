@@ -243,6 +243,30 @@ def write_vllm_engine(
     return version_dir
 
 
+def check_vllm_adapter(folder: Path, max_lora_rank: int) -> None:
+    """Raise RepositoryError where the PEFT adapter in ``folder`` cannot join a vLLM engine
+    whose ``max_lora_rank`` is given: no ``adapter_config.json``, or a rank above it (the
+    engine would refuse it only at the first request that asks for it)."""
+    path = folder / "adapter_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RepositoryError(f"the LoRA adapter {folder} has no adapter_config.json") from None
+    except (OSError, ValueError) as exc:
+        raise RepositoryError(f"{path} cannot be read: {exc}") from None
+    if not isinstance(config, dict):
+        raise RepositoryError(f"{path} is not a JSON object")
+    ranks = [config.get("r", 8), *dict(config.get("rank_pattern") or {}).values()]
+    if not all(isinstance(rank, int) and rank > 0 for rank in ranks):
+        raise RepositoryError(f"{path}: LoRA ranks must be positive integers, got {ranks}")
+    if max(ranks) > max_lora_rank:
+        raise RepositoryError(
+            f"the LoRA adapter {folder} has rank {max(ranks)}, above the vLLM engine's "
+            f"max_lora_rank {max_lora_rank} (SPANMILL_SERVING_VLLM_MAX_LORA_RANK; the chart's "
+            "triton.vllm.maxLoraRank)"
+        )
+
+
 def versions(repository: Path, model_name: str) -> list[int]:
     """The versions present for a model, ascending."""
     folder = repository / model_name
