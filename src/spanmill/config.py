@@ -158,7 +158,9 @@ class ServingSettings(BaseSettings):
     dtype: ServingDtype = Field(
         "auto",
         description="The weights' format where an instance loads them; auto: bfloat16 where "
-        "that device computes it natively (a GPU, a CPU with AVX512-BF16 or AMX), else float32.",
+        "that device computes it natively (a GPU, a CPU with AVX512-BF16 or AMX), else float32. "
+        "In the vllm flavour, the engine's dtype (auto: vLLM's choice from the model; float16 "
+        "on a GPU without bfloat16).",
     )
     num_threads: int = Field(0, ge=0, description="torch threads per Python-backend instance.")
     copy_base: bool = Field(

@@ -145,8 +145,9 @@ def test_vllm_flavour_serves_every_version_from_one_engine(tmp_path: Path, adapt
     downloader = FolderDownloader(adapter)
     materialize(registered(1, Lineage(kind="base", base_model=base)), downloader, repository,
                 options)  # fmt: skip
-    for version in (5, 6):
-        materialize(registered(version, Lineage(kind="adapter", base_model=base)), downloader,
+    # One base, whether named by the catalog or by its hub id (as a pipeline may record it).
+    for version, named in ((5, base), (6, "HuggingFaceTB/SmolLM2-135M-Instruct")):
+        materialize(registered(version, Lineage(kind="adapter", base_model=named)), downloader,
                     repository, options)  # fmt: skip
     engine_dir = tmp_path / "repo" / "calc" / "1"
     # Adapters by name on one engine, read by Triton where it mounts the repository.
@@ -210,6 +211,7 @@ def test_the_vllm_engine_is_written_as_the_serving_settings_say(
     for name, value in {"GPU_MEMORY_UTILIZATION": "0.4", "MAX_MODEL_LEN": "8192",
                         "MAX_LORA_RANK": "128", "TENSOR_PARALLEL_SIZE": "2"}.items():  # fmt: skip
         monkeypatch.setenv(f"SPANMILL_SERVING_VLLM_{name}", value)
+    monkeypatch.setenv("SPANMILL_SERVING_DTYPE", "float16")  # a GPU without bfloat16
     monkeypatch.setenv("SPANMILL_SERVING_FLAVOUR", "vllm")
     triton = TritonSettings(model_repository=str(tmp_path / "repo"), server_repository="/models")
     options = ServingOptions.from_settings(load_settings(ServingSettings), triton)
@@ -219,3 +221,4 @@ def test_the_vllm_engine_is_written_as_the_serving_settings_say(
     args = json.loads((tmp_path / "repo" / "calc" / "1" / "model.json").read_text())
     assert (args["gpu_memory_utilization"], args["max_model_len"]) == (0.4, 8192)
     assert (args["max_lora_rank"], args["tensor_parallel_size"]) == (128, 2)
+    assert args["dtype"] == "float16"

@@ -87,6 +87,8 @@ class ServingOptions:
             "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
             "max_model_len": self.vllm_max_model_len,
             "tensor_parallel_size": self.vllm_tensor_parallel_size,
+            # As for the Python flavour: a GPU without bfloat16 (before Ampere) needs float16.
+            "dtype": self.dtype,
         }
 
 
@@ -385,7 +387,8 @@ def add_to_engine(
     engine = read_engine(repository, model)
     if engine is None:
         engine = Engine(base_model=lineage.base_model, versions={}, origins={})
-    elif engine.base_model != lineage.base_model and engine.versions:
+    elif engine.versions and engine_base(engine.base_model) != engine_base(lineage.base_model):
+        # Compared as the engine opens them: a catalog name and its hub id are one model.
         raise MaterializeError(
             f"{agent} version {version} is on {lineage.base_model!r}, and the agent's vLLM "
             f"engine serves {engine.base_model!r}: one engine serves adapters of one base "

@@ -196,7 +196,7 @@ def write_vllm_engine(
     gpu_memory_utilization: float = 0.45,
     tensor_parallel_size: int = 1,
     max_model_len: int = 4096,
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto",
+    dtype: ServingDtype = "auto",
     version: int = ENGINE_VERSION,
     every_version: bool = False,
 ) -> Path:
