@@ -93,7 +93,7 @@ def route(deployer: Deployer, champion: int, challenger: int | None = None, shar
     phase = Phase.CANARY if challenger is not None else Phase.STABLE
     state = AgentState(agent=AGENT, phase=phase, champion=champion, challenger=challenger)
     policy = RolloutPolicy(steps=[share, 100.0] if share else [100.0])
-    built = decide.route_for(state, policy, AGENT, engine=deployer.engine(AGENT))
+    built = decide.route_for(state, policy, AGENT, vllm=True, engine=deployer.engine(AGENT))
     assert built is not None
     return RoutingTable(revision=revision, routes={AGENT: built})
 

@@ -43,6 +43,21 @@ def test_route_follows_the_state() -> None:
     assert decide.route_for(AgentState(agent="calc"), POLICY, "calc") is None
 
 
+def test_a_vllm_route_names_each_version_by_its_adapter_or_stays_as_it_was() -> None:
+    from spanmill.rollout.materialize import Engine
+
+    engine = Engine(base_model="smollm2-135m", versions={1: None, 2: "calc-v2"}, origins={})
+    route = decide.route_for(canary(step=1), POLICY, "calc", vllm=True, engine=engine)
+    assert route is not None and route.flavour == "vllm"
+    assert [(b.version, b.lora_name) for b in route.backends] == [("1", None), ("2", "calc-v2")]
+    # A version in service that the engine's record does not list (or no record at all)
+    # has no adapter to name: no route, so the one written before stays; the base model
+    # (no adapter) must not answer for the challenger.
+    lacking = Engine(base_model="smollm2-135m", versions={1: None}, origins={})
+    assert decide.route_for(canary(step=1), POLICY, "calc", vllm=True, engine=lacking) is None
+    assert decide.route_for(canary(step=1), POLICY, "calc", vllm=True, engine=None) is None
+
+
 def test_with_route_bumps_the_revision_only_on_change() -> None:
     table = RoutingTable(revision=7)
     route = decide.route_for(canary(), POLICY, "calc")

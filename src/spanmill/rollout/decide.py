@@ -44,9 +44,17 @@ def challenger_weight(state: AgentState, policy: RolloutPolicy) -> float:
 
 
 def route_for(
-    state: AgentState, policy: RolloutPolicy, triton_model: str, *, engine: Engine | None = None
+    state: AgentState,
+    policy: RolloutPolicy,
+    triton_model: str,
+    *,
+    vllm: bool = False,
+    engine: Engine | None = None,
 ) -> Route | None:
-    """The gateway route this state calls for; None while there is no champion.
+    """The gateway route this state calls for; None while there is no champion, and in
+    the ``vllm`` flavour where the agent's ``engine`` (None: none in the repository) does
+    not list a version the route would give traffic to: the route then stays as it was,
+    since such a version has no adapter to name and the base model must not answer for it.
 
     With a vLLM ``engine`` each version is named by its adapter (the base model by none),
     so moving traffic between versions is this route alone.
@@ -57,9 +65,11 @@ def route_for(
     chosen = [(state.champion, 100.0 - share, "champion")]
     if share > 0 and state.challenger is not None:
         chosen.append((state.challenger, share, "challenger"))
-    if engine is None:
+    if not vllm:
         backends = [Backend(version=str(v), weight=w, role=r) for v, w, r in chosen]
         return Route(triton_model=triton_model, backends=backends)
+    if engine is None or any(v not in engine.versions for v, _, _ in chosen):
+        return None
     backends = [
         Backend(version=str(v), weight=w, role=r, lora_name=engine.versions.get(v))
         for v, w, r in chosen

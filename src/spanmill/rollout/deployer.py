@@ -260,6 +260,14 @@ class Deployer:
             if not listed:
                 self._clean_up(agent, version)
             raise DeployError(message) from None
+        if listed:
+            # A ready engine may be older than its record: the controller stopped between
+            # writing the engine and reloading it on every server, and Triton says READY of
+            # the engine it loaded before. One that does not answer for the version reloads.
+            stale = [
+                s for s in servers if s not in lacking and not self._answers(s, agent, version)
+            ]
+            lacking += stale
         self._load_and_check(agent, version, servers, lacking, ENGINE_VERSION, new=not listed)
         seconds = time.perf_counter() - started
         if not listed:
@@ -271,6 +279,15 @@ class Deployer:
             self._drop(agent, version)
         except SpanmillError as cleanup:
             log.warning("%s version %d: cleaning up after the failure: %s", agent, version, cleanup)
+
+    def _answers(self, server: TritonControl, agent: str, version: int) -> bool:
+        try:
+            self._smoke(server, agent, version)
+        except SpanmillError as exc:
+            log.info("%s version %d does not answer on %s (%s): reloading its engine there",
+                     agent, version, server.describe(), _first_line(str(exc)))  # fmt: skip
+            return False
+        return True
 
     def _smoke(self, server: TritonControl, agent: str, version: int) -> None:
         model = names.triton_model(agent)

@@ -209,13 +209,15 @@ class Reconciler:
         if taken:
             st = st.model_copy(update={"last_action": taken[-1].action,
                                        "last_reason": taken[-1].reason})  # fmt: skip
-        table = decide.with_route(
-            self._table,
-            names.route(agent),
-            decide.route_for(
-                st, self.policy, names.triton_model(agent), engine=self.deployer.engine(agent)
-            ),
-        )
+        engine = self.deployer.engine(agent)
+        route = decide.route_for(st, self.policy, names.triton_model(agent),
+                                 vllm=self.deployer.vllm, engine=engine)  # fmt: skip
+        if route is None and st.champion is not None:
+            listed = sorted(engine.versions) if engine is not None else "no engine"
+            log.error("%s: the vLLM engine's record lists %s, not every version in service "
+                      "(champion %s, challenger %s): the route stays as it was", agent, listed,
+                      st.champion, st.challenger)  # fmt: skip
+        table = decide.with_route(self._table, names.route(agent), route)
         routes_changed = table is not self._table
         if before == st and not routes_changed:
             return
