@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -193,6 +194,28 @@ def test_vllm_flavour_serves_every_version_from_one_engine(tmp_path: Path, adapt
     remove_from_engine(repository, "calc", 6, options)
     assert remove_from_engine(repository, "calc", 1, options) is None
     assert repository.versions("calc") == [] and read_engine(repository, "calc") is None
+
+
+def test_an_adapter_whose_engine_cannot_be_written_leaves_no_files(
+    tmp_path: Path, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adapters are removed by the engine's record: one it never listed must not stay."""
+    repository = ModelRepository(str(tmp_path / "repo"))
+    options = ServingOptions(flavour="vllm", triton_root="/models")
+    lineage = Lineage(kind="adapter", base_model="smollm2-135m")
+    materialize(registered(2, lineage), FolderDownloader(adapter), repository, options)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise RepositoryError("No space left on device")
+
+    module = sys.modules[ModelRepository.__module__]  # the package names a function so
+    monkeypatch.setattr(module, "write_vllm_engine", full)
+    with pytest.raises(MaterializeError, match="No space left"):
+        materialize(registered(3, lineage), FolderDownloader(adapter), repository, options)
+    adapters = tmp_path / "repo" / "calc" / "adapters"
+    assert sorted(p.name for p in adapters.iterdir()) == ["calc-v2"]
+    engine = read_engine(repository, "calc")
+    assert engine is not None and engine.versions == {2: "calc-v2"}
 
 
 def test_the_vllm_engine_is_written_as_the_serving_settings_say(

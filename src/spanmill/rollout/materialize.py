@@ -409,7 +409,14 @@ def add_to_engine(
         versions={**engine.versions, version: lora},
         origins={**engine.origins, version: origin_of(registered)},
     )
-    write_engine(repository, model, updated, options)
+    try:
+        write_engine(repository, model, updated, options)
+    except Exception:
+        # Not listed, the adapter's files would stay for good: removal goes by the record.
+        if lora is not None and version not in engine.versions:
+            with contextlib.suppress(Exception):
+                repository.remove_folder(model, "adapters", lora)
+        raise
     return updated
 
 
