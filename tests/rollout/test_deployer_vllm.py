@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from spanmill.registry import Lineage, RegisteredVersion
-from spanmill.rollout.deployer import Deployer
+from spanmill.rollout.deployer import Deployer, DeployError, EngineReloadError
 from spanmill.rollout.materialize import ModelRepository, ServingOptions, add_to_engine
 from spanmill.rollout.triton import TritonError
 
@@ -46,6 +46,8 @@ class Engine:
         self.repository = repository
         self.loras: set[str] | None = None  # None: no engine loaded
         self.loads = 0
+        self.reload_fails = False
+        self.refuses: set[str] = set()  # adapters its engine cannot run
 
     def describe(self) -> str:
         return f"Triton pod {self.name}"
@@ -58,6 +60,9 @@ class Engine:
 
     def load(self, model: str) -> None:
         self.loads += 1
+        if self.reload_fails and self.loras is not None:
+            # Triton keeps a model whose reload fails: the engine it had serves on.
+            raise TritonError(f"{self.describe()}: failed to load '{model}': CUDA out of memory")
         listed = Path(self.repository.location) / model / "1" / "multi_lora.json"
         self.loras = set(json.loads(listed.read_text()))
 
@@ -67,6 +72,8 @@ class Engine:
     def smoke(self, model: str, version: int, *, lora: str | None = None, **options: Any) -> None:
         if self.loras is None or (lora is not None and lora not in self.loras):
             raise TritonError(f"{self.describe()}: LoRA {lora} is not supported")
+        if lora in self.refuses:
+            raise TritonError(f"{self.describe()}: LoRA {lora} targets modules vLLM lacks")
 
 
 class Fleet:
@@ -121,3 +128,143 @@ def test_a_listed_version_that_every_engine_answers_reloads_nothing(
     loads = [server.loads for server in servers]
     deployer.deploy(AGENT, 2)  # the champion checked again (it is listed and answers)
     assert [server.loads for server in servers] == loads
+
+
+def test_an_engine_that_does_not_reload_says_nothing_against_the_version(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """No server could reload the engine with the version, and each serves the engine it
+    had: the version leaves the record and its files, nothing is reloaded to undo it, and
+    the error is one to try again (the reconciler does, a few times)."""
+    _, repository, servers, deployer = setting
+    for server in servers:
+        server.reload_fails = True
+    with pytest.raises(EngineReloadError, match="CUDA out of memory"):
+        deployer.deploy(AGENT, 2)
+    assert [server.loads for server in servers] == [2, 2]  # the first deploy's and the try
+    assert deployer.present(AGENT) == [1] and all(s.loras == set() for s in servers)
+    assert not (Path(repository.location) / AGENT / "adapters" / "calc-v2").exists()
+
+    # An engine that reloads and then does not answer for the version is the version's
+    # fault: it is taken out and the engine reloaded without it.
+    for server in servers:
+        server.reload_fails = False
+        server.refuses = {"calc-v3"}
+    with pytest.raises(DeployError, match="does not answer") as refused:
+        deployer.deploy(AGENT, 3)
+    assert not isinstance(refused.value, EngineReloadError)
+    assert deployer.present(AGENT) == [1] and all(s.loras == set() for s in servers)
+
+
+class Aliases:
+    """The registry as the controller reads it: version 1 the champion, 2 the challenger,
+    and what the controller records of them."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.named = {"champion": 1, "challenger": 2}
+        self.rolled_back: dict[int, str] = {}
+
+    def agents(self) -> list[str]:
+        return [AGENT]
+
+    def desired(self, agent: str) -> Any:
+        from spanmill.registry.client import Desired
+
+        return Desired(champion=self.named.get("champion"), challenger=self.named.get("challenger"))
+
+    def aliases(self, agent: str) -> dict[str, int]:
+        return dict(self.named)
+
+    def delete_alias(self, agent: str, alias: str) -> None:
+        self.named.pop(alias, None)
+
+    def version(self, agent: str, version: int) -> Any:
+        return self.registry.version(agent, version)
+
+    def record(self, agent: str, version: int, message: str, **tags: Any) -> None:
+        if tags.get("status") == "rolled_back":
+            self.rolled_back[version] = tags["reason"]
+
+    def promote(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("nothing is promoted here")
+
+
+class Memory:
+    """The controller's state and routes, kept in memory."""
+
+    def __init__(self) -> None:
+        from spanmill.gateway.routing import RoutingTable
+        from spanmill.rollout.schemas import ControllerState
+
+        self.state, self.table = ControllerState(), RoutingTable()
+
+    def describe(self) -> str:
+        return "memory"
+
+    def load(self) -> Any:
+        return self.state.model_copy(deep=True), self.table
+
+    def save(self, state: Any, table: Any) -> None:
+        self.state = state.model_copy(deep=True)
+        self.table = table or self.table
+
+    def event(self, decision: Any) -> None:
+        pass
+
+
+class Quiet:
+    def snapshot(self, route: str) -> dict[str, Any]:
+        return {}
+
+    def health(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no canary here")
+
+
+@pytest.mark.parametrize("recovers", [False, True])
+def test_the_controller_tries_a_challenger_whose_engine_did_not_reload_again(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer], recovers: bool
+) -> None:
+    """A few times, one retry interval apart, before it rolls the challenger back; one
+    that deploys meanwhile goes on to its canary."""
+    from spanmill.rollout import decide
+    from spanmill.rollout.metrics import RolloutMetrics
+    from spanmill.rollout.reconciler import Reconciler
+    from spanmill.rollout.schemas import Phase
+
+    registry, _, servers, deployer = setting
+    aliases, clock = Aliases(registry), [0.0]
+    reconciler = Reconciler(aliases, deployer, Quiet(), Memory(),  # type: ignore[arg-type]
+                            metrics=RolloutMetrics(), clock=lambda: clock[0],
+                            retry_after_s=60)  # fmt: skip
+    for server in servers:
+        server.reload_fails = True
+    reconciler.tick()
+    state = reconciler.state(AGENT)
+    assert state is not None and state.phase == Phase.DEPLOYING and state.champion == 1
+    assert state.reload_failures == {2: 1} and not aliases.rolled_back
+    loads = [server.loads for server in servers]
+    clock[0] = 30.0  # before the retry is due: nothing is tried
+    reconciler.tick()
+    assert [server.loads for server in servers] == loads
+    if recovers:
+        for server in servers:
+            server.reload_fails = False
+    for tries in range(2, decide.ENGINE_RELOAD_TRIES + 1):
+        clock[0] += 61.0
+        reconciler.tick()
+        state = reconciler.state(AGENT)
+        assert state is not None
+        if recovers:
+            assert state.phase == Phase.CANARY and state.reload_failures == {}
+            assert all(server.loras == {"calc-v2"} for server in servers)
+            return
+        assert [server.loads for server in servers] == [n + tries - 1 for n in loads]
+    assert state.phase == Phase.STABLE and state.champion == 1
+    assert f"({decide.ENGINE_RELOAD_TRIES} tries)" in aliases.rolled_back[2]
+    # Retired without a reload: it never joined the engine.
+    clock[0] += 1.0
+    reconciler.tick()
+    tried = [n + decide.ENGINE_RELOAD_TRIES - 1 for n in loads]
+    assert [server.loads for server in servers] == tried
+    assert "challenger" not in aliases.named

@@ -6,6 +6,8 @@ doing), asks these functions what to do, and carries it out.
 
 from __future__ import annotations
 
+from typing import Final
+
 from spanmill.gateway.routing import Backend, Route, RoutingTable
 from spanmill.rollout.materialize import Engine
 from spanmill.rollout.schemas import (
@@ -298,6 +300,22 @@ def due(state: AgentState, now: float) -> list[int]:
 def retired(state: AgentState, version: int, now: float) -> AgentState:
     retiring = {v: t for v, t in state.retiring.items() if v != version}
     return transition(state, state.phase, now, retiring=retiring)
+
+
+# Tries of a challenger whose vLLM engine does not reload before it is rolled back.
+ENGINE_RELOAD_TRIES: Final = 3
+
+
+def engine_reload_failed(
+    state: AgentState, version: int, now: float, retry_after_s: float
+) -> tuple[AgentState, bool]:
+    """A challenger's engine reload failed with the engine serving on: the state that
+    tries it again after ``retry_after_s``, and whether it has had its last try."""
+    failures = dict(state.reload_failures)
+    failures[version] = failures.get(version, 0) + 1
+    state = deploy_failed(state, version, now, retry_after_s)
+    state = transition(state, state.phase, now, reload_failures=failures)
+    return state, failures[version] >= ENGINE_RELOAD_TRIES
 
 
 def deploy_failed(state: AgentState, version: int, now: float, retry_after_s: float) -> AgentState:

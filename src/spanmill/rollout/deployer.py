@@ -48,6 +48,11 @@ class DeployError(SpanmillError):
     """A version could not be put into service; the message says at which stage and why."""
 
 
+class EngineReloadError(DeployError):
+    """No server could reload the agent's vLLM engine with a new version, and each serves
+    the engine it had: nothing is said against the version, which may be tried again."""
+
+
 class PodDeployError(DeployError):
     """Some servers serve the version, and one that lacked it could not take it (a pod
     added by a scale-up, say): that pod stays out of traffic (its readiness check waits
@@ -230,6 +235,17 @@ class Deployer:
                 )
         if not failures:
             return
+        if new and self.vllm and not holding and self._engine_serves_on(agent, servers):
+            # No server reloaded the engine with the version, and each serves the engine
+            # it held (Triton keeps a model whose reload fails): its adapter files are read
+            # only at its first request, so the failure says nothing against the version
+            # (a GPU still holding a draining engine, a slow start). Out of the record
+            # again, with nothing to reload, and to be tried again.
+            try:
+                remove_from_engine(self.repository, agent, version, self.options)
+            except SpanmillError as exc:
+                log.warning("%s version %d: taking it out of the engine: %s", agent, version, exc)
+            raise EngineReloadError(failures[0])
         if new:
             self._clean_up(agent, version)
             raise DeployError(failures[0])
@@ -280,6 +296,13 @@ class Deployer:
         except SpanmillError as cleanup:
             log.warning("%s version %d: cleaning up after the failure: %s", agent, version, cleanup)
 
+    def _engine_serves_on(self, agent: str, servers: list[TritonControl]) -> bool:
+        model = names.triton_model(agent)
+        try:
+            return all(s.versions(model).get(ENGINE_VERSION) == "READY" for s in servers)
+        except TritonError:
+            return False
+
     def _answers(self, server: TritonControl, agent: str, version: int) -> bool:
         try:
             self._smoke(server, agent, version)
@@ -309,6 +332,9 @@ class Deployer:
         if not self.vllm:
             drop_version(self.triton, self.repository, model, version)
             return
+        engine = read_engine(self.repository, model)
+        if engine is None or version not in engine.versions:
+            return  # never joined the engine (or left it already): nothing to reload
         left = remove_from_engine(self.repository, agent, version, self.options)
         failures: list[TritonError] = []
         for server in self.triton.members():

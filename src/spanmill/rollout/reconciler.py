@@ -34,7 +34,7 @@ from spanmill.registry import names
 from spanmill.registry.client import Desired, ModelRegistry, RegistryError
 from spanmill.rollout import decide
 from spanmill.rollout.backend import RolloutBackend
-from spanmill.rollout.deployer import Deployer, DeployError, PodDeployError
+from spanmill.rollout.deployer import Deployer, DeployError, EngineReloadError, PodDeployError
 from spanmill.rollout.metrics import RolloutMetrics
 from spanmill.rollout.schemas import (
     Action,
@@ -276,6 +276,12 @@ class Reconciler:
     def _stage(self, agent: str, st: AgentState, version: int) -> AgentState:
         """Deploy a new challenger; start its canary (or serve it, when there is no champion)."""
         now = self.clock()
+        if (
+            st.phase == Phase.DEPLOYING
+            and st.challenger == version
+            and now < st.retry_at.get(version, 0.0)
+        ):
+            return st  # its engine did not reload: tried again later
         if st.phase == Phase.STABLE:
             st = decide.begin_deploy(st, version, now)
             # Persisted before the (possibly long) deployment: a restart finishes it.
@@ -285,8 +291,21 @@ class Reconciler:
         except PodDeployError as exc:
             self._pod_failed(agent, version, exc)
             seconds = 0.0
+        except EngineReloadError as exc:
+            st, last = decide.engine_reload_failed(st, version, now, self.retry_after_s)
+            tries = st.reload_failures[version]
+            if last:
+                return self._reject(agent, st, f"{exc} ({tries} tries)", had_traffic=False)
+            self._decide(agent, "error", version,
+                         f"{exc}; the engine serves on without it; trying again in "
+                         f"{self.retry_after_s:.0f}s (try {tries} of "
+                         f"{decide.ENGINE_RELOAD_TRIES})")  # fmt: skip
+            return st
         except DeployError as exc:
             return self._reject(agent, st, str(exc), had_traffic=False)
+        if version in st.reload_failures:
+            failures = {v: n for v, n in st.reload_failures.items() if v != version}
+            st = decide.transition(st, st.phase, now, reload_failures=failures)
         self._decide(
             agent, "deploy", version, f"written, loaded and answering after {seconds:.1f}s"
         )

@@ -159,6 +159,8 @@ class AgentState(BaseModel):
     retiring: dict[int, float] = Field(default_factory=dict)
     # Versions that failed to deploy, and when to try again.
     retry_at: dict[int, float] = Field(default_factory=dict)
+    # Challengers whose vLLM engine reload failed with the engine serving on, how often.
+    reload_failures: dict[int, int] = Field(default_factory=dict)
     # Challengers rolled back while MLflow could not be read, and why: MLflow is told
     # (the rollback tag, the challenger alias removed) before the next pass reads its aliases.
     unrecorded_rollbacks: dict[int, str] = Field(default_factory=dict)
