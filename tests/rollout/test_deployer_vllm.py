@@ -1,6 +1,8 @@
-"""The vLLM flavour's deployments on stand-in servers that behave as Triton's vLLM backend
-does: an engine answers for the adapters its ``multi_lora.json`` listed when it loaded,
-and Triton says READY of the engine it holds, whatever the repository now lists."""
+"""The controller's deployments in the vLLM flavour, and its faults, on stand-in servers
+that behave as Triton's vLLM backend does: an engine answers for the adapters its
+``multi_lora.json`` listed when it loaded, and Triton says READY of the engine it holds,
+whatever the repository now lists. The registry, the state's store and the signals are
+stand-ins too: what is checked is what the controller decides."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from spanmill.registry import Lineage, RegisteredVersion
 from spanmill.rollout.deployer import Deployer, DeployError, EngineReloadError
 from spanmill.rollout.materialize import ModelRepository, ServingOptions, add_to_engine
-from spanmill.rollout.triton import TritonError
+from spanmill.rollout.triton import TritonError, TritonUnreachable
 
 AGENT = "calc"
 BASE = "smollm2-135m"
@@ -47,18 +49,25 @@ class Engine:
         self.loras: set[str] | None = None  # None: no engine loaded
         self.loads = 0
         self.reload_fails = False
+        self.down = False
         self.refuses: set[str] = set()  # adapters its engine cannot run
 
     def describe(self) -> str:
         return f"Triton pod {self.name}"
 
     def versions(self, model: str) -> dict[int, str]:
+        self._reachable()
         return {1: "READY"} if self.loras is not None else {}
+
+    def _reachable(self) -> None:
+        if self.down:  # restarting: connections refused
+            raise TritonUnreachable(f"cannot reach {self.describe()}: ConnectionRefusedError")
 
     def reasons(self, model: str) -> dict[int, str]:
         return {}
 
     def load(self, model: str) -> None:
+        self._reachable()
         self.loads += 1
         if self.reload_fails and self.loras is not None:
             # Triton keeps a model whose reload fails: the engine it had serves on.
@@ -70,6 +79,7 @@ class Engine:
         self.loras = None
 
     def smoke(self, model: str, version: int, *, lora: str | None = None, **options: Any) -> None:
+        self._reachable()
         if self.loras is None or (lora is not None and lora not in self.loras):
             raise TritonError(f"{self.describe()}: LoRA {lora} is not supported")
         if lora in self.refuses:
@@ -166,10 +176,13 @@ class Aliases:
         self.rolled_back: dict[int, str] = {}
 
     def agents(self) -> list[str]:
-        return [AGENT]
+        return ["broken", AGENT]  # sorted first, as the controller takes them
 
     def desired(self, agent: str) -> Any:
         from spanmill.registry.client import Desired
+
+        if agent == "broken":  # an error no step names, as a full disk's would be
+            raise OSError(28, "No space left on device")
 
         return Desired(champion=self.named.get("champion"), challenger=self.named.get("challenger"))
 
@@ -218,7 +231,18 @@ class Quiet:
         return {}
 
     def health(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("no canary here")
+        from spanmill.rollout.schemas import Health
+
+        return Health()  # no traffic: the canary holds
+
+
+def controller(aliases: Aliases, deployer: Deployer, clock: list[float]) -> Any:
+    from spanmill.rollout.metrics import RolloutMetrics
+    from spanmill.rollout.reconciler import Reconciler
+
+    return Reconciler(aliases, deployer, Quiet(), Memory(),  # type: ignore[arg-type]
+                      metrics=RolloutMetrics(), clock=lambda: clock[0],
+                      retry_after_s=60)  # fmt: skip
 
 
 @pytest.mark.parametrize("recovers", [False, True])
@@ -228,15 +252,11 @@ def test_the_controller_tries_a_challenger_whose_engine_did_not_reload_again(
     """A few times, one retry interval apart, before it rolls the challenger back; one
     that deploys meanwhile goes on to its canary."""
     from spanmill.rollout import decide
-    from spanmill.rollout.metrics import RolloutMetrics
-    from spanmill.rollout.reconciler import Reconciler
     from spanmill.rollout.schemas import Phase
 
     registry, _, servers, deployer = setting
     aliases, clock = Aliases(registry), [0.0]
-    reconciler = Reconciler(aliases, deployer, Quiet(), Memory(),  # type: ignore[arg-type]
-                            metrics=RolloutMetrics(), clock=lambda: clock[0],
-                            retry_after_s=60)  # fmt: skip
+    reconciler = controller(aliases, deployer, clock)
     for server in servers:
         server.reload_fails = True
     reconciler.tick()
@@ -268,3 +288,37 @@ def test_the_controller_tries_a_challenger_whose_engine_did_not_reload_again(
     tried = [n + decide.ENGINE_RELOAD_TRIES - 1 for n in loads]
     assert [server.loads for server in servers] == tried
     assert "challenger" not in aliases.named
+
+
+def test_triton_out_of_reach_says_nothing_against_a_challenger(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """Triton restarting (connections refused) while a challenger is staged: it is tried
+    again, not rolled back. (Triton lost mid-canary still rolls the canary back: its share
+    of traffic would fail until the challenger is loaded again, counted against it;
+    tests/rollout/test_rollout_triton_fault.py.) And an agent whose pass fails with an
+    error no step names (a full disk) does not keep the agents after it from theirs."""
+    from spanmill.rollout.schemas import Phase
+
+    registry, _, servers, deployer = setting
+    aliases, clock = Aliases(registry), [0.0]
+    reconciler = controller(aliases, deployer, clock)
+    del aliases.named["challenger"]
+    decisions = reconciler.tick()
+    assert any(d.agent == "broken" and "No space left" in d.reason for d in decisions)
+    state = reconciler.state(AGENT)
+    assert state is not None and state.champion == 1
+    aliases.named["challenger"] = 2
+    for server in servers:
+        server.down = True
+    clock[0] += 1.0
+    reconciler.tick()
+    state = reconciler.state(AGENT)
+    assert state is not None and state.phase == Phase.DEPLOYING and not aliases.rolled_back
+    for server in servers:
+        server.down = False
+    clock[0] += 61.0
+    reconciler.tick()
+    state = reconciler.state(AGENT)
+    assert state is not None and state.phase == Phase.CANARY
+    assert all(server.loras == {"calc-v2"} for server in servers)

@@ -38,7 +38,7 @@ from spanmill.rollout.materialize import (
     read_engine,
     remove_from_engine,
 )
-from spanmill.rollout.triton import TritonControl, TritonError
+from spanmill.rollout.triton import TritonControl, TritonError, TritonUnreachable
 from spanmill.serving.repository import ENGINE_VERSION
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,11 @@ class DeployError(SpanmillError):
 class EngineReloadError(DeployError):
     """No server could reload the agent's vLLM engine with a new version, and each serves
     the engine it had: nothing is said against the version, which may be tried again."""
+
+
+class ServingUnreachable(DeployError):
+    """Triton could not be asked (restarting, its pods not listed, the network): the
+    deployment is neither done nor refused, and nothing is said against the version."""
 
 
 class PodDeployError(DeployError):
@@ -138,8 +143,8 @@ class Deployer:
             servers = self.triton.members()
             lacking = [s for s in servers if s.versions(model).get(version) != "READY"]
         except TritonError as exc:
-            raise DeployError(f"finding where {agent} version {version} is loaded failed: "
-                              f"{exc}") from None  # fmt: skip
+            raise _asking_failed(f"finding where {agent} version {version} is loaded failed: "
+                                 f"{exc}", exc) from None  # fmt: skip
         written = False
         if lacking and not self.repository.has(model, version):
             self._write(agent, registered, servers, lacking)
@@ -206,12 +211,14 @@ class Deployer:
         some answer and others cannot take it."""
         model = names.triton_model(agent)
         failures: list[str] = []
+        unreachable = 0  # failures of servers that could not be asked at all
         holding = [s for s in servers if s not in lacking]
         for server in lacking:
             try:
                 server.load(model)
                 holding.append(server)
             except SpanmillError as exc:
+                unreachable += isinstance(exc, TritonUnreachable)
                 try:
                     reason = server.reasons(model).get(loaded_as, "")
                 except SpanmillError:
@@ -228,6 +235,7 @@ class Deployer:
                 self._smoke(server, agent, version)
                 answering.append(server)
             except SpanmillError as exc:
+                unreachable += isinstance(exc, TritonUnreachable)
                 detail = _first_line(str(exc).removeprefix(f"{server.describe()}: "))
                 failures.append(
                     f"checking {agent} version {version} failed on {server.describe()}: "
@@ -235,6 +243,10 @@ class Deployer:
                 )
         if not failures:
             return
+        if unreachable == len(failures) and not answering:
+            # No server could be asked: a restart or an outage, not the version's fault.
+            # What was written stays, for the next try.
+            raise ServingUnreachable(failures[0])
         if new and self.vllm and not holding and self._engine_serves_on(agent, servers):
             # No server reloaded the engine with the version, and each serves the engine
             # it held (Triton keeps a model whose reload fails): its adapter files are read
@@ -268,6 +280,10 @@ class Deployer:
         try:
             servers = self.triton.members()
             lacking = [s for s in servers if s.versions(model).get(ENGINE_VERSION) != "READY"]
+        except TritonError as exc:
+            raise _asking_failed(f"finding where {agent}'s engine is loaded failed: {exc}",
+                                 exc) from None  # fmt: skip
+        try:
             if not listed:
                 add_to_engine(registered, self.registry, self.repository, self.options)
                 lacking = servers
@@ -374,6 +390,11 @@ def drop_version(
             failures.append(exc)
     if failures:
         raise failures[0]
+
+
+def _asking_failed(message: str, cause: TritonError) -> DeployError:
+    """ServingUnreachable where Triton could not be asked at all, else DeployError."""
+    return (ServingUnreachable if isinstance(cause, TritonUnreachable) else DeployError)(message)
 
 
 def _first_line(text: str) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spanmill.config import TritonSettings
-from spanmill.rollout.triton import TritonControl, TritonError
+from spanmill.rollout.triton import TritonControl, TritonUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class EndpointSliceFleet:
                 else ""
             )
             reason = getattr(exc, "reason", None) or exc
-            raise TritonError(
+            raise TritonUnreachable(
                 f"listing the EndpointSlices of {self.describe()} failed: {reason}{hint}"
             ) from None
         return pod_endpoints(listed.items, self.service, self.port_name)
@@ -160,7 +160,7 @@ class EndpointSliceFleet:
                          control.describe())  # fmt: skip
         if not live:
             listed = ", ".join(e.pod for e in endpoints) or "none listed"
-            raise TritonError(
+            raise TritonUnreachable(
                 f"no Triton pod answers among {self.describe()} ({listed}); check that Triton "
                 "runs and that SPANMILL_TRITON_PODS_SERVICE names its headless Service"
             )

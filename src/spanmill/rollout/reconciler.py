@@ -34,7 +34,13 @@ from spanmill.registry import names
 from spanmill.registry.client import Desired, ModelRegistry, RegistryError
 from spanmill.rollout import decide
 from spanmill.rollout.backend import RolloutBackend
-from spanmill.rollout.deployer import Deployer, DeployError, EngineReloadError, PodDeployError
+from spanmill.rollout.deployer import (
+    Deployer,
+    DeployError,
+    EngineReloadError,
+    PodDeployError,
+    ServingUnreachable,
+)
 from spanmill.rollout.metrics import RolloutMetrics
 from spanmill.rollout.schemas import (
     Action,
@@ -138,6 +144,11 @@ class Reconciler:
             except SpanmillError as exc:
                 self.metrics.errors.labels(agent).inc()
                 self._decide(agent, "error", None, str(exc))
+            except Exception as exc:  # a bug, or an error not yet named (a full disk):
+                # this agent's pass fails, and the agents after it still get theirs.
+                log.exception("%s: the pass failed unexpectedly", agent)
+                self.metrics.errors.labels(agent).inc()
+                self._decide(agent, "error", None, f"{type(exc).__name__}: {exc}")
         self.last_tick_at = self.clock()
         self.metrics.last_reconcile.set(self.last_tick_at)
         return list(self._tick_decisions)
@@ -291,6 +302,11 @@ class Reconciler:
         except PodDeployError as exc:
             self._pod_failed(agent, version, exc)
             seconds = 0.0
+        except ServingUnreachable as exc:
+            self._decide(agent, "error", version,
+                         f"{exc}; Triton cannot be asked, which says nothing against the "
+                         f"version; trying again in {self.retry_after_s:.0f}s")  # fmt: skip
+            return decide.deploy_failed(st, version, now, self.retry_after_s)
         except EngineReloadError as exc:
             st, last = decide.engine_reload_failed(st, version, now, self.retry_after_s)
             tries = st.reload_failures[version]

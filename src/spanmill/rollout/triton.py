@@ -14,6 +14,7 @@ on Kubernetes the fleet is every pod of Triton's headless Service.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 
@@ -25,6 +26,11 @@ from spanmill.serving import protocol
 
 class TritonError(SpanmillError):
     """Triton refused or failed a repository or inference request."""
+
+
+class TritonUnreachable(TritonError):
+    """Triton could not be asked at all (connection refused or reset, no pod answering, the
+    pods not listed): nothing is said about any model."""
 
 
 class TritonControl:
@@ -60,7 +66,9 @@ class TritonControl:
                 if self.pod
                 else "check that it runs and SPANMILL_TRITON_HTTP_URL points at it"
             )
-            raise TritonError(
+            # A connection never made or cut says nothing of the request; a timeout may.
+            unreachable = isinstance(exc, ConnectionError | socket.gaierror)
+            raise (TritonUnreachable if unreachable else TritonError)(
                 f"cannot reach {self.describe()} ({what}): {type(exc).__name__}: {exc}; {hint}"
             ) from None
 
