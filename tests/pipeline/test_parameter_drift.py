@@ -88,6 +88,19 @@ def test_each_step_defaults_to_its_settings(model: type[BaseModel], step: Any) -
     assert checked >= 3
 
 
+def test_the_evaluate_step_defaults_to_the_gate_policy() -> None:
+    """The gate's fields are nested in EvalSettings (``gate``): the step's margin, metric
+    and significance default to GatePolicy's, or to unset (the environment's)."""
+    from spanmill.evaluate.settings import GatePolicy
+
+    parameters = _parameters(steps.evaluate_step)
+    for parameter, field in {"margin": "margin", "gate_metric": "metric",
+                             "require_significant": "require_significant"}.items():  # fmt: skip
+        _, default = parameters[parameter]
+        own = GatePolicy.model_fields[field].get_default(call_default_factory=True)
+        assert default in (own, None), f"evaluate_step({parameter}={default!r}), gate: {own!r}"
+
+
 def test_the_flywheel_passes_each_parameter_with_its_components_default() -> None:
     flywheel = _parameters(pipelines.flywheel.flywheel)
     names = {name: _parameters(component) for name, (component, _) in COMPONENTS.items()}

@@ -48,3 +48,30 @@ def test_a_bad_cluster_value_names_its_variable(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("SPANMILL_SERVING_FLAVOUR", "tensorrt")
     with pytest.raises(ConfigError, match="SPANMILL_SERVING_FLAVOUR"):
         steps._serving("")
+
+
+def test_the_gate_the_environment_sets_reaches_a_pipeline_evaluation(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate's fields a run does not pass (the tolerances, the deciding suite, whether
+    the difference must be significant) come from SPANMILL_EVAL_GATE__*, as for the CLI;
+    the run's own margin and metric win."""
+    import spanmill.evaluate
+    from spanmill.evaluate import EvalSettings
+
+    seen: list[EvalSettings] = []
+
+    def evaluate(dataset: object, model: object, out: object, settings: EvalSettings) -> None:
+        seen.append(settings)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(spanmill.evaluate, "evaluate", evaluate)
+    monkeypatch.setenv("SPANMILL_EVAL_GATE__REQUIRE_SIGNIFICANT", "true")
+    monkeypatch.setenv("SPANMILL_EVAL_GATE__FORMAT_TOLERANCE", "0.3")
+    monkeypatch.setenv("SPANMILL_EVAL_GATE__MARGIN", "0.2")
+    with pytest.raises(ConfigError, match="stop here"):
+        steps.evaluate_step(tmp_path, tmp_path, tmp_path, agent="calc", base_model="b",  # type: ignore[arg-type]
+                            margin=0.05, gate_metric="success_rate")  # fmt: skip
+    gate = seen[0].gate
+    assert gate.require_significant and gate.format_tolerance == 0.3
+    assert (gate.margin, gate.metric) == (0.05, "success_rate")

@@ -52,7 +52,7 @@ def evaluate(
     key from SPANMILL_EVAL_JUDGE_API_KEY.
     """
     from spanmill.config import load_settings
-    from spanmill.evaluate import EvalSettings, GatePolicy
+    from spanmill.evaluate import EvalSettings
     from spanmill.evaluate import evaluate as run_evaluation
 
     given = {
@@ -68,14 +68,12 @@ def evaluate(
         "track": track,
     }
     settings = load_settings(EvalSettings, **{k: v for k, v in given.items() if v is not None})
-    asked = {"margin": margin, "metric": gate_metric, "require_significant": require_significant}
-    gate = {k: v for k, v in asked.items() if v is not None}
-    if gate:
-        try:
-            policy = GatePolicy(**{**settings.gate.model_dump(), **gate})
-        except ValueError as exc:  # pydantic's ValidationError names the field
-            raise typer.BadParameter(str(exc)) from None
-        settings = settings.model_copy(update={"gate": policy})
+    try:
+        settings = settings.with_gate(
+            margin=margin, metric=gate_metric, require_significant=require_significant
+        )
+    except ValueError as exc:  # pydantic's ValidationError names the field
+        raise typer.BadParameter(str(exc)) from None
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console) as progress:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -110,6 +110,15 @@ class EvalSettings(BaseSettings):
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     seed: int = 0
     gate: GatePolicy = Field(default_factory=GatePolicy)
+
+    def with_gate(self, **asked: Any) -> EvalSettings:
+        """These settings with the gate's fields ``asked`` (None: as they are, from the
+        environment or the default) over the gate the settings hold; raises ValueError
+        naming a bad value."""
+        given = {name: value for name, value in asked.items() if value is not None}
+        if not given:
+            return self
+        return self.model_copy(update={"gate": GatePolicy(**{**self.gate.model_dump(), **given})})
 
     track: bool = True
     experiment: str = Field("spanmill", min_length=1)

@@ -25,6 +25,9 @@ FLYWHEEL_CHOICES: Final[dict[tuple[str, str], tuple[Any, str]]] = {
     ("build_dataset", "drop_examples"): (
         True, "few-shot examples are distilled away: the tuned model needs none"),
     ("train_lora", "max_steps"): (90, "a fixed training budget per run, whatever the data's size"),
+    ("evaluate", "margin"): (
+        0.05, "an unattended run promotes only a clear improvement (a person at the CLI "
+        "judges the report)"),
 }  # fmt: skip
 
 # Flywheel parameter -> the component parameter it is passed as, where the names differ.

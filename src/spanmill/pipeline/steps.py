@@ -221,8 +221,8 @@ def evaluate_step(
     *,
     agent: str,
     base_model: str,
-    margin: float = 0.05,
-    require_significant: bool = False,
+    margin: float = 0.02,
+    require_significant: bool | None = None,
     instances: int = 100,
     evaluators: str = "tool_calls,reference",
     gate_metric: str = "auto",
@@ -244,7 +244,6 @@ def evaluate_step(
     cluster). Returns the evaluation's metrics.json content.
     """
     from spanmill.evaluate import EvalSettings, evaluate
-    from spanmill.evaluate.settings import GatePolicy
 
     given: dict[str, Any] = {
         "agent": agent,
@@ -253,9 +252,6 @@ def evaluate_step(
         "evaluators": [name.strip() for name in evaluators.split(",") if name.strip()],
         "serving": _serving(flavour, num_threads),
         "experiment": experiment,
-        "gate": GatePolicy(
-            margin=margin, metric=gate_metric, require_significant=require_significant
-        ),
         "mlflow": _mlflow(tracking_uri),
         "triton": _triton(triton_url, model_repository),
     }
@@ -263,7 +259,12 @@ def evaluate_step(
         given["judge_url"] = judge_url
     if judge_model:
         given["judge_model"] = judge_model
-    evaluate(dataset_dir, model_dir, out_dir, load_settings(EvalSettings, **given))
+    # The gate's other fields (format and regression tolerances, the deciding suite, and
+    # require_significant where not given) come from the environment, as for the CLI.
+    settings = load_settings(EvalSettings, **given).with_gate(
+        margin=margin, metric=gate_metric, require_significant=require_significant
+    )
+    evaluate(dataset_dir, model_dir, out_dir, settings)
     return EvalReport.read(out_dir).to_json()
 
 
