@@ -142,10 +142,52 @@ def test_evaluator_metrics_are_averaged_over_the_items_they_apply_to() -> None:
     assert s.scores == {"tool_calls.name": 0.5, "judge.preference": 0.5}
     assert s.metric("tool_calls.name") == 0.5 and s.metric("success_rate") == 1 / 3
     assert per_item(outcomes, "tool_calls.name") == [1.0, 0.0]
-    decision = decide(s, summary(0.0), interval(0.5), GatePolicy(metric="tool_calls.name"))
+    champion = summary(0.0)
+    champion.scores["tool_calls.name"] = 0.0
+    policy = GatePolicy(metric="tool_calls.name", min_items=2)
+    decision = decide(s, champion, interval(0.5), policy)
     assert decision.promote and decision.metric == "tool_calls.name"
+    assert s.measured("tool_calls.name") == 2 and s.measured("success_rate") == 3
 
 
 def test_the_gate_metric_is_checked_when_the_policy_is_made() -> None:
     with pytest.raises(ValueError, match="metric"):
         GatePolicy(metric="no such metric")
+
+
+def test_a_metric_measured_on_a_few_items_never_decides() -> None:
+    """One tool-call item among forty prose ones: a challenger right on it and worse
+    elsewhere must not pass on it. ``auto`` takes a metric only where it scores at least
+    half the items, and the gate refuses one measured on fewer than min_items."""
+    from types import SimpleNamespace
+
+    from spanmill.evaluate.run import _metric
+
+    def outcomes(right_on_the_call: bool, prose: float) -> list[Outcome]:
+        scores = {"tool_calls.name_args": float(right_on_the_call), "reference.normalised": 0.5}
+        items = [Outcome("call", 0.0, False, True, 5, 1, scores=scores)]
+        for i in range(39):
+            items.append(Outcome(f"p{i}", 0.0, False, True, 5, 1,
+                                 scores={"reference.normalised": prose}))  # fmt: skip
+        return items
+
+    replay = {
+        "challenger": {"replay": outcomes(True, 0.80)},
+        "champion": {"replay": outcomes(False, 0.90)},
+    }
+    evaluators = [SimpleNamespace(name="tool_calls", metrics=["name_args"]),
+                  SimpleNamespace(name="reference", metrics=["normalised"])]  # fmt: skip
+    policy = _metric(GatePolicy(suite="replay"), evaluators, replay)  # type: ignore[arg-type]
+    assert policy.metric == "reference.normalised"
+    challenger, champion = (Summary.of(replay[side]["replay"]) for side in replay)
+    assert not decide(challenger, champion, interval(-0.1), policy).promote
+    # Asked for by name, the metric of one item is still refused.
+    by_name = GatePolicy(suite="replay", metric="tool_calls.name_args")
+    refused = decide(challenger, champion, interval(1.0), by_name)
+    assert not refused.promote
+    assert refused.reasons[0] == (
+        "tool_calls.name_args was measured on 1 item, fewer than the 5 the gate needs (min_items)"
+    )
+    # A one-item evaluation is refused whatever its metric.
+    one = decide(summary(1.0, n=1), summary(0.0, n=1), interval(1.0), POLICY)
+    assert not one.promote and "measured on 1 item" in one.reasons[0]

@@ -36,8 +36,14 @@ def decide(
     metric = "success_rate" if policy.metric == "auto" else policy.metric
     delta = challenger.metric(metric) - champion.metric(metric)
     reasons: list[str] = []
+    measured = min(challenger.measured(metric), champion.measured(metric))
     if challenger.n == 0 or champion.n == 0:
         reasons.append("nothing was evaluated")
+    elif measured < policy.min_items:
+        reasons.append(
+            f"{metric} was measured on {measured} item{'s' * (measured != 1)}, fewer than the "
+            f"{policy.min_items} the gate needs (min_items)"
+        )
     elif not math.isfinite(delta):  # a comparison with NaN is false: it would pass below
         reasons.append(
             f"{metric} cannot be compared: {challenger.metric(metric)} against the "

@@ -226,16 +226,19 @@ def _metric(
     policy: GatePolicy, evaluators: list[Evaluator], outcomes: dict[str, dict[str, list[Outcome]]]
 ) -> GatePolicy:
     """The policy with an ``auto`` metric resolved on what was scored: for the replay, the
-    first evaluator metric that some replayed item has (the evaluators' order, each one's
-    headline first); else, and for tasks, the success rate."""
+    first evaluator metric (the evaluators' order, each one's headline first) that scores
+    at least half the replayed items of each model, so that a metric of a few items never
+    decides for all; else, and for tasks, the success rate."""
     if policy.metric != "auto":
         return policy
-    scored = {name for o in outcomes["challenger"].get(policy.suite, []) for name in o.scores}
     if policy.suite == "replay":
+        sides = [outcomes[side].get(policy.suite, []) for side in ("challenger", "champion")]
         for evaluator in evaluators:
             for metric in evaluator.metrics:
-                if f"{evaluator.name}.{metric}" in scored:
-                    return policy.model_copy(update={"metric": f"{evaluator.name}.{metric}"})
+                name = f"{evaluator.name}.{metric}"
+                if all(side and 2 * sum(name in o.scores for o in side) >= len(side)
+                       for side in sides):  # fmt: skip
+                    return policy.model_copy(update={"metric": name})
     return policy.model_copy(update={"metric": "success_rate"})
 
 

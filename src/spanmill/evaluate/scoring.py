@@ -44,27 +44,37 @@ class Summary:
     success_rate: float
     format_validity: float
     tokens_per_answer: float
-    # Each evaluator metric's mean over the items it applies to.
+    # Each evaluator metric's mean over the items it applies to, and how many those are.
     scores: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, outcomes: Sequence[Outcome]) -> Summary:
         if not outcomes:
             return cls(0, 0.0, 0.0, 0.0, 0.0)
         names = sorted({name for o in outcomes for name in o.scores})
+        values = {name: per_item(outcomes, name) for name in names}
         return cls(
             n=len(outcomes),
             mean_reward=fmean(o.reward for o in outcomes),
             success_rate=fmean(float(o.success) for o in outcomes),
             format_validity=fmean(float(o.format_valid) for o in outcomes),
             tokens_per_answer=fmean(o.tokens_per_reply for o in outcomes),
-            scores={name: fmean(per_item(outcomes, name)) for name in names},
+            scores={name: fmean(items) for name, items in values.items()},
+            counts={name: len(items) for name, items in values.items()},
         )
 
     def metric(self, name: str) -> float:
         if name in RATES:
             return float(getattr(self, name))
         return self.scores.get(name, 0.0)
+
+    def measured(self, name: str) -> int:
+        """How many items ``name`` was measured on (a rate: every item; a score given
+        without its count: every item, as a summary made by hand says)."""
+        if name in RATES:
+            return self.n
+        return self.counts.get(name, self.n if name in self.scores else 0)
 
 
 # The rates every suite has; evaluator metrics are named "<evaluator>.<metric>".

@@ -38,6 +38,12 @@ class GatePolicy(BaseModel):
     require_significant: bool = Field(
         False, description="Also require the difference's confidence interval to exclude 0."
     )
+    min_items: int = Field(
+        5,
+        ge=1,
+        description="The fewest items the gate's metric must be measured on, for each model: "
+        "fewer say too little to replace a model in service.",
+    )
     regression_tolerance: float = Field(
         0.1,
         ge=0.0,
