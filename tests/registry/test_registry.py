@@ -160,6 +160,12 @@ def test_a_rolled_back_challenger_is_not_desired_again(mlflow_server) -> None:  
     desired = registry.desired(agent)
     assert (desired.champion, desired.challenger) == (v1, None)
     assert CHALLENGER not in registry.aliases(agent)  # removed again
+    # A controller that deployed it meanwhile records its canary, which leaves the
+    # status alone: a rollback by hand is never undone by an event that came after it.
+    registry.record(agent, v2, "canary: against champion version 1", status="canary")
+    assert registry.version(agent, v2).rolled_back
+    registry.promote(agent, v2, reason="promoted by hand")  # a person's word is the last
+    assert registry.version(agent, v2).rollout_status == "promoted"
 
 
 def test_errors_name_what_to_do(mlflow_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

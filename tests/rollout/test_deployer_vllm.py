@@ -6,6 +6,7 @@ stand-ins too: what is checked is what the controller decides."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -183,7 +184,6 @@ class Aliases:
 
         if agent == "broken":  # an error no step names, as a full disk's would be
             raise OSError(28, "No space left on device")
-
         return Desired(champion=self.named.get("champion"), challenger=self.named.get("challenger"))
 
     def aliases(self, agent: str) -> dict[str, int]:
@@ -193,7 +193,15 @@ class Aliases:
         self.named.pop(alias, None)
 
     def version(self, agent: str, version: int) -> Any:
-        return self.registry.version(agent, version)
+        registered = self.registry.version(agent, version)
+        if version in self.rolled_back:
+            tags = {**registered.tags, "spanmill.rollout.status": "rolled_back"}
+            registered = dataclasses.replace(registered, tags=tags)
+        return registered
+
+    def roll_back_by_hand(self, version: int) -> None:
+        self.rolled_back[version] = "rolled back by hand"
+        self.named.pop("challenger", None)
 
     def record(self, agent: str, version: int, message: str, **tags: Any) -> None:
         if tags.get("status") == "rolled_back":
@@ -322,3 +330,38 @@ def test_triton_out_of_reach_says_nothing_against_a_challenger(
     state = reconciler.state(AGENT)
     assert state is not None and state.phase == Phase.CANARY
     assert all(server.loras == {"calc-v2"} for server in servers)
+
+
+def test_a_challenger_rolled_back_by_hand_while_it_deploys_gets_no_traffic(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """A person rolls the challenger back while its deployment (minutes for a real model)
+    runs: once it is done, the controller asks the registry again before the canary's
+    first traffic, and the next pass stops it."""
+    from spanmill.rollout.schemas import Phase
+
+    registry, _, servers, deployer = setting
+    aliases, clock = Aliases(registry), [0.0]
+    reconciler = controller(aliases, deployer, clock)
+    del aliases.named["challenger"]
+    reconciler.tick()
+    aliases.named["challenger"] = 2
+    loading = servers[0].load
+
+    def load_while_a_person_rolls_back(model: str) -> None:
+        aliases.roll_back_by_hand(2)
+        loading(model)
+
+    servers[0].load = load_while_a_person_rolls_back  # type: ignore[method-assign]
+    clock[0] += 1.0
+    decisions = reconciler.tick()
+    assert not [d for d in decisions if d.action == "canary"]
+    state = reconciler.state(AGENT)
+    assert state is not None and state.phase == Phase.DEPLOYING
+    route = reconciler.backend.table.routes[AGENT]
+    assert [(b.version, b.weight) for b in route.backends] == [("1", 100.0)]
+    clock[0] += 1.0
+    reconciler.tick()
+    state = reconciler.state(AGENT)
+    assert state is not None and state.phase == Phase.STABLE and state.challenger is None
+    assert aliases.rolled_back[2] == "rolled back by hand"

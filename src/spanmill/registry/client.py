@@ -479,8 +479,12 @@ class ModelRegistry:
         status: str | None = None,
         reason: str | None = None,
     ) -> None:
-        """Append a rollout event to the version's tag history (and set its status)."""
+        """Append a rollout event to the version's tag history (and set its status). A
+        version rolled back stays so (it is never staged again) unless it is promoted (the
+        champion alias set on it by a person); the event is recorded all the same."""
         current = self.version(agent, version)
+        if current.rolled_back and status not in (None, names.ROLLED_BACK, "promoted"):
+            status = None
         numbers = [
             int(k[len(names.ROLLOUT_EVENT_PREFIX) :])
             for k in current.tags

@@ -335,6 +335,8 @@ class Reconciler:
                          "the first version of this agent: there is no champion to compare with",
                          status="promoted")  # fmt: skip
             return st
+        if not self._may_promote(agent, version, "given traffic"):
+            return st
         st = decide.start_canary(st, now, self.signals.snapshot(names.route(agent)))
         self._decide(agent, "canary", version, f"against champion version {st.champion}",
                      weight=decide.challenger_weight(st, self.policy), status="canary")  # fmt: skip
@@ -514,18 +516,19 @@ class Reconciler:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _may_promote(self, agent: str, version: int) -> bool:
-        """Asked again just before a promotion, which may come long after the pass began
-        (a deployment, a canary's checks): still leading, and the registry still names
-        ``version`` the challenger and has not rolled it back meanwhile (by hand, or by a
-        controller that took over). Where not, the next pass does what the registry says."""
+    def _may_promote(self, agent: str, version: int, step: str = "promoted") -> bool:
+        """Asked again just before a promotion, or a canary's first traffic, which may come
+        long after the pass began (a deployment, a canary's checks): still leading, and the
+        registry still names ``version`` the challenger and has not rolled it back meanwhile
+        (by hand, or by a controller that took over). Where not, the next pass does what
+        the registry says."""
         if not self.active():
-            raise NotLeading(f"{agent}: no longer leading; version {version} is not promoted")
+            raise NotLeading(f"{agent}: no longer leading; version {version} is not {step}")
         rolled_back = self.registry.version(agent, version).rolled_back
         named = self.registry.aliases(agent).get(names.CHALLENGER) == version
         if rolled_back or not named:
             why = "it was rolled back" if rolled_back else "the challenger alias moved"
-            self._decide(agent, "hold", version, f"not promoted: {why} meanwhile", quiet=True)
+            self._decide(agent, "hold", version, f"not {step}: {why} meanwhile", quiet=True)
             return False
         return True
 
