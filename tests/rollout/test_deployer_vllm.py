@@ -235,7 +235,7 @@ class Memory:
 
 
 class Quiet:
-    def snapshot(self, route: str) -> dict[str, Any]:
+    def snapshot(self, route: str, versions: Any) -> dict[str, Any]:
         return {}
 
     def health(self, *args: Any, **kwargs: Any) -> Any:

@@ -58,9 +58,14 @@ def test_gateway_metrics_count_only_what_happened_since_the_snapshot(serve_app) 
     for gateway in (a, b):
         gateway.served("1", "200", 40)
         gateway.served("2", "200", 5)
+        gateway.served("7", "200", 3)  # a version retired long ago, still counted
     with serve_app(a.app) as url_a, serve_app(b.app) as url_b:
         signals = GatewayMetricsSignals([url_a, url_b, url_a])  # one named twice counts once
-        baseline = signals.snapshot("calc")
+        baseline = signals.snapshot("calc", [1, 2])
+        # Kept in the controller's state: the canary's versions alone, not every version
+        # a gateway served since it started.
+        kept = baseline["targets"][url_a]
+        assert sorted(kept["requests"]) == ["1", "2"] and sorted(kept["buckets"]) == ["1", "2"]
         for gateway in (a, b):  # two replicas: their counts add up
             gateway.served("2", "200", 10, seconds=0.3)
             gateway.served("2", "502", 2)
@@ -89,7 +94,7 @@ def test_one_gateways_restart_hides_no_other_gateways_errors(serve_app) -> None:
     b.served("2", "502", 10, seconds=0.2)
     with serve_app(a.app) as url_a, serve_app(b.app) as url_b:
         signals = GatewayMetricsSignals([url_a, url_b])
-        baseline = signals.snapshot("calc")
+        baseline = signals.snapshot("calc", [2])
         a.served("2", "502", 12)
         b.restart()
         b.served("2", "502", 3)

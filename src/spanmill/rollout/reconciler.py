@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from spanmill.errors import SpanmillError
 from spanmill.gateway.routing import RoutingTable
@@ -337,7 +338,7 @@ class Reconciler:
             return st
         if not self._may_promote(agent, version, "given traffic"):
             return st
-        st = decide.start_canary(st, now, self.signals.snapshot(names.route(agent)))
+        st = decide.start_canary(st, now, self._snapshot(agent, st))
         self._decide(agent, "canary", version, f"against champion version {st.champion}",
                      weight=decide.challenger_weight(st, self.policy), status="canary")  # fmt: skip
         return st
@@ -352,7 +353,6 @@ class Reconciler:
                 self._pod_failed(agent, version, exc)
             except DeployError as exc:
                 return self._reject(agent, st, f"it is no longer loaded: {exc}", had_traffic=True)
-        route = names.route(agent)
         health, champion_health, move = self._judged(agent, st)
         now = self.clock()
         if move.kind == "hold":
@@ -361,7 +361,7 @@ class Reconciler:
         if move.kind == "rollback":
             return self._reject(agent, st, move.reason, had_traffic=True, health=health)
         if move.kind == "advance":
-            st = decide.advance(st, now, self.signals.snapshot(route), champion_health, self.policy)
+            st = decide.advance(st, now, self._snapshot(agent, st), champion_health, self.policy)
             weight = decide.challenger_weight(st, self.policy)
             self._decide(agent, "advance", version, move.reason, weight=weight, health=health)
             return st
@@ -515,6 +515,11 @@ class Reconciler:
         return st
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _snapshot(self, agent: str, st: AgentState) -> dict[str, Any] | None:
+        """The signals' counters a canary step is judged from, of its two versions."""
+        versions = [v for v in (st.champion, st.challenger) if v is not None]
+        return self.signals.snapshot(names.route(agent), versions)
 
     def _may_promote(self, agent: str, version: int, step: str = "promoted") -> bool:
         """Asked again just before a promotion, or a canary's first traffic, which may come

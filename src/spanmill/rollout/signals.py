@@ -15,7 +15,7 @@ Two sources, one interface:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import httpx
@@ -34,8 +34,9 @@ class SignalError(SpanmillError):
 
 
 class Signals(Protocol):
-    def snapshot(self, route: str) -> dict[str, Any] | None:
-        """Whatever :meth:`health` needs later to count only what happened after now."""
+    def snapshot(self, route: str, versions: Collection[int]) -> dict[str, Any] | None:
+        """Whatever :meth:`health` needs later to count only what happened after now, for
+        ``versions`` (it is kept in the controller's state: of those alone)."""
 
     def health(
         self, route: str, version: int, since: float, baseline: Mapping[str, Any] | None
@@ -87,8 +88,16 @@ class GatewayMetricsSignals:
             targets[url] = {"requests": requests, "buckets": buckets}
         return {"targets": targets}
 
-    def snapshot(self, route: str) -> dict[str, Any] | None:
-        return self._scrape(route)
+    def snapshot(self, route: str, versions: Collection[int]) -> dict[str, Any] | None:
+        # A gateway counts every version it ever served until it restarts: all of them
+        # in the state would grow it past what a ConfigMap holds.
+        wanted = {str(v) for v in versions}
+        targets = self._scrape(route)["targets"]
+        return {"targets": {
+            url: {kind: {v: c for v, c in counters[kind].items() if v in wanted}
+                  for kind in ("requests", "buckets")}
+            for url, counters in targets.items()
+        }}  # fmt: skip
 
     def health(
         self, route: str, version: int, since: float, baseline: Mapping[str, Any] | None
@@ -194,7 +203,7 @@ class SpanStoreSignals:
         self.store = SpanStore(store_url, storage_options)
         self.reward_name = reward_name
 
-    def snapshot(self, route: str) -> dict[str, Any] | None:
+    def snapshot(self, route: str, versions: Collection[int]) -> dict[str, Any] | None:
         return None
 
     def health(
