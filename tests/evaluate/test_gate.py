@@ -191,3 +191,20 @@ def test_a_metric_measured_on_a_few_items_never_decides() -> None:
     # A one-item evaluation is refused whatever its metric.
     one = decide(summary(1.0, n=1), summary(0.0, n=1), interval(1.0), POLICY)
     assert not one.promote and "measured on 1 item" in one.reasons[0]
+
+
+def test_another_suites_loss_is_a_regression_too() -> None:
+    """The tasks suite decides, better by 0.1; the replay's tool calls fell from 0.9 to
+    0.2: refused, naming the suite."""
+    tasks = (summary(0.6), summary(0.5))
+    replay = (summary(0.5), summary(0.5))
+    for side, value in zip(replay, (0.2, 0.9), strict=True):
+        side.scores["tool_calls.name_args"] = value
+    decision = decide(*tasks, interval(0.1), POLICY, others={"replay": replay})
+    assert not decision.promote
+    assert decision.reasons == (
+        "replay: tool_calls.name_args 0.200 is below the champion's 0.900 by more than the "
+        "tolerance 0.100",
+    )
+    kept = (summary(0.5), summary(0.5))
+    assert decide(*tasks, interval(0.1), POLICY, others={"replay": kept}).promote

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from spanmill.evaluate.scoring import Summary
@@ -25,12 +26,19 @@ class GateDecision:
 
 
 def decide(
-    challenger: Summary, champion: Summary, difference: Interval, policy: GatePolicy
+    challenger: Summary,
+    champion: Summary,
+    difference: Interval,
+    policy: GatePolicy,
+    *,
+    others: Mapping[str, tuple[Summary, Summary]] | None = None,
 ) -> GateDecision:
     """Promote only a challenger better by at least the margin and not worse on format.
 
     A tie is never promoted, whatever the margin: replacing a model in service
-    has a cost, and an equal model does not pay for it.
+    has a cost, and an equal model does not pay for it. ``others``: the other suites'
+    (challenger, champion) summaries, by name, whose rates must not fall by more than
+    the regression tolerance either (a task suite's gain must not hide a replay's loss).
     """
     # An unresolved "auto" (no evaluators to choose from) is the success rate.
     metric = "success_rate" if policy.metric == "auto" else policy.metric
@@ -70,6 +78,9 @@ def decide(
             )
         )
     reasons.extend(_regressions(challenger, champion, metric, policy.regression_tolerance))
+    for suite, (its_challenger, its_champion) in sorted((others or {}).items()):
+        found = _regressions(its_challenger, its_champion, "", policy.regression_tolerance)
+        reasons.extend(f"{suite}: {reason}" for reason in found)
     if policy.require_significant and not difference.low > 0:
         reasons.append(
             f"the {difference.confidence:.0%} interval of the difference "

@@ -120,7 +120,10 @@ def evaluate(
                 0.0,
             )
         else:
-            decision = decide(gated.challenger, gated.champion, gated.difference, policy)
+            others = {name: (suite.challenger, suite.champion)
+                      for name, suite in suites.items() if name != policy.suite}  # fmt: skip
+            decision = decide(gated.challenger, gated.champion, gated.difference, policy,
+                              others=others)  # fmt: skip
         report = Comparison(
             task=plan.task.name if plan.task else plan.agent,
             models=refs,
