@@ -207,12 +207,18 @@ def test_spec_rejects_incoherent_choices() -> None:
     tasks=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=40),
     fraction=st.floats(min_value=0.05, max_value=0.95),
     seed=st.integers(0, 5),
+    calls_say_it=st.booleans(),
 )
-def test_no_task_in_both_splits(tasks: list[str], fraction: float, seed: int) -> None:
+def test_no_task_in_both_splits(
+    tasks: list[str], fraction: float, seed: int, calls_say_it: bool
+) -> None:
+    """``calls_say_it`` False: the task id is on the episode's span alone, as an agent
+    with ``sdk.episode(task_id=...)`` records it; its calls are of that task all the same."""
     spans = []
     for trace, task in enumerate(tasks * 2, start=1):  # two attempts at every task
         spans += [episode(trace, trace * 10, reward_event("success", 1.0, primary=True), task=task),
-                  llm(trace, trace * 10 + 1, answer=f"a{trace}", task=task)]  # fmt: skip
+                  llm(trace, trace * 10 + 1, answer=f"a{trace}",
+                      task=task if calls_say_it else None)]  # fmt: skip
     built = build(DatasetSpec(eval_fraction=fraction, seed=seed), table(*spans))
     train = {r["task_id"] for r in built.train}
     held = {r["task_id"] for r in built.eval}

@@ -283,6 +283,12 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
         for name in TOKEN_COLUMNS
     }
     starts = pc.cast(llm["start_time"], pa.int64()).to_pylist()
+    # A call without a task id of its own is of its episode's task, where an agent said it
+    # on the episode's span alone (sdk.episode(task_id=...)): the split keeps a task whole.
+    tasked = table.filter(pc.is_valid(table["task_id"]))
+    episode_tasks = dict(
+        zip(tasked["episode_id"].to_pylist(), tasked["task_id"].to_pylist(), strict=True)
+    )
     calls = [
         LLMCall(
             trace_id=columns["trace_id"][i],
@@ -293,7 +299,7 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
             agent=columns["agent_name"][i],
             model=columns["model"][i],
             model_version=columns["model_version"][i],
-            task_id=columns["task_id"][i],
+            task_id=columns["task_id"][i] or episode_tasks.get(columns["episode_id"][i]),
             response_id=columns["response_id"][i],
             prompt_name=columns["prompt_name"][i],
             input_messages=columns["input_messages"][i],
