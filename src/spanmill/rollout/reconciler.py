@@ -293,7 +293,9 @@ class Reconciler:
             and st.challenger == version
             and now < st.retry_at.get(version, 0.0)
         ):
-            return st  # its engine did not reload: tried again later
+            # Its last try failed for a reason not its own (Triton out of reach, an engine
+            # that did not reload): tried again once the wait is over.
+            return st
         if st.phase == Phase.STABLE:
             st = decide.begin_deploy(st, version, now)
             # Persisted before the (possibly long) deployment: a restart finishes it.
