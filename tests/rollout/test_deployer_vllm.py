@@ -365,3 +365,37 @@ def test_a_challenger_rolled_back_by_hand_while_it_deploys_gets_no_traffic(
     state = reconciler.state(AGENT)
     assert state is not None and state.phase == Phase.STABLE and state.challenger is None
     assert aliases.rolled_back[2] == "rolled back by hand"
+
+
+def test_a_controller_that_lost_its_lease_mid_deployment_records_nothing(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """The Lease went to another replica while a deployment ran (minutes for a real
+    model), and the deployment then failed: the rollback is the new leader's to decide,
+    so this replica tags nothing in MLflow and writes no state."""
+    from spanmill.rollout.schemas import Phase
+
+    registry, _, servers, deployer = setting
+    aliases, clock = Aliases(registry), [0.0]
+    reconciler = controller(aliases, deployer, clock)
+    del aliases.named["challenger"]
+    reconciler.tick()
+    aliases.named["challenger"] = 2
+    leading = [True]
+    reconciler.active = lambda: leading[0]
+    loading = servers[0].load
+
+    def load_and_lose_the_lease(model: str) -> None:
+        leading[0] = False
+        loading(model)
+
+    servers[0].load = load_and_lose_the_lease  # type: ignore[method-assign]
+    for server in servers:
+        server.refuses = {"calc-v2"}  # the deployment fails: a rollback, were it leading
+    saved = reconciler.backend.state.model_copy(deep=True)
+    clock[0] += 1.0
+    reconciler.tick()
+    assert not aliases.rolled_back and aliases.named["challenger"] == 2
+    state = reconciler.backend.state.agents[AGENT]
+    assert state.phase == Phase.DEPLOYING  # saved before the deployment began, left so
+    assert saved.agents[AGENT].phase == Phase.STABLE

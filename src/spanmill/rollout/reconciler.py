@@ -475,6 +475,8 @@ class Reconciler:
         """Take the challenger out: tag why, drop its alias, route all traffic to the champion."""
         version = st.challenger
         assert version is not None
+        if not self.active():  # a long deployment may outlast the Lease: the leader decides
+            raise NotLeading(f"{agent}: no longer leading; version {version} is not rolled back")
         # Tagged before the alias goes: a version tagged rolled back is never staged
         # again, even if removing its alias fails.
         self.registry.record(agent, version, f"{agent} v{version}: rollback: {reason}",
@@ -547,6 +549,8 @@ class Reconciler:
                      "and that pod stays unready until it takes it", record=False)  # fmt: skip
 
     def _deployed(self, agent: str, version: int, *, serving: bool = False) -> float:
+        if not self.active():
+            raise NotLeading(f"{agent}: no longer leading; version {version} is not deployed")
         seconds = self.deployer.deploy(agent, version, serving=serving)
         self.metrics.deploy_seconds.labels(agent).set(seconds)
         return seconds
