@@ -253,6 +253,23 @@ def controller(aliases: Aliases, deployer: Deployer, clock: list[float]) -> Any:
                       retry_after_s=60)  # fmt: skip
 
 
+def champion_served(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> tuple[Aliases, list[float], Any]:
+    """A controller that served version 1 in its first pass (the agent before it failing
+    its own, whatever happened); version 2 is then named the challenger, for its next."""
+    registry, _, _, deployer = setting
+    aliases, clock = Aliases(registry), [0.0]
+    reconciler = controller(aliases, deployer, clock)
+    del aliases.named["challenger"]
+    decisions = reconciler.tick()
+    assert any(d.agent == "broken" and "No space left" in d.reason for d in decisions)
+    state = reconciler.state(AGENT)
+    assert state is not None and state.champion == 1
+    aliases.named["challenger"] = 2
+    return aliases, clock, reconciler
+
+
 @pytest.mark.parametrize("recovers", [False, True])
 def test_the_controller_tries_a_challenger_whose_engine_did_not_reload_again(
     setting: tuple[Registry, ModelRepository, list[Engine], Deployer], recovers: bool
@@ -308,15 +325,8 @@ def test_triton_out_of_reach_says_nothing_against_a_challenger(
     error no step names (a full disk) does not keep the agents after it from theirs."""
     from spanmill.rollout.schemas import Phase
 
-    registry, _, servers, deployer = setting
-    aliases, clock = Aliases(registry), [0.0]
-    reconciler = controller(aliases, deployer, clock)
-    del aliases.named["challenger"]
-    decisions = reconciler.tick()
-    assert any(d.agent == "broken" and "No space left" in d.reason for d in decisions)
-    state = reconciler.state(AGENT)
-    assert state is not None and state.champion == 1
-    aliases.named["challenger"] = 2
+    servers = setting[2]
+    aliases, clock, reconciler = champion_served(setting)
     for server in servers:
         server.down = True
     clock[0] += 1.0
@@ -340,12 +350,8 @@ def test_a_challenger_rolled_back_by_hand_while_it_deploys_gets_no_traffic(
     first traffic, and the next pass stops it."""
     from spanmill.rollout.schemas import Phase
 
-    registry, _, servers, deployer = setting
-    aliases, clock = Aliases(registry), [0.0]
-    reconciler = controller(aliases, deployer, clock)
-    del aliases.named["challenger"]
-    reconciler.tick()
-    aliases.named["challenger"] = 2
+    servers = setting[2]
+    aliases, clock, reconciler = champion_served(setting)
     loading = servers[0].load
 
     def load_while_a_person_rolls_back(model: str) -> None:
@@ -375,12 +381,8 @@ def test_a_controller_that_lost_its_lease_mid_deployment_records_nothing(
     so this replica tags nothing in MLflow and writes no state."""
     from spanmill.rollout.schemas import Phase
 
-    registry, _, servers, deployer = setting
-    aliases, clock = Aliases(registry), [0.0]
-    reconciler = controller(aliases, deployer, clock)
-    del aliases.named["challenger"]
-    reconciler.tick()
-    aliases.named["challenger"] = 2
+    servers = setting[2]
+    aliases, clock, reconciler = champion_served(setting)
     leading = [True]
     reconciler.active = lambda: leading[0]
     loading = servers[0].load
