@@ -208,3 +208,20 @@ def test_another_suites_loss_is_a_regression_too() -> None:
     )
     kept = (summary(0.5), summary(0.5))
     assert decide(*tasks, interval(0.1), POLICY, others={"replay": kept}).promote
+
+
+def test_fewer_fresh_instances_than_asked_are_said(caplog: pytest.LogCaptureFixture) -> None:
+    """A task whose held-out instances are mostly among the training ids gives fewer than
+    asked: the evaluation goes on with them, and says so."""
+    from types import SimpleNamespace
+
+    from spanmill.evaluate.run import fresh_instances
+
+    def instances(split: str, n: int, seed: int) -> list[object]:
+        return [SimpleNamespace(id=f"q{i}") for i in range(min(n, 6))]  # six at most
+
+    task = SimpleNamespace(name="calculator", instances=instances)
+    with caplog.at_level("WARNING", logger="spanmill.evaluate.run"):
+        got = fresh_instances(task, 4, 0, frozenset({"q0", "q1", "q2"}))  # type: ignore[arg-type]
+    assert len(got) == 3 and {i.id for i in got} == {"q3", "q4", "q5"}
+    assert "gave 3 held-out instances not seen in training, of 4 asked" in caplog.text

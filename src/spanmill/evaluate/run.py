@@ -292,6 +292,9 @@ def fresh_instances(task: Task, n: int, seed: int, exclude: frozenset[str]) -> l
         if len(fresh) == n:
             break
         want += n - len(fresh)
+    if len(fresh) < n:
+        log.warning("the task %s gave %d held-out instances not seen in training, of %d asked",
+                    task.name, len(fresh), n)  # fmt: skip
     return fresh
 
 
