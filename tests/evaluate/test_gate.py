@@ -225,3 +225,24 @@ def test_fewer_fresh_instances_than_asked_are_said(caplog: pytest.LogCaptureFixt
         got = fresh_instances(task, 4, 0, frozenset({"q0", "q1", "q2"}))  # type: ignore[arg-type]
     assert len(got) == 3 and {i.id for i in got} == {"q3", "q4", "q5"}
     assert "gave 3 held-out instances not seen in training, of 4 asked" in caplog.text
+
+
+def test_a_report_flattens_what_summaries_hold() -> None:
+    """The report's metrics are numbers: each rate and evaluator metric, not the counts of
+    items each metric was measured on (kept in the report's suites)."""
+    from spanmill.evaluate.comparison import Comparison, ModelRef, SuiteResult
+
+    scored = [Outcome(f"i{i}", 1.0, True, True, 5, 1, scores={"tool_calls.name": 1.0})
+              for i in range(6)]  # fmt: skip
+    summary_ = Summary.of(scored)
+    suite = SuiteResult("replay", summary_, summary_, interval(0.0))
+    decision = decide(summary_, summary_, interval(0.0), POLICY)
+    report = Comparison(task="calc", models={"champion": ModelRef("champion", "b")},
+                        suites={"replay": suite}, policy=POLICY, decision=decision)  # fmt: skip
+    metrics = report.metrics()
+    assert metrics["replay.challenger.tool_calls.name"] == 1.0
+    assert metrics["replay.challenger.n"] == 6.0
+    assert not [k for k in metrics if "counts" in k]
+    assert report.report().to_json()["suites"]["replay"]["challenger"]["counts"] == {
+        "tool_calls.name": 6
+    }

@@ -60,7 +60,7 @@ class Comparison:
             for role in ROLES:
                 summary: Summary = getattr(suite, role)
                 for key, value in asdict(summary).items():
-                    if key != "scores":
+                    if key not in ("scores", "counts"):
                         flat[f"{suite.name}.{role}.{key}"] = float(value)
                 for key, value in summary.scores.items():
                     flat[f"{suite.name}.{role}.{key}"] = float(value)
