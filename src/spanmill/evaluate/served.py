@@ -30,10 +30,24 @@ from typing import TYPE_CHECKING, Any
 
 from spanmill.errors import SpanmillError
 from spanmill.registry import names
+from spanmill.rollout.deployer import drop_version
 from spanmill.rollout.fleet import TritonFleet
-from spanmill.rollout.materialize import Flavour, ModelRepository, ServingOptions
+from spanmill.rollout.materialize import (
+    Flavour,
+    MaterializeError,
+    ModelRepository,
+    ServingOptions,
+    adapter_root,
+    engine_base,
+)
 from spanmill.serving.protocol import GenerationParams, GenerationResult
-from spanmill.serving.repository import ENGINE_VERSION
+from spanmill.serving.repository import (
+    ENGINE_VERSION,
+    RepositoryError,
+    check_vllm_adapter,
+    write_python_version,
+    write_vllm_engine,
+)
 
 if TYPE_CHECKING:
     from spanmill.gateway.prompts import Tokenizers
@@ -128,8 +142,6 @@ def _new_candidate_version(triton: TritonFleet, repository: ModelRepository, mod
     """A version number for a candidate of ``model``, once the leftovers of evaluations
     killed before they removed theirs are gone (with ``version_policy: all``, each load of
     the candidate model would load them again)."""
-    from spanmill.rollout.deployer import drop_version
-
     taken = repository.versions(model)
     oldest = (time.time() - LEFTOVER_AFTER_S) * 1000
     for version in [v for v in taken if v < oldest]:
@@ -156,15 +168,11 @@ class Candidate:
 
     def engine_base(self) -> str:
         """The base model as a vLLM engine in Triton's pod opens it."""
-        from spanmill.rollout.materialize import engine_base
-
         return engine_base(self.named or self.base_model)
 
 
 def same_engine(base_model: str, candidate: Candidate) -> None:
     """Refuse ``candidate`` where an engine on ``base_model`` cannot serve it."""
-    from spanmill.rollout.materialize import engine_base
-
     if engine_base(base_model) != candidate.engine_base():
         raise ServingError(
             f"the vllm flavour serves adapters of one base model in one engine, and the "
@@ -223,8 +231,6 @@ def _staged(
     then loaded onto every server of ``triton`` (the evaluation's requests may reach any
     of them) and checked there by ``smoke``; removed from the repository and from
     Triton afterwards, whatever the outcome."""
-    from spanmill.rollout.deployer import drop_version
-
     version = _new_candidate_version(triton, repository, model)
     with repository.staging() as scratch:
         stage = Path(scratch) / "repository"
@@ -260,13 +266,6 @@ def staged_engine(
     """``candidates`` as LoRA adapters of one vLLM engine on their common base model, a
     version of the agent's candidate model, each asked for by its name (None for the base
     model itself); removed from the repository and from Triton afterwards."""
-    from spanmill.rollout.materialize import MaterializeError, adapter_root
-    from spanmill.serving.repository import (
-        RepositoryError,
-        check_vllm_adapter,
-        write_vllm_engine,
-    )
-
     whole = [name for name, candidate in candidates.items() if candidate.copy_base]
     if whole:
         raise ServingError(
@@ -329,8 +328,6 @@ def staged_candidate(
     Version numbers are not reserved: two evaluations of one agent staging in the
     same millisecond would collide, and the second one's smoke check fails.
     """
-    from spanmill.serving.repository import RepositoryError, write_python_version
-
     if options.flavour != "python":
         raise ServingError(
             f"a {options.flavour!r}-flavour candidate is staged by staged_candidates, not "
