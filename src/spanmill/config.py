@@ -447,8 +447,9 @@ class GatewaySettings(BaseSettings):
     key_requests_per_s: float | None = Field(
         None,
         gt=0,
-        description="Chat completions a client (an API key; 'anonymous' without keys) may "
-        "start per second, per gateway replica; past it 429 with Retry-After. Unset: no limit.",
+        description="Chat completions and feedback posts a client (an API key; 'anonymous' "
+        "without keys) may start per second, per gateway replica; past it 429 with "
+        "Retry-After. Unset: no limit.",
     )
     key_burst: float | None = Field(
         None,
@@ -459,8 +460,8 @@ class GatewaySettings(BaseSettings):
     key_max_concurrent: int | None = Field(
         None,
         ge=1,
-        description="Chat completions a client may have in flight at once, per "
-        "gateway replica; past it 429. Unset: no limit.",
+        description="Chat completions and feedback posts a client may have in flight at "
+        "once, per gateway replica; past it 429. Unset: no limit.",
     )
     span_queue_size: int = Field(
         10_000,

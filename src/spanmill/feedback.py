@@ -77,6 +77,12 @@ def _text(limit: int, *, blank_ok: bool) -> Any:
             raise PydanticCustomError(
                 "too_long", f"is {len(value)} characters long, over the limit of {limit}"
             )
+        try:  # JSON's \ud800 escapes decode to a lone surrogate, which no span can carry
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise PydanticCustomError(
+                "not_text", f"holds a lone surrogate at character {exc.start}, which is not text"
+            ) from None
         return value
 
     return BeforeValidator(check)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import signal
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,31 @@ def test_refusals_follow_the_otlp_http_specification() -> None:
     assert client.get("/readyz").status_code == 503
     metrics = client.get("/metrics").text
     assert 'spanmill_collector_receiver_requests_total{status="400"} 2.0' in metrics
+
+
+def test_every_gzip_member_is_read_and_a_stream_cut_short_is_refused() -> None:
+    """RFC 1952 lets a body hold several gzip members, and gzip readers take them all:
+    before, the spans after the first member were dropped under a 200. A stream missing
+    its end, or bytes after a deflate stream, were read in part and answered 200."""
+    from test_receiver_feedback import RecordingProducer
+
+    producer = RecordingProducer()
+    client = _client(producer)
+    first = encode_otlp_protobuf([llm_span(1, trace_id="1" * 32)])
+    second = encode_otlp_protobuf([llm_span(2, trace_id="2" * 32)])
+    protobuf = {"content-type": "application/x-protobuf"}
+    both = gzip.compress(first) + gzip.compress(second)  # protobuf messages concatenate
+    answer = client.post(
+        "/v1/traces", content=both, headers={**protobuf, "content-encoding": "gzip"}
+    )
+    assert answer.status_code == 200
+    assert sorted(span.trace_id for _, span in producer.sent) == ["1" * 32, "2" * 32]
+    for body, encoding in ((gzip.compress(first)[:-4], "gzip"),
+                           (zlib.compress(first) + b"junk", "deflate")):  # fmt: skip
+        refused = client.post("/v1/traces", content=body,
+                              headers={**protobuf, "content-encoding": encoding})  # fmt: skip
+        assert refused.status_code == 400 and b"bad_encoding" in refused.content
+    assert len(producer.sent) == 2
 
 
 @pytest.mark.services

@@ -59,3 +59,17 @@ def test_without_keys_the_receiver_takes_any_caller_as_anonymous() -> None:
         body = encode_otlp_protobuf([llm_span(1, trace_id=TRACE)])
         assert client.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
     assert producer.sent[0][1].resource_attributes[sc.SPANMILL_PRODUCER] == "anonymous"
+
+
+def test_a_caller_without_a_key_is_refused_before_its_body_is_read(tmp_path: Path) -> None:
+    """A chunked body is read whole (up to the limit) before a route runs: without a key
+    checked first, anyone could make the collector hold 4 MiB a connection for a 401."""
+    from test_receiver import _post_in_pieces
+
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(key_line("support-agent", new_key()) + "\n")
+    metrics = CollectorMetrics()
+    receiver = OtlpReceiver(RecordingProducer(), "t", metrics, 1 << 20)
+    app = create_app(Health(), metrics, receiver, keys=KeyRing(keys_file))
+    for path in ("/v1/traces", "/v1/feedback"):
+        assert _post_in_pieces(app, path, "application/json", 1 << 30) == (401, 0)

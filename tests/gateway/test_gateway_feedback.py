@@ -285,13 +285,13 @@ def emitter_with(producer: FakeProducer | None, capacity: int = 10) -> SpanEmitt
 
 def test_delivery_waits_for_every_acknowledgement() -> None:
     producer = FakeProducer()
-    producer.refuse, producer.nack = {3}, {4}
+    producer.refuse, producer.nack = {4}, {3}
     emitter = emitter_with(producer)
     emitter.start()
     try:
         assert asyncio.run(emitter.deliver(spans(3))) == [None, None, None]
         outcome = asyncio.run(emitter.deliver(spans(2)))
-        assert [type(failure) for failure in outcome] == [RuntimeError, TimeoutError]
+        assert [type(failure) for failure in outcome] == [TimeoutError, RuntimeError]
         assert producer.sent[:3] == [s.trace_id.encode() for s in spans(3)]  # keyed by trace
         assert emitter.emitted == 3
     finally:

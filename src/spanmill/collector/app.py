@@ -41,12 +41,10 @@ def create_app(
     its URL and storage options); None refuses them."""
     app = FastAPI(title="spanmill collector", docs_url=None, redoc_url=None)
 
-    def producer(request: Request) -> str | None:
-        """Who sends: the id of the key presented; None when a key is asked and none fits."""
-        if keys is None or not keys.required:
-            return ANONYMOUS
-        token = bearer(request.headers.get("authorization", "").encode() or None)
-        return keys.identify(token) if token is not None else None
+    def producer(request: Request) -> str:
+        """Who sends: the id of the key presented, as :class:`_Producers` found it."""
+        who: str = request.state.producer
+        return who
 
     shown = exposition if exposition is not None else metrics.registry
 
@@ -71,12 +69,6 @@ def create_app(
         @app.post("/v1/traces")
         async def traces(request: Request) -> Response:
             who = producer(request)
-            as_json = "json" in request.headers.get("content-type", "")
-            if who is None:
-                return Response(
-                    status_message(16, "missing or unknown producer key", as_json),
-                    status_code=401,
-                )
             body = await request.body()  # at most receiver.max_bytes (BodyLimit)
             reply = await run_in_threadpool(
                 receiver.export,
@@ -95,12 +87,6 @@ def create_app(
         @app.post("/v1/feedback")
         async def feedback(request: Request) -> Response:
             who = producer(request)
-            if who is None:
-                return JSONResponse(
-                    {"error": {"message": "missing or unknown producer key",
-                               "type": "authentication_error"}},
-                    status_code=401,
-                )  # fmt: skip
             address = request.client.host if request.client is not None else None
             reply = await run_in_threadpool(
                 receiver.feedback, await request.body(), Caller(who, address)
@@ -127,9 +113,42 @@ def create_app(
             "/v1/feedback": Limit(MAX_BODY_BYTES, feedback_too_large),
         }
         app.add_middleware(BodyLimit, limits=limits)
+        # Added last, so outermost: a caller without a key is refused before its body
+        # is read (BodyLimit reads a chunked body whole before the route runs).
+        app.add_middleware(_Producers, keys=keys, paths=tuple(limits))
     if store is not None:
         _admin_routes(app, admin, *store)
     return app
+
+
+class _Producers:
+    """Who sends, as a plain ASGI middleware on the receiver's ``paths``: the id of the
+    key presented (``anonymous`` where no key is asked) goes into the request's state;
+    a request without a key that fits is answered 401 before its body is read."""
+
+    def __init__(self, app: Any, keys: KeyRing | None, paths: tuple[str, ...]) -> None:
+        self.app = app
+        self.keys = keys
+        self.paths = paths
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in self.paths:
+            who: str | None = ANONYMOUS
+            if self.keys is not None and self.keys.required:
+                token = bearer(header(scope, b"authorization"))
+                who = self.keys.identify(token) if token is not None else None
+            if who is None:
+                if scope["path"] == "/v1/traces":
+                    as_json = b"json" in (header(scope, b"content-type") or b"")
+                    message = status_message(16, "missing or unknown producer key", as_json)
+                    refused: Response = Response(message, status_code=401)
+                else:
+                    refused = _error(401, "missing or unknown producer key",
+                                     "authentication_error")  # fmt: skip
+                await refused(scope, receive, send)
+                return
+            scope.setdefault("state", {})["producer"] = who
+        await self.app(scope, receive, send)
 
 
 def _admin_routes(

@@ -74,14 +74,32 @@ def status_message(code: int, message: str, as_json: bool) -> bytes:
 
 
 def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
-    """Decompress at most ``limit + 1`` bytes, so that a small bomb cannot fill memory."""
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise SpanDecodeError("bad_encoding", f"body is not valid {encoding}: {exc}") from None
-    return out
+    """Decompress at most ``limit + 1`` bytes, so that a small bomb cannot fill memory.
+
+    Every member of a gzip body is read (RFC 1952 lets a body hold several, and gzip
+    readers take them all); a stream cut short, or bytes after a deflate stream, are
+    refused rather than read in part.
+    """
+    gzip = encoding == "gzip"
+    out = bytearray()
+    rest = body
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS)
+        try:
+            out += inflater.decompress(rest, limit + 1 - len(out))
+        except zlib.error as exc:
+            raise SpanDecodeError("bad_encoding", f"body is not valid {encoding}: {exc}") from None
+        if len(out) > limit:
+            return bytes(out)  # over the limit: refused as too large, whatever follows
+        if not inflater.eof:
+            raise SpanDecodeError("bad_encoding", f"body is {encoding} cut short: it ends early")
+        rest = inflater.unused_data
+        if not rest.strip(b"\x00"):  # the end, or a writer's zero padding after it
+            return bytes(out)
+        if not gzip:
+            raise SpanDecodeError(
+                "bad_encoding", f"body has {len(rest)} bytes after its {encoding} stream"
+            )
 
 
 def split_by_trace(spans: Sequence[Span]) -> dict[str, list[Span]]:

@@ -25,6 +25,7 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -52,12 +53,16 @@ from spanmill.gateway.schema import ChatCompletionRequest, error_body
 from spanmill.gateway.upstream import Target, TritonUpstream, Upstream, UpstreamError
 from spanmill.keys import ADMIN, ANONYMOUS, KeyRing, bearer
 from spanmill.serving import protocol
-from spanmill.serving.protocol import GenerationParams, GenerationResult
+from spanmill.serving.protocol import GenerationParams, GenerationResult, ProtocolError
+from spanmill.spans import Span
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _propagator = TraceContextTextMapPropagator()
 SERVICE_NAME = "spanmill-gateway"
+# The metrics' model label of a call to no routed model: a client's model string is never
+# a label of its own (each would be a series held for good, whatever its size).
+UNROUTED = "(unrouted)"
 FEEDBACK = "/v1/feedback"
 
 
@@ -294,8 +299,25 @@ def create_app(
 
 
 async def _feedback(state: GatewayState, request: Request) -> JSONResponse:
-    """Feedback items as reward spans; answered once Kafka acknowledged every one. Its
+    """Feedback items as reward spans, within the caller's limits as its calls are
+    (:mod:`spanmill.gateway.limits`); answered once Kafka acknowledged every one. Its
     body is at most feedback's limit (``BodyLimit``)."""
+    if not state.limits.active:
+        return await _feedback_items(state, request)
+    key = getattr(request.state, "principal", ANONYMOUS)
+    refusal = state.limits.admit(key)
+    if refusal is not None:
+        state.metrics.feedback.labels("rejected").inc()
+        refused = _error(429, refusal.message, "rate_limit_exceeded")
+        refused.headers["retry-after"] = str(refusal.retry_after_s)
+        return refused
+    try:
+        return await _feedback_items(state, request)
+    finally:
+        state.limits.done(key)
+
+
+async def _feedback_items(state: GatewayState, request: Request) -> JSONResponse:
     try:
         items = feedback.parse_feedback_body(await request.body())
     except feedback.FeedbackError as exc:
@@ -341,11 +363,23 @@ class _Call:
         return self.span_id if index == 0 else new_span_id()
 
     def failed(self, error: str, status: int) -> None:
-        self.state.emitter.emit(
-            build_llm_span(**self.span_facts, span_id=self.span_id, end_ns=time.time_ns(),
-                           response_id=None, error=error, error_type=str(status))
-        )  # fmt: skip
         self.state.metrics.requests.labels(self.body.model, self.version, str(status)).inc()
+        self._emit(partial(
+            build_llm_span, **self.span_facts, span_id=self.span_id, end_ns=time.time_ns(),
+            response_id=None, error=error, error_type=str(status),
+        ))  # fmt: skip
+
+    def _emit(self, build: Callable[[], Span]) -> None:
+        """Hand a span to the emitter; one the call's content cannot make (a value no
+        span can hold) is counted as dropped and logged, never raised: its answer is,
+        or is about to be, on its way to the client."""
+        try:
+            span = build()
+        except Exception:
+            log.exception("the LLM span of %s could not be built", self.response_id)
+            self.state.metrics.spans_dropped.labels("unbuildable").inc()
+            return
+        self.state.emitter.emit(span)
 
     def answered(self, result: GenerationResult) -> tuple[list[dict[str, Any]], dict[str, int]]:
         """The choices of a whole answer and its usage, with its metrics recorded; its
@@ -373,14 +407,12 @@ class _Call:
         result, choices, ended = self.answer
         self.answer = None
         for index, choice in enumerate(choices):
-            self.state.emitter.emit(
-                build_llm_span(
-                    **self.span_facts, span_id=self._span_id(index), end_ns=ended,
-                    response_id=self.response_id, choice=choice,
-                    prompt_token_ids=result.prompt_token_ids,
-                    token_ids_source=result.extra.get("token_ids"),
-                )
-            )  # fmt: skip
+            self._emit(partial(
+                build_llm_span, **self.span_facts, span_id=self._span_id(index), end_ns=ended,
+                response_id=self.response_id, choice=choice,
+                prompt_token_ids=result.prompt_token_ids,
+                token_ids_source=result.extra.get("token_ids"),
+            ))  # fmt: skip
 
     def head(self, result: GenerationResult | None = None) -> dict[str, Any]:
         served = result.model_version if result is not None and result.model_version else None
@@ -399,7 +431,7 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
     key = getattr(request.state, "principal", ANONYMOUS)
     refusal = state.limits.admit(key)
     if refusal is not None:
-        state.metrics.requests.labels(body.model, "", "429").inc()
+        state.metrics.requests.labels(_model_label(state, body.model), "", "429").inc()
         refused = _error(429, refusal.message, "rate_limit_exceeded")
         refused.headers["retry-after"] = str(refusal.retry_after_s)
         return refused
@@ -421,6 +453,10 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
     return response
 
 
+def _model_label(state: GatewayState, model: str) -> str:
+    return model if model in state.routes().routes else UNROUTED
+
+
 async def _answer(
     state: GatewayState,
     body: ChatCompletionRequest,
@@ -433,18 +469,23 @@ async def _answer(
     clock = time.perf_counter()
     route = state.routes().routes.get(body.model)
     if route is None:
-        state.metrics.requests.labels(body.model, "", "404").inc()
-        return _error(404, f"model {body.model!r} is not routed by this gateway", "not_found")
+        state.metrics.requests.labels(UNROUTED, "", "404").inc()
+        shown = body.model if len(body.model) <= 200 else f"{body.model[:200]}..."
+        return _error(404, f"model {shown!r} is not routed by this gateway", "not_found")
+    try:
+        params = GenerationParams(
+            temperature=body.temperature,
+            top_p=body.top_p,
+            max_tokens=body.token_limit,
+            n=body.n,
+            seed=body.seed,
+            stop=tuple(body.stop or ()),
+        )
+    except ProtocolError as exc:  # what the schema lets through and the model would refuse
+        state.metrics.requests.labels(body.model, "", "400").inc()
+        return _error(400, str(exc), "invalid_request_error")
     backend = route.choose(state.rng)
     trace_id, parent_id = _caller_context(request)
-    params = GenerationParams(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        max_tokens=body.token_limit,
-        n=body.n,
-        seed=body.seed,
-        stop=tuple(body.stop or ()),
-    )
     raw_messages = body.raw_messages()
     response_id = feedback.new_response_id(trace_id, os.urandom(4).hex())
     call = _Call(

@@ -245,11 +245,19 @@ class SpanEmitter:
     def _send_delivery(self, delivery: _Delivery) -> None:
         if not delivery.begin():
             return
+        blocked: Exception | None = None
         for index, span in enumerate(delivery.spans):
+            if blocked is not None:  # each would wait as long again: refused at once
+                delivery.settle(index, blocked)
+                continue
             try:
                 future = self._send(self._feedback_producer, span)
-            except Exception as exc:  # refused before buffering: it will never be sent
+            except SpanTooLarge as exc:  # this span alone: it will never be sent
                 delivery.settle(index, exc)
+                continue
+            except Exception as exc:  # the producer cannot take more now (its buffer full)
+                delivery.settle(index, exc)
+                blocked = exc
                 continue
             future.add_callback(self._acknowledged, delivery, index)
             future.add_errback(self._refused, delivery, index)

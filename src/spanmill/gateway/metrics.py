@@ -45,14 +45,16 @@ class GatewayMetrics:
         )
         self.spans_dropped = Counter(
             "spanmill_gateway_spans_dropped",
-            "LLM spans lost, by reason: the queue was full, Kafka refused them, or the "
-            "gateway stopped before Kafka was reached.",
+            "LLM spans lost, by reason: the queue was full, Kafka refused them, the "
+            "gateway stopped before Kafka was reached, or the call held a value no span "
+            "can carry (unbuildable).",
             ["reason"],
             registry=r,
         )
         self.feedback = Counter(
             "spanmill_gateway_feedback",
-            "Feedback items by outcome: accepted (on Kafka), rejected (bad body), "
+            "Feedback items by outcome: accepted (on Kafka), rejected (a bad body, or over the "
+            "caller's limits), "
             "unavailable (not taken or not acknowledged: the caller retries).",
             ["outcome"],
             registry=r,
