@@ -7,7 +7,9 @@ tests/charts/test_dockerfiles.py checks that each image holds what its component
 
 import os
 
-# The images the components run in; set SPANMILL_PIPELINE_IMAGE and
-# SPANMILL_PIPELINE_TRAIN_IMAGE when compiling for your registry.
-IMAGE = os.environ.get("SPANMILL_PIPELINE_IMAGE", "spanmill/pipeline:0.1.0")
-TRAIN_IMAGE = os.environ.get("SPANMILL_PIPELINE_TRAIN_IMAGE", "spanmill/train:0.1.0")
+# The images the components run in, as services/pipeline/Dockerfile and
+# services/train/Dockerfile tag them; set SPANMILL_PIPELINE_IMAGE and
+# SPANMILL_PIPELINE_TRAIN_IMAGE when compiling for your registry, or give them to
+# `spanmill pipeline upload --image --train-image` (the chart's upload Job does).
+IMAGE = os.environ.get("SPANMILL_PIPELINE_IMAGE", "ghcr.io/spanmill/pipeline:0.1.0")
+TRAIN_IMAGE = os.environ.get("SPANMILL_PIPELINE_TRAIN_IMAGE", "ghcr.io/spanmill/train:0.1.0")

@@ -110,6 +110,9 @@ class Network:
                 if any("strimzi.io/cluster" in p.get("podSelector", {}).get("matchLabels", {})
                        for p in peers):  # fmt: skip
                     return True
+            elif peers and all(_public_only(p) for p in peers):
+                if not host.endswith(".svc"):
+                    return True  # an address outside the cluster
             elif not any("podSelector" in p and "namespaceSelector" not in p for p in peers):
                 return True  # any address, or peers outside the release's namespace
         return False
@@ -130,6 +133,16 @@ class Network:
                     if target_port in (port["name"], port["containerPort"]):
                         wanted |= {port["name"], port["containerPort"]}
         return wanted
+
+
+# The address ranges of a cluster's own pods, Services and nodes.
+_PRIVATE = {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
+
+
+def _public_only(peer: dict[str, Any]) -> bool:
+    """A peer of public addresses alone: an ipBlock that excepts the private ranges."""
+    block = peer.get("ipBlock")
+    return block is not None and set(block.get("except", [])) >= _PRIVATE
 
 
 def test_every_pod_is_closed_by_default_and_reaches_what_its_settings_name(
@@ -185,6 +198,12 @@ def test_components_reach_nothing_they_do_not_need(render_set: Any) -> None:
     assert not network.may_reach(upkeep, mlflow, 5000)
     assert not network.may_reach(upkeep, triton, 8000)
     assert not network.may_reach(upkeep, "kubernetes.default.svc", 443)
+    # The model hub, for a base model named by its id: Triton loads its weights, the
+    # gateway its tokenizer; the upkeep job and the collector have no use for it.
+    hub = "huggingface.co"
+    assert network.may_reach(triton_pod, hub, 443) and network.may_reach(gateway, hub, 443)
+    assert not network.may_reach(upkeep, hub, 443)
+    assert not network.may_reach(collector, hub, 443)
 
 
 def test_the_default_deny_spares_strimzis_pods(render_set: Any) -> None:
@@ -201,3 +220,57 @@ def test_the_default_deny_spares_strimzis_pods(render_set: Any) -> None:
                              9093)  # fmt: skip
     assert not network.may_reach(_pod(network, "rollout"), "spanmill-kafka-bootstrap.spanmill.svc",
                                  9093)  # fmt: skip
+
+
+def test_the_upload_job_reaches_kubeflow_wherever_the_runs_are(helm: Any) -> None:
+    """Multi-user Kubeflow runs pipelines in a profile's namespace (networkPolicy.pipelineRuns
+    names it), while its Pipelines API stays in Kubeflow's own: the upload Job's egress
+    followed the runs, so the post-install hook could not reach the API and failed."""
+    from helm_render import CHART, parse, template
+
+    result = template(
+        helm,
+        [CHART / "ci" / "kubeflow-multi-user.yaml"],
+        ["--set", "networkPolicy.pipelineRuns[0].namespaceSelector.matchLabels.team=a"],
+    )
+    assert result.returncode == 0, result.output
+    rendered = parse("profile-runs", result.stdout)
+    (policy,) = [p for p in rendered.kinds("NetworkPolicy")
+                 if p["metadata"]["name"].endswith("-pipeline-upload")]  # fmt: skip
+    api = [rule for rule in policy["spec"]["egress"] if {"port": 8888, "protocol": "TCP"}
+           in rule.get("ports", [])]  # fmt: skip
+    assert api and api[0]["to"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}}}
+    ]
+
+
+def test_trainjob_nodes_in_the_release_namespace_have_a_policy_of_their_own(helm: Any) -> None:
+    """With pipelineSettings.namespace empty (the release's), the TrainJob's nodes fall
+    under the release's default-deny: without a policy of their own, no DNS, no object
+    store, no MLflow, no rendezvous between the nodes."""
+    from helm_render import CHART, parse, template
+
+    def rendered(namespace: str) -> Rendered:
+        result = template(helm, [CHART / "ci" / "trainer.yaml"],
+                          ["--set", f"pipelineSettings.namespace={namespace}"])  # fmt: skip
+        assert result.returncode == 0, result.output
+        return parse(f"trainer-{namespace}", result.stdout)
+
+    here = rendered("")
+    runtime = here.get("TrainingRuntime", "spanmill-train")
+    node = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    labels = node["template"]["metadata"]["labels"]
+    network = Network(here)
+    selecting = [p for p in network.policies if selects(p["spec"]["podSelector"], labels)]
+    names = {p["metadata"]["name"] for p in selecting}
+    assert names == {"spanmill-default-deny", "spanmill-train"}
+    (own,) = [p for p in selecting if p["metadata"]["name"] == "spanmill-train"]
+    node_peers = [r for r in own["spec"]["egress"] if "ports" not in r]
+    assert node_peers and selects(node_peers[0]["to"][0]["podSelector"], labels)
+    assert selects(own["spec"]["ingress"][0]["from"][0]["podSelector"], labels)
+    assert any({"port": 53, "protocol": "UDP"} in r.get("ports", []) for r in own["spec"]["egress"])
+    mlflow = here.get("NetworkPolicy", "spanmill-mlflow")["spec"]["ingress"][0]["from"]
+    assert any(selects(peer.get("podSelector", {"matchLabels": {"x": "y"}}), labels)
+               for peer in mlflow if "namespaceSelector" not in peer)  # fmt: skip
+    # Runs elsewhere: the release's policies do not reach them, and add none there.
+    assert rendered("kubeflow").find("NetworkPolicy", "spanmill-train") is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from helm_render import (
     template,
 )
 
+import spanmill
 from spanmill.gateway.configmap import ROUTES_KEY
 from spanmill.gateway.routing import RoutingTable
 
@@ -184,7 +187,15 @@ def test_triton_readiness_and_model_repository(render_set: Any) -> None:
     # Ready once up and holding every routed version (spanmill.serving.readiness), judged
     # on the routing ConfigMap mounted as a folder the kubelet keeps current.
     command = triton["readinessProbe"]["exec"]["command"]
-    assert command[:3] == ["spanmill", "triton", "ready"]
+    # Through python3 -m: the image has spanmill on PYTHONPATH, its command off PATH
+    # (pip --target). Run as the probe runs it, with no spanmill command on PATH.
+    assert command[:5] == ["python3", "-m", "spanmill", "triton", "ready"]
+    probe = subprocess.run(
+        [sys.executable, *command[1:5], "--help"], capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(spanmill.__file__).parents[1])},
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert probe.returncode == 0 and "--routing-file" in probe.stdout, probe.stderr
     routing_file = Path(command[command.index("--routing-file") + 1])
     assert command[command.index("--url") + 1] == "127.0.0.1:8000"
     mount = next(m for m in triton["volumeMounts"] if m["name"] == "routing")
@@ -209,6 +220,32 @@ def test_triton_readiness_and_model_repository(render_set: Any) -> None:
     assert not rollout_mounts["models"].get("readOnly")
     claim = everything.get("PersistentVolumeClaim", f"{FULLNAME}-models")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "repository"),
+    [
+        ("http://minio.minio.svc:9000", "s3://minio.minio.svc:9000/spanmill/models"),
+        # tritonserver's s3:// form needs the port: without it, the host was read as the
+        # bucket and the repository looked for on AWS.
+        ("http://minio.minio.svc", "s3://minio.minio.svc:80/spanmill/models"),
+        ("https://s3.example.com", "s3://https://s3.example.com:443/spanmill/models"),
+        ("https://s3.example.com:8443/", "s3://https://s3.example.com:8443/spanmill/models"),
+    ],
+)
+def test_tritons_s3_repository_always_names_the_endpoints_port(
+    helm: Path, endpoint: str, repository: str
+) -> None:
+    result = template(helm, extra=["--set", f"objectStore.endpoint={endpoint}",
+                                   "--set", "triton.scratchSize=150Gi"])  # fmt: skip
+    assert result.returncode == 0, result.output
+    rendered = parse("endpoint", result.stdout)
+    triton = rendered.container(f"{FULLNAME}-triton")
+    assert f"--model-repository={repository}" in triton["args"]
+    # Where tritonserver downloads the versions it loads: as large as asked.
+    pod = rendered.get("Deployment", f"{FULLNAME}-triton")["spec"]["template"]["spec"]
+    tmp = next(v for v in pod["volumes"] if v["name"] == "tmp")
+    assert tmp["emptyDir"]["sizeLimit"] == "150Gi"
 
 
 def test_gateway_reads_the_routing_configmap(rendered: Rendered) -> None:
@@ -550,7 +587,7 @@ def test_strimzi_asks_every_client_for_scram_and_acls_limit_who_writes_spans(
     assert plain["SPANMILL_KAFKA_SASL_MECHANISM"] == plain["SPANMILL_KAFKA_SASL_USERNAME"] == ""
 
 
-def test_pipeline_upload_job_runs_the_documented_contract(render_set: Any) -> None:
+def test_pipeline_upload_job_runs_the_documented_contract(render_set: Any, helm: Path) -> None:
     job = render_set("all-features").get("Job", f"{FULLNAME}-pipeline-upload")
     hooks = job["metadata"]["annotations"]["helm.sh/hook"]
     assert set(hooks.split(",")) == {"post-install", "post-upgrade"}
@@ -563,8 +600,23 @@ def test_pipeline_upload_job_runs_the_documented_contract(render_set: Any) -> No
         "http://ml-pipeline.kubeflow.svc:8888",
         "--file",
         "/pipelines/flywheel.yaml",
+        # The steps pull from the release's registry, as its own pods do.
+        "--image",
+        "ghcr.io/spanmill/pipeline:0.1.0",
+        "--train-image",
+        "ghcr.io/spanmill/train:0.1.0",
     ]
     assert container["image"] == "ghcr.io/spanmill/pipeline:0.1.0"
+    result = template(
+        helm, [CHART / "ci" / "all-features.yaml"], ["--set", "image.registry=registry.example/ml"]
+    )
+    assert result.returncode == 0, result.output
+    moved = parse("moved", result.stdout)
+    args = moved.get("Job", f"{FULLNAME}-pipeline-upload")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert args[args.index("--image") + 1] == "registry.example/ml/pipeline:0.1.0"
+    assert args[args.index("--train-image") + 1] == "registry.example/ml/train:0.1.0"
     assert render_set("defaults").find("Job", f"{FULLNAME}-pipeline-upload") is None
 
 
@@ -802,7 +854,7 @@ def test_multi_user_upload_signs_with_a_projected_token_of_its_own_account(
     assert source["serviceAccountToken"]["audience"] == SA_TOKEN_AUDIENCE
     mounted = Path(mounts["kfp-token"]["mountPath"]) / source["serviceAccountToken"]["path"]
     assert mounted == SA_TOKEN_PATH and mounts["kfp-token"]["readOnly"] is True
-    assert container["args"][-1] == "--sa-token" and "--token-file" not in container["args"]
+    assert "--sa-token" in container["args"] and "--token-file" not in container["args"]
     # Without multiUser: no token, no account of its own.
     plain = render_set("all-features")
     plain_pod = plain.get("Job", name)["spec"]["template"]["spec"]

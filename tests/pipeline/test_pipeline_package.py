@@ -156,6 +156,38 @@ def test_upload_creates_then_versions_and_schedule(  # type: ignore[no-untyped-d
         upload(url, tmp_path / "missing.yaml")
 
 
+def test_upload_runs_the_steps_in_the_clusters_own_images(  # type: ignore[no-untyped-def]
+    serve_app,
+) -> None:
+    """The package is compiled once, in the pipeline image, for the images' default
+    names; a cluster pulls from its own registry (the chart's upload Job gives them)."""
+    import components
+
+    compiled = {
+        e["container"]["image"]
+        for e in yaml.safe_load_all(DEFAULT_PACKAGE.read_text())
+        .__next__()["deploymentSpec"]["executors"]
+        .values()
+    }
+    assert compiled == {components.IMAGE, components.TRAIN_IMAGE}
+    app = kfp_app()
+    with serve_app(app, health_path="/apis/v2beta1/healthz") as url:
+        uploaded = upload(url, DEFAULT_PACKAGE, image="registry.example/ml/pipeline:7",
+                          train_image="registry.example/ml/train:7")  # fmt: skip
+    documents = list(yaml.safe_load_all(app.state.pipelines[uploaded.pipeline_id]["versions"][0]))
+    executors = documents[0]["deploymentSpec"]["executors"]
+    images = {name: e["container"]["image"] for name, e in executors.items()}
+    assert set(images.values()) == {"registry.example/ml/pipeline:7", "registry.example/ml/train:7"}
+    assert images["exec-train-lora"] == "registry.example/ml/train:7"
+    assert images["exec-build-dataset"] == "registry.example/ml/pipeline:7"
+    # Everything else as compiled: the platform spec (Secrets, ConfigMaps) too.
+    original = list(yaml.safe_load_all(DEFAULT_PACKAGE.read_text()))
+    assert documents[1] == original[1]
+    assert {k: v for k, v in documents[0].items() if k != "deploymentSpec"} == {
+        k: v for k, v in original[0].items() if k != "deploymentSpec"
+    }
+
+
 def test_upload_signs_with_the_service_account_token_only_when_asked(  # type: ignore[no-untyped-def]
     serve_app, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

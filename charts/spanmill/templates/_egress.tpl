@@ -50,7 +50,8 @@ by the release's default-deny policy.
 
 {{- /*
 The egress rules of a component: (dict "root" $ "needs" (list "dns" "kafka" ...)).
-Needs: dns, kafka, objectStore, triton, mlflow, gateway, kubernetesApi, database, kfp.
+Needs: dns, kafka, objectStore, triton, mlflow, gateway, kubernetesApi, database, modelHub,
+kfp.
 */ -}}
 {{- define "spanmill.egress" -}}
 {{- $root := .root -}}
@@ -124,9 +125,23 @@ egress:
     to:
       {{- toYaml . | nindent 6 }}
     {{- end }}
+{{- else if eq . "modelHub" }}
+  {{- with $v.networkPolicy.modelHubPorts }}
+  # The model hub a base model named by its id is fetched from (pipelineSettings.baseModel,
+  # a Hugging Face id by default): weights for Triton, tokenizers for the gateway.
+  - ports:
+      {{- range . }}
+      - port: {{ . }}
+        protocol: TCP
+      {{- end }}
+    {{- with $to.modelHub }}
+    to:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+  {{- end }}
 {{- else if eq . "kfp" }}
-  # The Kubeflow Pipelines API (pipelineUpload.endpoint), where pipeline runs live.
-  {{- include "spanmill.egressToAddresses" (dict "addresses" (list $v.pipelineUpload.endpoint) "to" $v.networkPolicy.pipelineRuns) | nindent 2 }}
+  # The Kubeflow Pipelines API (pipelineUpload.endpoint), in Kubeflow's own namespace.
+  {{- include "spanmill.egressToAddresses" (dict "addresses" (list $v.pipelineUpload.endpoint) "to" $to.kubeflowPipelines) | nindent 2 }}
 {{- else }}
 {{- fail (printf "spanmill.egress: unknown need %s" .) }}
 {{- end }}

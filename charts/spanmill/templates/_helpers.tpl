@@ -332,15 +332,20 @@ python, NVIDIA's vLLM image for vllm. A sha256: tag is pinned as a digest.
 
 {{/*
 The model repository as tritonserver names it: a custom S3 endpoint goes between
-s3:// and the bucket, with the scheme kept only for https.
+s3:// and the bucket, with the scheme kept only for https and its port always named.
 */}}
 {{- define "spanmill.tritonModelRepository" -}}
 {{- $r := .Values.triton.modelRepository -}}
 {{- if eq $r.type "s3" -}}
 {{- $endpoint := .Values.objectStore.endpoint -}}
 {{- if $endpoint -}}
-{{- $host := trimPrefix "http://" $endpoint | trimSuffix "/" -}}
-{{- printf "s3://%s/%s/%s" $host .Values.objectStore.bucket (trimAll "/" $r.s3Prefix) -}}
+{{- /* tritonserver reads s3://[https://]host:port/bucket/path: the port is not optional. */ -}}
+{{- $https := hasPrefix "https://" $endpoint -}}
+{{- $authority := trimPrefix "https://" (trimPrefix "http://" $endpoint) | splitList "/" | first -}}
+{{- if not (contains ":" $authority) -}}
+{{- $authority = printf "%s:%d" $authority (ternary 443 80 $https) -}}
+{{- end -}}
+{{- printf "s3://%s%s/%s/%s" (ternary "https://" "" $https) $authority .Values.objectStore.bucket (trimAll "/" $r.s3Prefix) -}}
 {{- else -}}
 {{- include "spanmill.modelRepository" . -}}
 {{- end -}}

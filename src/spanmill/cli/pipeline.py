@@ -82,15 +82,22 @@ def upload(
     name: str = typer.Option("flywheel", help="Pipeline name in Kubeflow."),
     sa_token: bool = _SA_TOKEN,
     token_file: Path = _TOKEN_FILE,
+    image: str = typer.Option(
+        None, help="Image of every step but training (default: as compiled)."
+    ),
+    train_image: str = typer.Option(
+        None, help="Image of the training steps (default: as compiled)."
+    ),
 ) -> None:
     """Upload the compiled pipeline as a new version (token from SPANMILL_KFP_TOKEN, or
-    the service-account token with --sa-token)."""
+    the service-account token with --sa-token), its steps' images replaced where given."""
     from spanmill.pipeline.build import DEFAULT_PACKAGE
     from spanmill.pipeline.kubeflow import upload as send
 
     result = send(
-        endpoint, file or DEFAULT_PACKAGE, name, token_file=_token_file(sa_token, token_file)
-    )
+        endpoint, file or DEFAULT_PACKAGE, name, token_file=_token_file(sa_token, token_file),
+        image=image, train_image=train_image,
+    )  # fmt: skip
     what = "new pipeline" if result.new_pipeline else "new version"
     console.print(f"[green]✓[/] {what} {result.version_name} ({result.version_id})")
     typer.echo(json.dumps(result.__dict__))

@@ -83,16 +83,55 @@ def _version_name(package: Path, name: str) -> str:
     return f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{digest}"
 
 
+def with_images(package: str, image: str | None, train_image: str | None) -> str:
+    """The compiled pipeline ``package`` (KFP's YAML) with its steps' images replaced: the
+    training steps' (an image whose repository ends in ``/train``, as
+    services/train/Dockerfile is tagged) by ``train_image``, every other step's by
+    ``image``; None keeps what was compiled. A package is compiled once, in the image,
+    for the images of whoever built it; a cluster pulls from its own registry."""
+    import yaml
+
+    if image is None and train_image is None:
+        return package
+    documents = list(yaml.safe_load_all(package))
+    executors = next(
+        (d["deploymentSpec"]["executors"] for d in documents if "deploymentSpec" in d), None
+    )
+    if not executors:
+        raise KubeflowError("the package holds no pipeline steps (deploymentSpec.executors)")
+    for executor in executors.values():
+        container = executor.get("container")
+        if container is None:
+            continue
+        compiled = container["image"].split("@", 1)[0].rsplit(":", 1)[0]
+        wanted = train_image if compiled.rsplit("/", 1)[-1] == "train" else image
+        if wanted is not None:
+            container["image"] = wanted
+    return yaml.safe_dump_all(documents, sort_keys=False)
+
+
 def upload(
     endpoint: str,
     package: Path,
     name: str = "flywheel",
     token: str | None = None,
     token_file: Path | None = None,
+    *,
+    image: str | None = None,
+    train_image: str | None = None,
 ) -> Uploaded:
-    """Upload ``package`` as a new version of pipeline ``name`` (created on first upload)."""
+    """Upload ``package`` as a new version of pipeline ``name`` (created on first upload),
+    its steps running ``image`` and ``train_image`` where given (:func:`with_images`)."""
     if not package.is_file():
         raise KubeflowError(f"no compiled pipeline at {package}; run `spanmill pipeline compile`")
+    if image is not None or train_image is not None:
+        import tempfile
+
+        rewritten = with_images(package.read_text(encoding="utf-8"), image, train_image)
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / package.name
+            copy.write_text(rewritten, encoding="utf-8")
+            return upload(endpoint, copy, name, token, token_file)
     kfp_client = client(endpoint, token, token_file)
     version_name = _version_name(package, name)
     try:
