@@ -165,9 +165,11 @@ def _settings(smollm2_dir: Path, **overrides: Any) -> TrainSettings:
     defaults: dict[str, Any] = {
         "base_model": str(smollm2_dir), "method": "grpo", "task": "calculator",
         "group_size": 2, "groups_per_step": 2, "rollout_max_tokens": 40, "max_steps": 2,
-        "save_steps": 1, "learning_rate": 1e-4, "batch_size": 4, "precision": "fp32",
+        "learning_rate": 1e-4, "batch_size": 4, "precision": "fp32",
         "num_threads": 2, "track": False, "lora_r": 4, "lora_alpha": 8,
     }  # fmt: skip
+    # save_steps unset: GRPO keeps every step (SFT's default of 50 left a run of fewer
+    # steps nothing to resume from).
     return TrainSettings(**{**defaults, **overrides})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,3 +92,108 @@ def test_a_run_does_not_resume_on_an_init_adapter_trained_again(tmp_path: Path) 
     with pytest.raises(CheckpointMismatchError, match="started from other weights"):
         _resume_point(checkpoints, settings)
     assert json.loads((checkpoints / RUN_STATE_FILE).read_text())["run_id"] == "r1"
+
+
+def test_an_episode_that_raises_or_hangs_is_a_failed_episode_not_the_end_of_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The episodes are the agent's own code: a tool's or a verifier's bug raised out of
+    the run (after waiting for every other episode), and one that never returned held
+    the GPU idle for good. Now each is that episode's error; the others stand."""
+    import threading
+
+    from spanmill.train import rollouts
+
+    release = threading.Event()
+    task = get_task("calculator")
+    instances = task.instances("train", 3, seed=1)
+
+    def episode(client: object, model: str, task: object, instance: object, **_: object) -> Any:
+        if instance is instances[1]:
+            raise ValueError("the verifier gave NaN")
+        if instance is instances[2]:
+            release.wait(60)  # a tool that never returns (until the test ends)
+        return EpisodeResult(instance, f"e-{instance.id}", "t", [], None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rollouts, "run_episode", episode)
+    try:
+        results = rollouts.run_groups(
+            None, "calc", task, instances, 2,  # type: ignore[arg-type]
+            temperature=1.0, max_tokens=8, concurrency=6, timeout_s=1.0,
+        )  # fmt: skip
+    finally:
+        release.set()
+    assert [r.error is None for r in results] == [True, True, False, False, False, False]
+    assert results[2].error == "ValueError: the verifier gave NaN"
+    assert results[4].error == "TimeoutError: the episode had not ended after 1 s"
+    assert episodes_finished(1, results) == results[:2]
+
+
+@pytest.mark.parametrize(
+    ("environment", "settings", "message"),
+    [
+        ({"WORLD_SIZE": "4"}, {}, "one process on one GPU"),
+        ({}, {"precision": "fp16"}, "does not train in fp16"),
+    ],
+)
+def test_grpo_refuses_what_it_cannot_train_before_any_rollout(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    environment: dict[str, str],
+    settings: dict[str, Any],
+    message: str,
+) -> None:
+    """Under torchrun, every rank ran rollouts of its own on the first GPU with no
+    gradient shared, all writing one folder; fp16 weights trained with no loss scaling."""
+    from spanmill.config import KafkaSettings
+    from spanmill.train.rl import train_grpo
+
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    asked = TrainSettings(track=False, task="calculator", **settings)
+    with pytest.raises(TrainError, match=message):
+        train_grpo(tmp_path / "out", asked, KafkaSettings())
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_policy_takes_no_call_while_its_weights_change() -> None:
+    """A call that came late (an episode left behind by the step's deadline) got a forward
+    pass on the weights the trainer was changing; now it is refused at once."""
+    import asyncio
+
+    from spanmill.gateway.upstream import UpstreamError
+    from spanmill.serving.protocol import GenerationParams
+    from spanmill.train.policy import PolicyServer
+
+    class Untouched:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the held policy's {name} was used")
+
+    policy = PolicyServer.__new__(PolicyServer)
+    policy._held = True
+    policy.generator = policy.batcher = Untouched()
+    with pytest.raises(UpstreamError, match="being updated") as refused:
+        asyncio.run(policy.generate(None, [], GenerationParams(), None))  # type: ignore[arg-type]
+    assert refused.value.status == 503
+
+
+def test_mlflow_gone_mid_run_costs_metrics_never_the_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's MLflow stops answering after it began: a step's metrics raised out of
+    the training loop (GRPO's before its checkpoint, SFT's through the Trainer's
+    callback), and the failed run's status then hid the run's own error."""
+    from spanmill.stack.ports import free_port
+    from spanmill.train.tracking import RunTracker
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    tracker = RunTracker(f"http://127.0.0.1:{free_port()}", "0" * 32)
+    manifest = tmp_path / "spanmill-train.json"
+    manifest.write_text("{}")
+    tracker.log_metrics({"loss": 0.5}, 3)
+    tracker.log_artifact(manifest)
+    tracker.finish("FAILED")
+    said = [r.getMessage() for r in caplog.records if r.name == "spanmill.train.tracking"]
+    assert len(said) == 3 and all(m.startswith("MLflow did not take") for m in said), said
+    assert "step 3's metrics" in said[0]

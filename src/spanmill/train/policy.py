@@ -117,6 +117,8 @@ class PolicyServer:
         params: GenerationParams,
         tools: list[dict[str, Any]] | None,
     ) -> GenerationResult:
+        if self._held:  # no forward pass while the trainer changes the weights
+            raise UpstreamError("the policy's weights are being updated", 503)
         try:  # as Triton's model checks it: refused at once, not after a batch's wait
             self.generator.check_fits(messages, params, tools)
         except ProtocolError as exc:

@@ -34,8 +34,9 @@ dropped-out copy. The end-of-turn token is not trained: the gateway records
 the tokens up to it, not the token itself.
 
 Checkpoints (adapter, optimizer, scheduler, step, history) go to
-``output_dir/checkpoints/step-N`` every ``save_steps`` and at the end; a run
-started again on the same folder with the same settings resumes from the last.
+``output_dir/checkpoints/step-N`` every step (every ``save_steps`` where it is set) and at
+the end; a run started again on the same folder with the same settings resumes from the
+last.
 """
 
 from __future__ import annotations
@@ -129,11 +130,12 @@ def rows_of(
         advantages = group_advantages(rewards, scale_rewards=settings.scale_rewards)
         if not any(advantages):
             continue
-        informative += 1
+        before = len(rows)
         for trajectory, advantage in zip(members, advantages, strict=True):
             for call in trajectory.calls:
                 if call.completion_ids:
                     rows.append(Row(call.prompt_ids, call.completion_ids, call.logprobs, advantage))
+        informative += len(rows) > before  # rewards that differ, on calls to learn from
     stats = {
         "reward_mean": fmean(rewards_seen) if rewards_seen else 0.0,
         "primary_mean": fmean(primaries) if primaries else 0.0,
@@ -267,6 +269,17 @@ def train_grpo(
 
     if settings.task is None:
         raise TrainError("GRPO samples a task's episodes: name the task (--task calculator)")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Each rank would run its own rollouts, gateway and MLflow run on the first GPU,
+        # with no gradients shared, and all of them write the one output folder.
+        raise TrainError(
+            "GRPO trains in one process on one GPU; run it without torchrun "
+            f"(WORLD_SIZE is {os.environ['WORLD_SIZE']})"
+        )
+    if settings.precision == "fp16":
+        # float16 weights with no loss scaling: small gradients vanish, large ones stop
+        # the run; bf16 (auto, where the GPU has it) or fp32 train as asked.
+        raise TrainError("GRPO does not train in fp16: use bf16, fp32 or auto")
     task = get_task(settings.task)
     base_model = _check_base_model(settings.base_model)
     if (
@@ -469,6 +482,9 @@ def _run(
     gateway = RolloutGateway(policy, task.agent_name, rollout_kafka).start()
     client = make_client(gateway.base_url)
     episodes_per_step = settings.groups_per_step * settings.group_size
+    # A step is minutes of rollouts: each is kept (a few MB), unless asked otherwise, so
+    # that a run stopped part way resumes where it was.
+    save_steps = settings.save_steps if "save_steps" in settings.model_fields_set else 1
     started = time.perf_counter()
     try:
         for step in range(start, steps):
@@ -487,6 +503,7 @@ def _run(
                 temperature=settings.rollout_temperature,
                 max_tokens=settings.rollout_max_tokens,
                 concurrency=settings.rollout_concurrency or episodes_per_step,
+                timeout_s=settings.rollout_timeout_s,
             )  # fmt: skip
             stopped = policy.hold()
             if stopped:
@@ -520,12 +537,12 @@ def _run(
                 step + 1, steps, stats["reward_mean"], int(stats["groups_with_signal"]),
                 int(stats["groups"]), stats["loss"], stats["rollout_s"], stats["train_s"],
             )  # fmt: skip
+            if (step + 1) % save_steps == 0 or step + 1 == steps:
+                _save_checkpoint(checkpoints, step + 1, model, optimizer, scheduler, history)
             if tracker is not None:
                 tracker.log_metrics(
                     {k: v for k, v in stats.items() if k not in ("step", "seed")}, step + 1
                 )
-            if (step + 1) % settings.save_steps == 0 or step + 1 == steps:
-                _save_checkpoint(checkpoints, step + 1, model, optimizer, scheduler, history)
             if on_step is not None:
                 on_step(step + 1, stats)
     finally:
@@ -543,6 +560,12 @@ def _run(
         "peak_rss_mb": _peak_rss_mb(),
         "trainable_parameters": float(sum(p.numel() for p in trainable)),
     }
+    # Steps that changed the weights: a run of none (every group tied, or no call to
+    # learn from) ends with the adapter it began with, and says so.
+    metrics["steps_with_signal"] = float(sum(h.get("rows", 0.0) > 0 for h in trained))
+    if trained and not metrics["steps_with_signal"]:
+        log.error("GRPO: no step of this run had a group whose rewards differed; the "
+                  "adapter is the one it started from")  # fmt: skip
     if trained:
         metrics["reward_mean_first"] = trained[0]["reward_mean"]
         metrics["reward_mean_last"] = trained[-1]["reward_mean"]

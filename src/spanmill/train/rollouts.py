@@ -18,7 +18,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,25 +72,51 @@ def run_groups(
     temperature: float,
     max_tokens: int,
     concurrency: int,
+    timeout_s: float = 900.0,
 ) -> list[EpisodeResult]:
-    """``group_size`` episodes of each instance, sampled, ``concurrency`` at a time."""
+    """``group_size`` episodes of each instance, sampled, ``concurrency`` at a time.
+
+    An episode is the agent's own code: one that raises (a tool's bug, a verifier's) or
+    that has not ended within ``timeout_s`` of the step's start is a failed episode, with
+    its error, never the end of the run; the others are trained on. A thread stuck in
+    code that never returns cannot be stopped: it is left behind, and what it may still
+    send is not read (its trace is not asked for).
+    """
     if group_size < 2:
         raise TrainError(f"a group needs at least 2 episodes to compare, got {group_size}")
     jobs = [instance for instance in instances for _ in range(group_size)]
+
+    def failed(instance: TaskInstance, error: str) -> EpisodeResult:
+        return EpisodeResult(
+            instance=instance, episode_id="", trace_id="", transcript=[], verdict=None,
+            error=error,
+        )  # fmt: skip
 
     def one(instance: TaskInstance) -> EpisodeResult:
         try:
             return run_episode(
                 client, model, task, instance, temperature=temperature, max_tokens=max_tokens
             )
-        except openai.APIError as exc:
-            return EpisodeResult(
-                instance=instance, episode_id="", trace_id="", transcript=[], verdict=None,
-                error=f"{type(exc).__name__}: {exc}",
-            )  # fmt: skip
+        except Exception as exc:
+            if not isinstance(exc, openai.APIError):  # the server's errors say why already
+                log.warning("an episode of %s failed", instance.id, exc_info=True)
+            return failed(instance, f"{type(exc).__name__}: {exc}")
 
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="rollout") as pool:
-        return list(pool.map(one, jobs))
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="rollout")
+    try:
+        futures = [pool.submit(one, instance) for instance in jobs]
+        _, late = wait(futures, timeout=timeout_s)
+        if late:
+            log.error("%d of %d episodes had not ended after %g s; counted as failed",
+                      len(late), len(futures), timeout_s)  # fmt: skip
+        return [
+            failed(instance, f"TimeoutError: the episode had not ended after {timeout_s:g} s")
+            if future in late
+            else future.result()
+            for instance, future in zip(jobs, futures, strict=True)
+        ]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 class RolloutReader:

@@ -77,7 +77,12 @@ class TrainSettings(BaseSettings):
     num_threads: int = Field(0, ge=0, description="CPU threads for torch; 0 keeps its default.")
 
     logging_steps: int = Field(1, gt=0)
-    save_steps: int = Field(50, gt=0, description="Checkpoint every this many steps.")
+    save_steps: int = Field(
+        50,
+        gt=0,
+        description="Checkpoint every this many steps; GRPO, whose steps are minutes of "
+        "rollouts each, checkpoints every step unless this is set.",
+    )
     save_total_limit: int = Field(2, gt=0)
     resume: bool = Field(True, description="Continue from the output folder's last checkpoint.")
     keep_checkpoints: bool = Field(False, description="Keep checkpoints after a finished run.")
@@ -97,6 +102,12 @@ class TrainSettings(BaseSettings):
     rollout_max_tokens: int = Field(128, gt=0, description="GRPO: most new tokens per LLM call.")
     rollout_concurrency: int = Field(
         0, ge=0, description="GRPO: episodes run at once; 0: every episode of a step."
+    )
+    rollout_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="GRPO: seconds a step's episodes may take; one still running then (a tool "
+        "or verifier that never returns) counts as failed, and the step trains on the others.",
     )
     beta: float = Field(0.0, ge=0.0, description="GRPO: weight of the KL term to the start policy.")
     epsilon_low: float = Field(0.2, ge=0.0, lt=1.0, description="GRPO: lower clip range.")
@@ -135,6 +146,7 @@ class TrainSettings(BaseSettings):
                 "mlflow",
                 "num_threads",
                 "rollout_concurrency",
+                "rollout_timeout_s",
                 "logging_steps",
                 "save_steps",
                 "save_total_limit",

@@ -95,6 +95,7 @@ class RunTracker:
             self.client.log_batch(self.run_id, params=fresh[start : start + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Best effort: MLflow gone mid-run costs the step's metrics, never the training."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -104,7 +105,7 @@ class RunTracker:
             if isinstance(value, int | float) and math.isfinite(value)
         ]
         if entries:
-            self.client.log_batch(self.run_id, metrics=entries)
+            _quietly(f"step {step}'s metrics", self.client.log_batch, self.run_id, metrics=entries)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
@@ -132,17 +133,27 @@ class RunTracker:
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset, tags)])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        if path.is_dir():
-            self.client.log_artifacts(self.run_id, str(path), artifact_path)
-        else:
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        """Best effort: what is logged is a copy of what the run wrote in its folder."""
+        log = self.client.log_artifacts if path.is_dir() else self.client.log_artifact
+        _quietly(f"the artifact {path.name}", log, self.run_id, str(path), artifact_path)
 
     def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
         self.client.log_dict(self.run_id, dict(data), artifact_file)
 
     def finish(self, status: str) -> None:
+        """Best effort: a run that ended (or failed, with its own error to tell) is not
+        undone, nor its error hidden, by an MLflow that cannot be told."""
         if self.owns_status:
-            self.client.set_terminated(self.run_id, status=status)
+            _quietly(f"the run's status {status}", self.client.set_terminated, self.run_id,
+                     status=status)  # fmt: skip
+
+
+def _quietly(what: str, call: Any, *args: Any, **kwargs: Any) -> None:
+    """``call`` for the tracker; MLflow failing it is logged, not raised."""
+    try:
+        call(*args, **kwargs)
+    except Exception as exc:
+        logger.warning("MLflow did not take %s: %s: %s", what, type(exc).__name__, exc)
 
 
 class MetricsCallback(TrainerCallback):
