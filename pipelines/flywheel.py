@@ -43,6 +43,9 @@ def _cluster(task: dsl.PipelineTask) -> dsl.PipelineTask:
     kubernetes.use_config_map_as_env(task, cluster.CONFIGMAP, {k: k for k in cluster.SETTINGS})
     for secret, keys in cluster.SECRETS.items():
         kubernetes.use_secret_as_env(task, secret, keys, optional=True)
+    kubernetes.use_secret_as_volume(
+        task, cluster.KAFKA_CA_SECRET, mount_path=cluster.KAFKA_CA_FOLDER, optional=True
+    )
     return task
 
 

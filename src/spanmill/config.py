@@ -65,7 +65,7 @@ class KafkaSettings(BaseSettings):
     dlq_topic: str = semconv.DLQ_TOPIC
     max_message_bytes: int = Field(1024 * 1024, gt=0, description="Larger messages go to the DLQ.")
 
-    @field_validator("sasl_mechanism", "sasl_username", mode="before")
+    @field_validator("sasl_mechanism", "sasl_username", "ssl_cafile", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         """An empty value is none: a ConfigMap key that must exist but has nothing to say."""

@@ -111,3 +111,47 @@ def test_the_defaults_agree_on_where_runs_execute(chart_values: dict[str, Any]) 
     peers = chart_values["networkPolicy"]["pipelineRuns"]
     selected = [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in peers]
     assert selected == [namespace]
+
+
+def test_rl_runs_reach_external_brokers_that_ask_sasl_and_trust_their_own_ca(
+    render_set: Any,
+) -> None:
+    """Managed Kafka with SASL over TLS and a private CA: the steps got no mechanism, no
+    user and no CA, so GRPO's rollout reader could not sign in (kafka-python refuses a
+    mechanism of None) nor trust the brokers."""
+    from spanmill.config import KafkaSettings
+
+    rendered = render_set("external-kafka-sasl")
+    configmaps = {cluster.CONFIGMAP: configmap_of(rendered)}
+    secrets = {**SECRETS, cluster.KAFKA_SECRET: {"password": "not-a-real-password"}}
+    platform = executors()["exec-train-rl"]
+    env = cluster.step_environment(platform, configmaps, secrets)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        options = load_settings(KafkaSettings).client_options()
+    assert options["security_protocol"] == "SASL_SSL"
+    assert options["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert options["sasl_plain_username"] == "spanmill-pipeline"
+    assert options["sasl_plain_password"] == "not-a-real-password"
+    # The CA file is where the compiled step mounts the Secret that holds it.
+    (volume,) = [v for v in platform["secretAsVolume"]
+                 if v["secretName"] == cluster.KAFKA_CA_SECRET]  # fmt: skip
+    assert volume["optional"] is True
+    assert options["ssl_cafile"] == f"{volume['mountPath']}/{cluster.KAFKA_CA_KEY}"
+    # Plain brokers: no CA, no SASL; the empty keys are nothing.
+    plain = {cluster.CONFIGMAP: configmap_of(render_set("defaults"))}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in cluster.step_environment(platform, plain, SECRETS).items():
+            patch.setenv(key, value)
+        options = load_settings(KafkaSettings).client_options()
+    assert "ssl_cafile" not in options and "sasl_mechanism" not in options
+
+
+def test_external_sasl_without_a_pipeline_user_is_refused_at_install(helm: Any) -> None:
+    result = template(
+        helm,
+        [CHART / "ci" / "external-kafka-sasl.yaml"],
+        ["--set", "pipelineSettings.kafkaUsername="],
+    )
+    assert result.returncode != 0 and "pipelineSettings.kafkaUsername is required" in result.output

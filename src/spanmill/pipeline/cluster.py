@@ -53,10 +53,14 @@ SETTINGS: tuple[str, ...] = (
     "SPANMILL_KAFKA_BOOTSTRAP_SERVERS",
     "SPANMILL_KAFKA_SECURITY_PROTOCOL",
     "SPANMILL_KAFKA_ROLLOUTS_TOPIC",
-    # The pipeline's own Kafka principal where the chart's brokers ask SCRAM credentials
-    # (empty otherwise); its password comes from KAFKA_SECRET.
+    # The pipeline's own Kafka principal where the brokers ask SASL credentials (the
+    # chart's KafkaUser, or pipelineSettings.kafkaUsername; empty otherwise); its
+    # password comes from KAFKA_SECRET.
     "SPANMILL_KAFKA_SASL_MECHANISM",
     "SPANMILL_KAFKA_SASL_USERNAME",
+    # The brokers' CA, where they are trusted by one of their own (empty otherwise): the
+    # file KAFKA_CA_SECRET is mounted as.
+    "SPANMILL_KAFKA_SSL_CAFILE",
     # The object store, for every other reader and writer of s3:// (base models).
     "AWS_ENDPOINT_URL",
     "AWS_DEFAULT_REGION",
@@ -69,6 +73,11 @@ S3_SECRET = "spanmill-s3"
 JUDGE_SECRET = "spanmill-judge"
 # Strimzi's User Operator keeps the pipeline KafkaUser's password in a Secret of its name.
 KAFKA_SECRET = "spanmill-pipeline-kafka"
+# The brokers' CA certificate (key ca.crt), mounted in every step where it exists: the
+# operator copies it where runs execute (charts/spanmill/README.md).
+KAFKA_CA_SECRET = "spanmill-pipeline-kafka-ca"
+KAFKA_CA_FOLDER = "/etc/spanmill/kafka-ca"
+KAFKA_CA_KEY = "ca.crt"
 SECRETS: dict[str, dict[str, str]] = {
     MLFLOW_SECRET: {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD"},
     KAFKA_SECRET: {"password": "SPANMILL_KAFKA_SASL_PASSWORD"},
