@@ -605,6 +605,11 @@ def test_pipeline_upload_job_runs_the_documented_contract(render_set: Any, helm:
         "ghcr.io/spanmill/pipeline:0.1.0",
         "--train-image",
         "ghcr.io/spanmill/train:0.1.0",
+        # The model repository on a volume: the evaluation steps mount its claim.
+        "--model-claim",
+        f"{FULLNAME}-models",
+        "--model-path",
+        "/models",
     ]
     assert container["image"] == "ghcr.io/spanmill/pipeline:0.1.0"
     result = template(

@@ -105,6 +105,14 @@ BAD_VALUES = {
         "      host: mlflow.example.internal\n",
         "mlflow.server.ingress.enabled with networkPolicy.enabled: list the ingress controller's",
     ),
+    # The evaluation steps mount the repository's claim: not from another namespace.
+    "model-volume-out-of-the-runs-reach": (
+        "triton:\n  modelRepository:\n    type: pvc\n"
+        "pipelineSettings:\n  namespace: kubeflow\n",
+        "triton.modelRepository.type pvc: the pipeline's evaluation steps mount the "
+        "repository's claim to stage their candidates, and pipeline runs in namespace "
+        "kubeflow cannot mount a claim of namespace",
+    ),
 }
 # Checks across values that JSON schema cannot express are template errors: they fail
 # `helm template` and `helm install`; `helm lint` reports them without failing.
@@ -115,6 +123,7 @@ TEMPLATE_CHECKS = {
     "mlflow-ingress-without-auth",
     "mlflow-ingress-blocked-by-network-policy",
     "vllm-without-evaluation",
+    "model-volume-out-of-the-runs-reach",
 }
 
 

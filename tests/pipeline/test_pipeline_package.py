@@ -173,15 +173,29 @@ def test_upload_runs_the_steps_in_the_clusters_own_images(  # type: ignore[no-un
     app = kfp_app()
     with serve_app(app, health_path="/apis/v2beta1/healthz") as url:
         uploaded = upload(url, DEFAULT_PACKAGE, image="registry.example/ml/pipeline:7",
-                          train_image="registry.example/ml/train:7")  # fmt: skip
+                          train_image="registry.example/ml/train:7",
+                          model_claim="spanmill-models", model_path="/models")  # fmt: skip
     documents = list(yaml.safe_load_all(app.state.pipelines[uploaded.pipeline_id]["versions"][0]))
     executors = documents[0]["deploymentSpec"]["executors"]
     images = {name: e["container"]["image"] for name, e in executors.items()}
     assert set(images.values()) == {"registry.example/ml/pipeline:7", "registry.example/ml/train:7"}
     assert images["exec-train-lora"] == "registry.example/ml/train:7"
     assert images["exec-build-dataset"] == "registry.example/ml/pipeline:7"
+    # The evaluation steps stage their candidates in the repository on the volume: they
+    # mount its claim, as kfp-kubernetes' mount_pvc compiles it; no other step does.
+    platform = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    mounted = {name for name, spec in platform.items() if spec.get("pvcMount")}
+    assert mounted == {name for name in executors if name.startswith("exec-evaluate")}
+    assert len(mounted) == 3  # one evaluation a branch of train_method
+    for name in mounted:
+        assert platform[name]["pvcMount"] == [{
+            "constant": "spanmill-models", "mountPath": "/models",
+            "pvcNameParameter": {"runtimeValue": {"constant": "spanmill-models"}},
+        }]  # fmt: skip
     # Everything else as compiled: the platform spec (Secrets, ConfigMaps) too.
     original = list(yaml.safe_load_all(DEFAULT_PACKAGE.read_text()))
+    for name in mounted:
+        del platform[name]["pvcMount"]
     assert documents[1] == original[1]
     assert {k: v for k, v in documents[0].items() if k != "deploymentSpec"} == {
         k: v for k, v in original[0].items() if k != "deploymentSpec"

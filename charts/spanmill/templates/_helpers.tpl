@@ -423,6 +423,10 @@ folder: no pod sees another pod's files.
 {{- if and (eq .Values.triton.flavour "vllm") (ne .Values.triton.modelRepository.type "pvc") -}}
 {{- fail "triton.flavour vllm needs triton.modelRepository.type pvc: the vLLM backend opens LoRA adapters from local paths, which an s3 repository does not give it" -}}
 {{- end -}}
+{{- $runs := .Values.pipelineSettings.namespace | default .Release.Namespace -}}
+{{- if and .Values.pipelineSettings.enabled (eq .Values.triton.modelRepository.type "pvc") (ne $runs .Release.Namespace) (not .Values.triton.modelRepository.pvc.existingClaim) -}}
+{{- fail (printf "triton.modelRepository.type pvc: the pipeline's evaluation steps mount the repository's claim to stage their candidates, and pipeline runs in namespace %s cannot mount a claim of namespace %s; run them in the release's namespace (pipelineSettings.namespace empty: a Kubeflow profile's), or name an existingClaim that exists in both (two claims of one ReadWriteMany volume)" $runs .Release.Namespace) -}}
+{{- end -}}
 {{- if and (hasPrefix "SASL" .Values.kafka.securityProtocol) (not .Values.kafka.sasl.mechanism) -}}
 {{- fail (printf "kafka.sasl.mechanism is required with kafka.securityProtocol %s" .Values.kafka.securityProtocol) -}}
 {{- end -}}

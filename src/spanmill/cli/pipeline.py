@@ -88,6 +88,11 @@ def upload(
     train_image: str = typer.Option(
         None, help="Image of the training steps (default: as compiled)."
     ),
+    model_claim: str = typer.Option(
+        None, help="PersistentVolumeClaim of a model repository on a volume: mounted in the "
+        "evaluation steps, which stage their candidates there.",
+    ),
+    model_path: str = typer.Option("/models", help="Where --model-claim is mounted."),
 ) -> None:
     """Upload the compiled pipeline as a new version (token from SPANMILL_KFP_TOKEN, or
     the service-account token with --sa-token), its steps' images replaced where given."""
@@ -96,7 +101,7 @@ def upload(
 
     result = send(
         endpoint, file or DEFAULT_PACKAGE, name, token_file=_token_file(sa_token, token_file),
-        image=image, train_image=train_image,
+        image=image, train_image=train_image, model_claim=model_claim, model_path=model_path,
     )  # fmt: skip
     what = "new pipeline" if result.new_pipeline else "new version"
     console.print(f"[green]✓[/] {what} {result.version_name} ({result.version_id})")

@@ -83,22 +83,33 @@ def _version_name(package: Path, name: str) -> str:
     return f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{digest}"
 
 
-def with_images(package: str, image: str | None, train_image: str | None) -> str:
-    """The compiled pipeline ``package`` (KFP's YAML) with its steps' images replaced: the
-    training steps' (an image whose repository ends in ``/train``, as
-    services/train/Dockerfile is tagged) by ``train_image``, every other step's by
-    ``image``; None keeps what was compiled. A package is compiled once, in the image,
-    for the images of whoever built it; a cluster pulls from its own registry."""
+def for_cluster(
+    package: str,
+    *,
+    image: str | None = None,
+    train_image: str | None = None,
+    model_claim: str | None = None,
+    model_path: str = "/models",
+) -> str:
+    """The compiled pipeline ``package`` (KFP's YAML) made for one cluster; None keeps what
+    was compiled. A package is compiled once, in the image, for the images of whoever
+    built it; a cluster pulls from its own registry and keeps its own volumes.
+
+    ``image`` and ``train_image``: the steps' images, the training steps' (an image whose
+    repository ends in ``/train``, as services/train/Dockerfile is tagged) and every
+    other's. ``model_claim``: the PersistentVolumeClaim of a model repository on a
+    volume, mounted at ``model_path`` in the evaluation steps, which stage their
+    candidates in the repository Triton reads.
+    """
     import yaml
 
-    if image is None and train_image is None:
+    if image is None and train_image is None and model_claim is None:
         return package
     documents = list(yaml.safe_load_all(package))
-    executors = next(
-        (d["deploymentSpec"]["executors"] for d in documents if "deploymentSpec" in d), None
-    )
-    if not executors:
+    spec = next((d for d in documents if "deploymentSpec" in d), None)
+    if spec is None or not spec["deploymentSpec"].get("executors"):
         raise KubeflowError("the package holds no pipeline steps (deploymentSpec.executors)")
+    executors = spec["deploymentSpec"]["executors"]
     for executor in executors.values():
         container = executor.get("container")
         if container is None:
@@ -107,6 +118,17 @@ def with_images(package: str, image: str | None, train_image: str | None) -> str
         wanted = train_image if compiled.rsplit("/", 1)[-1] == "train" else image
         if wanted is not None:
             container["image"] = wanted
+    if model_claim is not None:
+        platform = next((d for d in documents if "platforms" in d), None)
+        if platform is None:
+            platform = {"platforms": {"kubernetes": {"deploymentSpec": {"executors": {}}}}}
+            documents.append(platform)
+        platforms = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+        mount = {"constant": model_claim, "mountPath": model_path,
+                 "pvcNameParameter": {"runtimeValue": {"constant": model_claim}}}  # fmt: skip
+        for name in executors:
+            if name.startswith("exec-evaluate"):
+                platforms.setdefault(name, {}).setdefault("pvcMount", []).append(mount)
     return yaml.safe_dump_all(documents, sort_keys=False)
 
 
@@ -116,18 +138,16 @@ def upload(
     name: str = "flywheel",
     token: str | None = None,
     token_file: Path | None = None,
-    *,
-    image: str | None = None,
-    train_image: str | None = None,
+    **cluster: Any,
 ) -> Uploaded:
     """Upload ``package`` as a new version of pipeline ``name`` (created on first upload),
-    its steps running ``image`` and ``train_image`` where given (:func:`with_images`)."""
+    made for the cluster as ``cluster`` asks (:func:`for_cluster`: images, a volume)."""
     if not package.is_file():
         raise KubeflowError(f"no compiled pipeline at {package}; run `spanmill pipeline compile`")
-    if image is not None or train_image is not None:
+    if any(value is not None for value in cluster.values()):
         import tempfile
 
-        rewritten = with_images(package.read_text(encoding="utf-8"), image, train_image)
+        rewritten = for_cluster(package.read_text(encoding="utf-8"), **cluster)
         with tempfile.TemporaryDirectory() as folder:
             copy = Path(folder) / package.name
             copy.write_text(rewritten, encoding="utf-8")
