@@ -120,6 +120,10 @@ SPANMILL_PRODUCER: Final = "spanmill.producer"
 # "retokenized" (the server gave none: the text tokenised again, which can differ from
 # the ids sampled, and no logprobs). Absent: the server's own ids (the Python flavour).
 SPANMILL_TOKEN_IDS_SOURCE: Final = "spanmill.token_ids.source"
+# The attributes the gateway left off a call's span (string[]) so that it fits in one
+# Kafka record (SPANMILL_KAFKA_MAX_MESSAGE_BYTES): the token ids and logprobs first,
+# then the prompt's messages. The call is recorded; training re-tokenises its text.
+SPANMILL_SPAN_REDUCED: Final = "spanmill.span.reduced"
 # "training" on the calls and episodes of RL rollouts (absent on production traffic):
 # they go to the rollout topic, never into production datasets or rollout health.
 SPANMILL_TRAFFIC: Final = "spanmill.traffic"

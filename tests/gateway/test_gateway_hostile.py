@@ -154,3 +154,59 @@ def spans_of(count: int) -> list[Any]:
     from test_gateway_feedback import spans
 
     return spans(count)
+
+
+def test_a_call_too_large_for_one_record_is_recorded_without_its_token_ids() -> None:
+    """A long-context call (its prompt's token ids, its messages) over Kafka's record
+    limit was dropped whole: served, never in a dataset. Now the token ids go first, then
+    the prompt's messages, and the span says which; only a span over the limit even so
+    is dropped, and counted."""
+    from spanmill import semconv as sc
+    from spanmill.config import KafkaSettings
+    from spanmill.gateway.emitter import SpanEmitter
+    from spanmill.gateway.llm_span import build_llm_span
+    from spanmill.gateway.metrics import GatewayMetrics
+    from spanmill.spans import decode_otlp_protobuf
+
+    values: list[bytes] = []
+
+    class Keeping(FakeProducer):
+        def send(self, topic: str, key: bytes, value: bytes, headers: Any) -> Any:
+            values.append(value)
+            return super().send(topic, key, value, headers)
+
+    def call(prompt_chars: int, answer_chars: int) -> Any:
+        choice = {"message": {"role": "assistant", "content": "a" * answer_chars},
+                  "finish_reason": "stop", "token_ids": list(range(20_000)),
+                  "logprobs": [-0.5] * 20_000}  # fmt: skip
+        return build_llm_span(
+            trace_id=TRACE, parent_span_id=None, span_id="1" * 16, start_ns=1, end_ns=2,
+            requested_model="echo", triton_model="echo", version="1", lora_name=None,
+            request_messages=[{"role": "user", "content": "q" * prompt_chars}],
+            params={"temperature": 0.0, "top_p": 1.0, "max_tokens": 8, "stop": [],
+                    "tools": None},
+            metadata=None, traffic=None, client="anonymous", response_id="chatcmpl-1",
+            choice=choice, prompt_token_ids=list(range(30_000)), token_ids_source=None,
+        )  # fmt: skip
+
+    metrics = GatewayMetrics()
+    emitter = SpanEmitter(KafkaSettings(max_message_bytes=100_000), metrics)
+    emitter._producer = emitter._feedback_producer = Keeping()
+    emitter.start()
+    try:
+        for span in (call(1_000, 100), call(200_000, 100), call(1_000, 200_000)):
+            emitter.emit(span)
+    finally:
+        emitter.close()
+    sent = [decode_otlp_protobuf(value)[0] for value in values]
+    assert [s.attributes.get(sc.SPANMILL_SPAN_REDUCED) for s in sent] == [
+        [sc.SPANMILL_PROMPT_TOKEN_IDS, sc.SPANMILL_COMPLETION_TOKEN_IDS,
+         sc.SPANMILL_COMPLETION_LOGPROBS],
+        [sc.SPANMILL_PROMPT_TOKEN_IDS, sc.SPANMILL_COMPLETION_TOKEN_IDS,
+         sc.SPANMILL_COMPLETION_LOGPROBS, sc.GEN_AI_INPUT_MESSAGES],
+    ]  # fmt: skip
+    assert sc.GEN_AI_INPUT_MESSAGES in sent[0].attributes
+    assert all(sc.GEN_AI_OUTPUT_MESSAGES in s.attributes for s in sent)
+    assert all(len(value) <= 100_000 for value in values)
+    assert metrics.spans_reduced._value.get() == 2
+    assert metrics.spans_dropped.labels("too_large")._value.get() == 1  # the answer alone

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from spanmill import semconv as sc
 from spanmill import topic as span_topic
 from spanmill.config import KafkaSettings
 from spanmill.gateway.metrics import GatewayMetrics
@@ -38,6 +39,35 @@ _FEEDBACK_S = 30.0
 OUTAGE_S = 300.0
 
 Outcome = list[BaseException | None]
+
+
+# What a call's span can do without, most expendable first: the token ids and logprobs
+# (training re-tokenises the text), then the prompt's messages (the answer, the model,
+# the usage and the rewards' link stay).
+_EXPENDABLE = (
+    (
+        sc.SPANMILL_PROMPT_TOKEN_IDS,
+        sc.SPANMILL_COMPLETION_TOKEN_IDS,
+        sc.SPANMILL_COMPLETION_LOGPROBS,
+    ),
+    (sc.GEN_AI_INPUT_MESSAGES,),
+)
+
+
+def reduced(span: Span, limit: int) -> bytes | None:
+    """``span`` as OTLP within ``limit`` bytes, with the fewest expendable attributes left
+    off (named in ``spanmill.span.reduced``); None when it is over even without them."""
+    left_off: list[str] = []
+    for names in _EXPENDABLE:
+        left_off += [name for name in names if name in span.attributes]
+        attributes = {k: v for k, v in span.attributes.items() if k not in left_off}
+        smaller = span.model_copy(
+            update={"attributes": {**attributes, sc.SPANMILL_SPAN_REDUCED: list(left_off)}}
+        )
+        payload = encode_otlp_protobuf([smaller])
+        if len(payload) <= limit:
+            return payload
+    return None
 
 
 class SpanTooLarge(ValueError):
@@ -232,14 +262,22 @@ class SpanEmitter:
                 producer.close(timeout=5)
 
     def _send(self, producer: Any, span: Span) -> Any:
-        """Hand one span to ``producer`` as a record of its trace; raises
-        :class:`SpanTooLarge` for a span over ``max_message_bytes``."""
-        fitted, over = span_topic.fit([span], encode_otlp_protobuf, self.kafka.max_message_bytes)
+        """Hand one span to ``producer`` as a record of its trace, reduced to fit where it
+        is over ``max_message_bytes`` (:func:`reduced`); raises :class:`SpanTooLarge` for
+        one that does not fit even so."""
+        limit = self.kafka.max_message_bytes
+        fitted, over = span_topic.fit([span], encode_otlp_protobuf, limit)
         if over:
-            raise SpanTooLarge(
-                f"span {span.span_id} is over SPANMILL_KAFKA_MAX_MESSAGE_BYTES "
-                f"({self.kafka.max_message_bytes}) as OTLP"
-            )
+            payload = reduced(span, limit)
+            if payload is None:
+                raise SpanTooLarge(
+                    f"span {span.span_id} is over SPANMILL_KAFKA_MAX_MESSAGE_BYTES ({limit}) "
+                    "as OTLP, even without its token ids and prompt"
+                )
+            self.metrics.spans_reduced.inc()
+            log.warning("span %s is over SPANMILL_KAFKA_MAX_MESSAGE_BYTES (%d): sent reduced",
+                        span.span_id, limit)  # fmt: skip
+            fitted = [(payload, 1)]
         return span_topic.send(producer, self.kafka.spans_topic, span.trace_id, fitted[0][0])
 
     def _send_delivery(self, delivery: _Delivery) -> None:

@@ -38,6 +38,12 @@ class GatewayMetrics:
             "or the connection broke before an answer.",
             registry=r,
         )
+        self.spans_reduced = Counter(
+            "spanmill_gateway_spans_reduced",
+            "LLM spans over Kafka's record limit sent without their token ids (and, where "
+            "still over, their prompt's messages): spanmill.span.reduced names what is left off.",
+            registry=r,
+        )
         self.spans_emitted = Counter(
             "spanmill_gateway_spans_emitted",
             "Spans delivered to Kafka: calls and feedback.",
