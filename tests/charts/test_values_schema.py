@@ -107,8 +107,7 @@ BAD_VALUES = {
     ),
     # The evaluation steps mount the repository's claim: not from another namespace.
     "model-volume-out-of-the-runs-reach": (
-        "triton:\n  modelRepository:\n    type: pvc\n"
-        "pipelineSettings:\n  namespace: kubeflow\n",
+        "triton:\n  modelRepository:\n    type: pvc\npipelineSettings:\n  namespace: kubeflow\n",
         "triton.modelRepository.type pvc: the pipeline's evaluation steps mount the "
         "repository's claim to stage their candidates, and pipeline runs in namespace "
         "kubeflow cannot mount a claim of namespace",

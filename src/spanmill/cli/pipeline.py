@@ -89,7 +89,8 @@ def upload(
         None, help="Image of the training steps (default: as compiled)."
     ),
     model_claim: str = typer.Option(
-        None, help="PersistentVolumeClaim of a model repository on a volume: mounted in the "
+        None,
+        help="PersistentVolumeClaim of a model repository on a volume: mounted in the "
         "evaluation steps, which stage their candidates there.",
     ),
     model_path: str = typer.Option("/models", help="Where --model-claim is mounted."),
