@@ -197,3 +197,27 @@ def test_mlflow_gone_mid_run_costs_metrics_never_the_training(
     said = [r.getMessage() for r in caplog.records if r.name == "spanmill.train.tracking"]
     assert len(said) == 3 and all(m.startswith("MLflow did not take") for m in said), said
     assert "step 3's metrics" in said[0]
+
+
+def test_an_init_adapter_trained_on_another_base_is_refused(tmp_path: Path) -> None:
+    """PEFT loads an adapter onto any base of its shape without a word (the base model
+    and its instruct tune, say), and the run's manifest then paired it with a base it
+    never learnt on, for the evaluation and for serving."""
+    from spanmill.config import KafkaSettings
+    from spanmill.contracts import TrainManifest
+    from spanmill.train.rl import train_grpo
+
+    adapter = tmp_path / "sft"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    TrainManifest(
+        output_dir=str(adapter), base_model="/pod/models/base", method="sft", global_step=9,
+        dataset_digest="d", settings={"base_model": "HuggingFaceTB/SmolLM2-135M"},
+    ).write(adapter)  # fmt: skip
+    asked = TrainSettings(
+        track=False, task="calculator", init_adapter=str(adapter),
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+    )  # fmt: skip
+    with pytest.raises(TrainError, match="was trained on HuggingFaceTB/SmolLM2-135M, and this"):
+        train_grpo(tmp_path / "out", asked, KafkaSettings())
+    assert not (tmp_path / "out").exists()

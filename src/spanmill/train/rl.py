@@ -281,6 +281,7 @@ def train_grpo(
         # the run; bf16 (auto, where the GPU has it) or fp32 train as asked.
         raise TrainError("GRPO does not train in fp16: use bf16, fp32 or auto")
     task = get_task(settings.task)
+    _check_init_base(settings)
     base_model = _check_base_model(settings.base_model)
     if (
         settings.init_adapter
@@ -604,6 +605,22 @@ def _save_checkpoint(
     for older in checkpoints.glob(f"{STEP_PREFIX}*"):
         if older != final and older.name[len(STEP_PREFIX) :].isdigit():
             shutil.rmtree(older, ignore_errors=True)
+
+
+def _check_init_base(settings: TrainSettings) -> None:
+    """The init adapter learnt on the base this run is asked for: PEFT loads an adapter
+    onto any base of its shape without a word, and the manifest would then pair it with
+    a base it never saw (evaluation and serving alike)."""
+    if not settings.init_adapter:
+        return
+    start = TrainManifest.read_if_present(settings.init_adapter)
+    trained_on = start.asked_base_model() if start is not None else ""
+    if trained_on and trained_on != settings.base_model:
+        raise TrainError(
+            f"init adapter {settings.init_adapter} was trained on {trained_on}, and this "
+            f"run is asked for {settings.base_model}: train from that base (--base-model "
+            f"{trained_on}), or from another adapter"
+        )
 
 
 def _manifest(result: TrainResult, settings: TrainSettings, task: Task) -> TrainManifest:
