@@ -101,6 +101,26 @@ def test_the_evaluate_step_defaults_to_the_gate_policy() -> None:
         assert default in (own, None), f"evaluate_step({parameter}={default!r}), gate: {own!r}"
 
 
+def test_the_rl_step_defaults_to_grpos_recipe() -> None:
+    """GRPO's rate and temperature are one recipe (GRPO_RECIPE) for the CLI, the API and
+    the pipeline: before, the step said 1e-4 and 0.8 where the CLI trained at 3e-4, 1.0
+    and a linear warm-up whose first step's rate was 0."""
+    from spanmill.train.settings import GRPO_RECIPE
+
+    parameters = _parameters(steps.train_rl_step)
+    for parameter, field in {"learning_rate": "learning_rate",
+                             "temperature": "rollout_temperature"}.items():  # fmt: skip
+        assert parameters[parameter][1] == GRPO_RECIPE[field], parameter
+    unset_run = TrainSettings(method="grpo", track=False)
+    assert {name: getattr(unset_run, name) for name in GRPO_RECIPE} == GRPO_RECIPE
+    # What a person sets, by argument or environment, stands.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPANMILL_TRAIN_LR_SCHEDULER", "cosine")
+        asked = TrainSettings(method="grpo", track=False, learning_rate=5e-4)
+    assert (asked.learning_rate, asked.lr_scheduler, asked.warmup_ratio) == (5e-4, "cosine", 0.0)
+    assert TrainSettings(track=False).lr_scheduler == "linear"  # SFT's own defaults
+
+
 def test_the_flywheel_passes_each_parameter_with_its_components_default() -> None:
     flywheel = _parameters(pipelines.flywheel.flywheel)
     names = {name: _parameters(component) for name, (component, _) in COMPONENTS.items()}

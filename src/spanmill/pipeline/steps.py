@@ -200,8 +200,6 @@ def train_rl_step(
         groups_per_step=groups_per_step,
         rollout_temperature=temperature,
         learning_rate=learning_rate,
-        lr_scheduler="constant",
-        warmup_ratio=0.0,
         beta=beta,
         seed=seed,
         precision=precision,
