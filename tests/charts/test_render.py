@@ -882,3 +882,16 @@ def test_the_vllm_engine_spreads_over_the_pods_gpus_and_leaves_room_for_its_relo
             assert settings["SPANMILL_SERVING_VLLM_TENSOR_PARALLEL_SIZE"] == gpus, name
             assert settings["SPANMILL_SERVING_VLLM_GPU_MEMORY_UTILIZATION"] == "0.45", name
             assert settings["SPANMILL_SERVING_VLLM_MAX_MODEL_LEN"] == "4096", name
+
+
+def test_an_upgrade_on_a_pool_with_no_spare_gpu_replaces_triton_in_place(render_set: Any) -> None:
+    """Kubernetes' rolling update starts the new pod first: on a pool sized as
+    ci/gpu-cluster.yaml asks (a GPU a serving pod, one for the evaluation), it waited
+    for a GPU that never freed, and `helm upgrade --wait` with it."""
+    gpu = render_set("gpu-cluster")
+    serving = gpu.get("Deployment", f"{FULLNAME}-triton")["spec"]["strategy"]
+    assert serving == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0,
+                                                                  "maxUnavailable": 1}}  # fmt: skip
+    evaluation = gpu.get("Deployment", f"{FULLNAME}-triton-evaluation")["spec"]["strategy"]
+    assert evaluation == {"type": "Recreate"}
+    assert "strategy" not in render_set("defaults").get("Deployment", f"{FULLNAME}-triton")["spec"]
