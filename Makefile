@@ -36,15 +36,20 @@ help:
 	@echo "make demo    install what is missing, then run the demo on the embedded stack"
 	@echo "make test    install what is missing, then run every test"
 	@echo "make lint    ruff and mypy;  make bench  benchmarks;  make charts  helm checks;  make fuzz  the native decoder under sanitizers"
-	@echo "make up | status | down   the local stack (tansu, MLflow, tritonserver)"
+	@echo "make up | status | down   the local stack (tansu, MLflow, tritonserver, the gateway, the collector)"
 
 install: $(VENV_STAMP) $(NATIVE_STAMP) $(HELM) $(MODEL_STAMP)
 
-# torch goes first and pinned: an open range would pull a multi-GB CUDA build.
+# torch goes first and pinned to its CPU build (constraints.txt): an open range would
+# pull a multi-GB CUDA build. Where pip's own sources lack that build (a machine with
+# no wheel of it at hand), PyTorch's CPU index has it.
+TORCH_CPU := torch==2.13.0+cpu
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 $(VENV_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q --no-compile torch==2.13.0
+	$(BIN)/python -m pip install -q --no-compile '$(TORCH_CPU)' 2>/dev/null \
+	  || $(BIN)/python -m pip install -q --no-compile --index-url $(TORCH_CPU_INDEX) '$(TORCH_CPU)'
 	$(BIN)/python -m pip install -q --no-compile -c constraints.txt -e '.[all,dev]'
 	$(BIN)/python -m pip check
 	# Byte-compiled on every core at once (pip compiles one file after another): 20 seconds

@@ -89,17 +89,10 @@ def rollout_settings(settings: StackSettings, agent: str = AGENT) -> RolloutSett
 def serve_base_as_champion(settings: StackSettings, agent: str = AGENT) -> int:
     """Register the base model as the agent's first version and make it the champion."""
     from spanmill.models import pull_model
-    from spanmill.registry import CHAMPION, Lineage, ModelRegistry
+    from spanmill.registry import ModelRegistry
 
     registry = ModelRegistry(stack_urls(settings)["mlflow"])
-    if agent in registry.agents():
-        champion = registry.aliases(agent).get(CHAMPION)
-        if champion is not None:
-            return champion
-    base = str(pull_model(BASE))
-    version = registry.register(agent, Lineage(kind="base", base_model=base)).version
-    registry.promote(agent, version, reason="the base model serves first")
-    return version
+    return registry.serve_base(agent, str(pull_model(BASE)))[0]
 
 
 def reconcile_until(

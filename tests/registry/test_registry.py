@@ -350,3 +350,34 @@ def test_a_report_of_another_model_or_agent_is_refused(mlflow_server, tmp_path: 
 
     assert agent not in registry.agents() and other not in registry.agents()
     assert registry.register_trained(agent, adapter_b, report_b).challenger
+
+
+def test_a_new_agent_gets_its_first_version_from_the_command_line(
+    mlflow_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A team's own agent had no way to be served but Python (the demo's code): the
+    gateway answers 404 for a model name no champion stands for. `spanmill models
+    serve-base` registers the base as version 1 and makes it the champion, once."""
+    from typer.testing import CliRunner
+
+    from spanmill.cli.main import app
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    agent = f"support-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setenv("SPANMILL_MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
+    runner = CliRunner()
+    first = runner.invoke(app, ["models", "serve-base", agent, "--base-model", str(base)])
+    assert first.exit_code == 0, first.output
+    assert first.output.strip().splitlines()[-1] == "1"
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    assert registry.aliases(agent) == {CHAMPION: 1}
+    lineage = registry.version(agent, 1).lineage
+    assert (lineage.kind, lineage.base_model) == ("base", str(base))
+    # Again, or with another base: the champion stands, nothing is registered.
+    again = runner.invoke(app, ["models", "serve-base", agent, "--base-model", str(base)])
+    assert again.exit_code == 0 and "has a champion already" in again.output
+    assert [v.version for v in registry.versions(agent)] == [1]
+    missing = runner.invoke(app, ["models", "serve-base", "other", "--base-model", "no-such"])
+    assert missing.exit_code != 0 and "other" not in registry.agents()

@@ -167,6 +167,31 @@ def rollback(
     console.print(f"[green]✓[/] {agent} version {rolled} rolled back; champion: {champion}")
 
 
+@app.command("serve-base")
+@handle_errors
+def serve_base(
+    agent: str = typer.Argument(..., help="The agent: the model name its calls ask for."),
+    base_model: str = typer.Option(
+        ...,
+        help="What answers until a trained version replaces it: a model folder, a "
+        "catalog name (smollm2-135m), a Hugging Face id or an s3:// folder.",
+    ),
+    tracking_uri: str = _TRACKING,
+) -> None:
+    """Register a base model as the agent's first version and make it the champion; the
+    rollout controller deploys it and routes the agent's name to it. An agent with a
+    champion is left as it is."""
+    from spanmill.models.resolve import resolve_model
+
+    resolve_model(base_model)  # refused now, by name, rather than at the controller's load
+    version, new = _registry(tracking_uri).serve_base(agent, base_model)
+    if new:
+        console.print(f"[green]✓[/] {agent} version {version}: {base_model}, the champion")
+    else:
+        console.print(f"{agent} has a champion already: version {version}; nothing changed")
+    typer.echo(str(version))
+
+
 @app.command()
 @handle_errors
 def register(

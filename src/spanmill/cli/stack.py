@@ -17,7 +17,8 @@ def _stack() -> LocalStack:
 
 @handle_errors
 def up() -> None:
-    """Start the tansu broker, MLflow and tritonserver on 127.0.0.1 and wait until healthy."""
+    """Start the local stack on 127.0.0.1 (the tansu broker, MLflow, tritonserver, the gateway
+    and the collector) and wait until healthy."""
     stack = _stack()
 
     def started(service: RunningService) -> None:

