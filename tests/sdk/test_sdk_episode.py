@@ -64,7 +64,40 @@ def test_episode_ids_are_fresh_unless_given(memory: InMemorySpanExporter) -> Non
     assert first.agent_name == "default-agent"
     assert first.episode_id != second.episode_id
     assert first.trace_id != second.trace_id
+    assert first.episode_id == first.trace_id  # the calls in its trace are its calls
     assert third.episode_id == "chosen"
+
+
+def test_a_call_its_instrumentation_records_in_the_episode_gets_the_episodes_reward(
+    memory: InMemorySpanExporter,
+) -> None:
+    """The SDK's own minimal agent: an episode, a chat call recorded in its trace by the
+    agent's instrumentation (which knows nothing of episodes), a reward. The episode's
+    id was a fresh UUID, the call's its trace id: the reward never reached the call, and
+    the dataset had nothing to train on."""
+    import json as json_module
+
+    from spanmill.dataset.build import build
+    from spanmill.dataset.spec import DatasetSpec
+    from spanmill.store.rows import table_from_spans
+
+    with sdk.episode("support", task_id="ticket-1") as ep:
+        with get_tracer().start_as_current_span("chat gpt-4o", attributes={
+            sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT, sc.GEN_AI_REQUEST_MODEL: "gpt-4o",
+            sc.GEN_AI_INPUT_MESSAGES: json_module.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": "Where is my order?"}]}]),
+            sc.GEN_AI_OUTPUT_MESSAGES: json_module.dumps(
+                [{"role": "assistant", "parts": [{"type": "text", "content": "It shipped."}]}]),
+        }):  # fmt: skip
+            pass
+        sdk.emit_reward("resolved", 1.0, primary=True)
+    spans = finished(memory)
+    assert ep.episode_id == ep.trace_id
+    built = build(DatasetSpec(agent="support", trusted_producers=("*",)), table_from_spans(spans))
+    assert built.counts["with_reward"] == 1
+    assert len(built.train) + len(built.eval) == 1
+    (row,) = built.train + built.eval
+    assert row["reward"] == 1.0 and row["task_id"] == "ticket-1"
 
 
 def test_episode_without_any_agent_name_is_refused() -> None:

@@ -272,6 +272,12 @@ def one_record_per_call(calls: list[LLMCall]) -> list[LLMCall]:
     return out
 
 
+def _by_episode(table: pa.Table, column: str) -> dict[str, str]:
+    """``column``'s value by episode id, from the rows that have one."""
+    named = table.filter(pc.is_valid(table[column]))
+    return dict(zip(named["episode_id"].to_pylist(), named[column].to_pylist(), strict=True))
+
+
 def read_llm_calls(table: pa.Table) -> list[LLMCall]:
     """The LLM calls of the table, each once, grouped by episode and numbered in time order."""
     is_llm = pc.is_in(table["operation_name"], value_set=pa.array(sorted(sc.LLM_OPERATIONS)))
@@ -283,12 +289,12 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
         for name in TOKEN_COLUMNS
     }
     starts = pc.cast(llm["start_time"], pa.int64()).to_pylist()
-    # A call without a task id of its own is of its episode's task, where an agent said it
-    # on the episode's span alone (sdk.episode(task_id=...)): the split keeps a task whole.
-    tasked = table.filter(pc.is_valid(table["task_id"]))
-    episode_tasks = dict(
-        zip(tasked["episode_id"].to_pylist(), tasked["task_id"].to_pylist(), strict=True)
-    )
+    # A call without a task id (or an agent) of its own is of its episode's, where an agent
+    # said it on the episode's span alone (sdk.episode("support", task_id=...)) and its
+    # instrumentation recorded the call knowing nothing of either: the split keeps a task
+    # whole, and a dataset of the agent has the agent's calls.
+    episode_tasks = _by_episode(table, "task_id")
+    episode_agents = _by_episode(table, "agent_name")
     calls = [
         LLMCall(
             trace_id=columns["trace_id"][i],
@@ -296,7 +302,7 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
             episode_id=columns["episode_id"][i],
             start_ns=starts[i],
             service=columns["service_name"][i],
-            agent=columns["agent_name"][i],
+            agent=columns["agent_name"][i] or episode_agents.get(columns["episode_id"][i]),
             model=columns["model"][i],
             model_version=columns["model_version"][i],
             task_id=columns["task_id"][i] or episode_tasks.get(columns["episode_id"][i]),

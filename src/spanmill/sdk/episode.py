@@ -65,13 +65,24 @@ def current_episode() -> Episode | None:
     return _current.get()
 
 
+def _trace_of(span: Any) -> str:
+    """An episode's id where none is given: its trace's, which is what a call recorded in
+    that trace without an episode id of its own (an OpenLLMetry span, the gateway's span
+    of a call that sent its trace context) is read as belonging to. A fresh id where
+    nothing is recorded (tracing not configured: no trace)."""
+    trace_id = span.get_span_context().trace_id
+    return format(trace_id, "032x") if trace_id else uuid.uuid4().hex
+
+
 class episode:
     """Run an agent episode inside an ``invoke_agent`` span.
 
     As a context manager it yields the :class:`Episode`; as a decorator each call
     of the function is one episode (coroutine functions included). ``agent_name``
     defaults to the one given to :func:`~spanmill.sdk.configure`. ``task_id``
-    groups attempts at the same task; ``episode_id`` defaults to a fresh UUID.
+    groups attempts at the same task; ``episode_id`` defaults to the episode's trace id,
+    so that calls recorded in its trace without an id of their own are its calls (give
+    one where several episodes share a trace, and pass it to their calls' metadata).
     An exception marks the span as an error and propagates.
     """
 
@@ -99,19 +110,20 @@ class episode:
             **self.attributes,
             sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT,
             sc.GEN_AI_AGENT_NAME: self.agent_name,
-            sc.SPANMILL_EPISODE_ID: self.episode_id or uuid.uuid4().hex,
         }
+        if self.episode_id:
+            attributes[sc.SPANMILL_EPISODE_ID] = self.episode_id
         if self.task_id is not None:
             attributes[sc.SPANMILL_TASK_ID] = self.task_id
         manager = get_tracer().start_as_current_span(
             f"{sc.OPERATION_INVOKE_AGENT} {self.agent_name}", attributes=attributes
         )
         span = manager.__enter__()
+        episode_id = self.episode_id or _trace_of(span)
+        if not self.episode_id:
+            span.set_attribute(sc.SPANMILL_EPISODE_ID, episode_id)
         state = Episode(
-            agent_name=self.agent_name,
-            episode_id=cast(str, attributes[sc.SPANMILL_EPISODE_ID]),
-            task_id=self.task_id,
-            span=span,
+            agent_name=self.agent_name, episode_id=episode_id, task_id=self.task_id, span=span
         )
         self._stack.append((manager, _current.set(state)))
         return state
