@@ -56,13 +56,19 @@ def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
 
 
 def to_model_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """OpenAI messages to the plain role/content form a chat template renders."""
+    """OpenAI messages to the plain role/content form a chat template renders.
+
+    An assistant turn with tool calls renders its calls, one JSON object a line, and
+    leaves out any text beside them ("Let me check." before a lookup): a model without a
+    tool format of its own answers a call as that object alone, which is what
+    :func:`parse_tool_calls` reads back, and what it must learn is the call itself.
+    """
     rendered = []
     for message in messages:
         role = str(message.get("role", "user"))
         text = text_of(message.get("content"))
         calls = message.get("tool_calls") or []
-        if role == "assistant" and calls and not text:
+        if role == "assistant" and calls:
             text = "\n".join(
                 tool_call_text(
                     call.get("function", {}).get("name", ""),
@@ -107,6 +113,18 @@ def parse_tool_calls(text: str) -> list[dict[str, Any]]:
             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
         }
     ]
+
+
+def system_messages(items: list[Any]) -> list[dict[str, Any]]:
+    """``gen_ai.system_instructions`` as GenAI messages: the conventions make it an array
+    of parts, one system message's; an array of messages, as earlier producers wrote it,
+    stays as it is."""
+    if items and all(
+        isinstance(item, dict) and "type" in item and "role" not in item and "parts" not in item
+        for item in items
+    ):
+        return [{"role": "system", "parts": items}]
+    return items
 
 
 def openai_to_genai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -5,10 +5,12 @@ What the conventions lack gets a ``spanmill.`` attribute, and every one of those
 is defined and documented here, nowhere else.
 
 Messages
-    ``gen_ai.input.messages``, ``gen_ai.output.messages`` and
-    ``gen_ai.system_instructions`` hold JSON text: an array of message objects
-    (``{"role": "user", "parts": [{"type": "text", "content": "..."}]}``), as the
-    GenAI conventions define them. A message object in ``gen_ai.input.messages``
+    ``gen_ai.input.messages`` and ``gen_ai.output.messages`` hold JSON text: an
+    array of message objects (``{"role": "user", "parts": [{"type": "text",
+    "content": "..."}]}``), as the GenAI conventions define them;
+    ``gen_ai.system_instructions`` an array of parts (``[{"type": "text",
+    "content": "..."}]``), read as one system message (an array of messages, as
+    earlier producers wrote it, is read too). A message object in ``gen_ai.input.messages``
     that carries ``"spanmill.message.example": true`` is a few-shot example turn,
     not part of the real conversation: the dataset builder may drop such turns to
     re-target a sample to a shorter prompt (context distillation).
@@ -89,10 +91,14 @@ GEN_AI_EVALUATION_RESULT_EVENT: Final = "gen_ai.evaluation.result"
 # Values of gen_ai.operation.name.
 OPERATION_CHAT: Final = "chat"
 OPERATION_TEXT_COMPLETION: Final = "text_completion"
+# Gemini's call (the Google GenAI and Vertex AI instrumentations record it so).
+OPERATION_GENERATE_CONTENT: Final = "generate_content"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"
 OPERATION_INVOKE_AGENT: Final = "invoke_agent"
 # Operations whose spans are one call to a language model: the samples of a dataset.
-LLM_OPERATIONS: Final = frozenset({OPERATION_CHAT, OPERATION_TEXT_COMPLETION})
+LLM_OPERATIONS: Final = frozenset(
+    {OPERATION_CHAT, OPERATION_TEXT_COMPLETION, OPERATION_GENERATE_CONTENT}
+)
 
 # -- spanmill extensions -------------------------------------------------------------
 # Token ids the model produced for the completion (int[]), captured where they are

@@ -262,3 +262,40 @@ def test_without_the_extension_every_record_goes_through_the_patterns(
     counts: dict[str, int] = {}
     redactor.apply(span, counts)
     assert counts == {"email": 2, "api_key": 2}
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "steps"])
+def test_a_denied_foreign_key_is_never_stored_translated(tmp_path: Path, native: bool) -> None:
+    """The deny list named OpenLLMetry's prompt keys, and translation ran first: the
+    prompt's text was moved into gen_ai.input.messages, which the list does not name,
+    and stored with the SSN the operator meant to keep out."""
+    from spanmill.collector.batch import BatchJob
+    from spanmill.store import SpanStore
+    from spanmill.store.layout import BatchId
+
+    span = Span(
+        trace_id="1" * 32, span_id="2" * 16, name="openai.chat",
+        start_time_unix_nano=1_750_000_000_000_000_000,
+        end_time_unix_nano=1_750_000_000_500_000_000,
+        attributes={
+            "gen_ai.system": "openai", "llm.request.type": "chat",
+            "gen_ai.request.model": "gpt-4o",
+            "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "my SSN is 078-05-1120",
+            "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "Noted.",
+        },
+    )  # fmt: skip
+    config = ProcessingConfig(
+        store_url=str(tmp_path / "store"), attributes_deny=("gen_ai.prompt.*",)
+    )
+    processor = BatchProcessor(config, native=native)
+    outcome = processor.process(
+        BatchJob(
+            BatchId("spans", 0, 0, 0, "0" * 16), [0], [0], [encode_otlp_protobuf([span])], [None]
+        )
+    )
+    assert outcome.spans == 1 and not outcome.dead
+    (stored,) = SpanStore(str(tmp_path / "store")).spans()
+    assert "078-05-1120" not in json.dumps(stored.model_dump(mode="json"))
+    assert not [key for key in stored.attributes if key.startswith("gen_ai.prompt.")]
+    assert "Noted." in stored.attributes["gen_ai.output.messages"]  # the rest translated
+    assert outcome.redactions["attribute"] == 2

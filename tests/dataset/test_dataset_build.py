@@ -274,3 +274,33 @@ def test_a_clients_record_and_the_gateways_of_one_call_are_one_sample() -> None:
     ]  # fmt: skip
     kept = [c.span_id for c in one_record_per_call(calls)]
     assert kept == ["gateway-1", "gateway-2", "client-3", "client-4"]
+
+
+@pytest.mark.parametrize(
+    "instructions",
+    [
+        # The GenAI conventions' own form: an array of parts.
+        [{"type": "text", "content": "You are a support agent."}],
+        # The form earlier producers wrote: an array of messages.
+        [{"role": "system", "parts": [{"type": "text", "content": "You are a support agent."}]}],
+    ],
+    ids=["parts", "messages"],
+)
+def test_system_instructions_reach_the_prompt_in_either_form(instructions: object) -> None:
+    """Native GenAI instrumentations write gen_ai.system_instructions as parts: each part
+    was read as a message without parts, and the prompt's system turn came out empty."""
+    from spanmill.dataset.samples import make_sample
+
+    call = LLMCall(
+        trace_id=tid(1), span_id="1" * 16, episode_id=tid(1), start_ns=1, service="s",
+        agent="a", model="m", model_version=None, task_id=None, response_id=None,
+        prompt_name=None,
+        input_messages=json.dumps([{"role": "user", "parts": [{"type": "text", "content": "hi"}]}]),
+        output_messages=json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": "Hello."}]}]),
+        system_instructions=json.dumps(instructions), input_tokens=None, output_tokens=None,
+        completion_token_ids=None, failed=False, request=None,
+    )  # fmt: skip
+    sample = make_sample(call, 1.0, drop_examples=True)
+    assert sample is not None
+    assert sample.prompt[0] == {"role": "system", "content": "You are a support agent."}

@@ -97,6 +97,19 @@ def test_tool_calls_round_trip_through_model_text() -> None:
         assert chat.parse_tool_calls(text) == []
 
 
+def test_a_turn_with_text_and_a_tool_call_is_rendered_as_its_call() -> None:
+    """Anthropic's models (and OpenAI's at times) say a word before a call: the turn's
+    call was dropped for its text, so a model trained on it learnt to announce the
+    lookup and never make it, and the tool result after it answered nothing."""
+    turn = {"role": "assistant", "content": "Let me check.", "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "lookup", "arguments": '{"order": 7}'}}]}  # fmt: skip
+    (rendered,) = chat.to_model_messages([turn])
+    assert json.loads(rendered["content"]) == {"tool": "lookup", "order": 7}
+    # As the serving side reads a call back from the model's text.
+    assert chat.parse_tool_calls(rendered["content"])[0]["function"]["name"] == "lookup"
+
+
 def test_openai_and_genai_forms_convert_both_ways() -> None:
     calls = chat.parse_tool_calls('{"tool": "calculator", "expression": "1+1"}')
     conversation = [

@@ -68,13 +68,15 @@ def test_episode_ids_are_fresh_unless_given(memory: InMemorySpanExporter) -> Non
     assert third.episode_id == "chosen"
 
 
+@pytest.mark.parametrize("operation", [sc.OPERATION_CHAT, sc.OPERATION_GENERATE_CONTENT])
 def test_a_call_its_instrumentation_records_in_the_episode_gets_the_episodes_reward(
-    memory: InMemorySpanExporter,
+    memory: InMemorySpanExporter, operation: str
 ) -> None:
     """The SDK's own minimal agent: an episode, a chat call recorded in its trace by the
     agent's instrumentation (which knows nothing of episodes), a reward. The episode's
     id was a fresh UUID, the call's its trace id: the reward never reached the call, and
-    the dataset had nothing to train on."""
+    the dataset had nothing to train on. Gemini's instrumentations name the call
+    generate_content, which no reader took for a call at all."""
     import json as json_module
 
     from spanmill.dataset.build import build
@@ -83,7 +85,7 @@ def test_a_call_its_instrumentation_records_in_the_episode_gets_the_episodes_rew
 
     with sdk.episode("support", task_id="ticket-1") as ep:
         with get_tracer().start_as_current_span("chat gpt-4o", attributes={
-            sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT, sc.GEN_AI_REQUEST_MODEL: "gpt-4o",
+            sc.GEN_AI_OPERATION_NAME: operation, sc.GEN_AI_REQUEST_MODEL: "gpt-4o",
             sc.GEN_AI_INPUT_MESSAGES: json_module.dumps(
                 [{"role": "user", "parts": [{"type": "text", "content": "Where is my order?"}]}]),
             sc.GEN_AI_OUTPUT_MESSAGES: json_module.dumps(

@@ -193,6 +193,7 @@ class BatchProcessor:
         # a key not yet judged to these steps, and a key that translation takes away
         # would otherwise never be judged, sending every such record here whole.
         self.redactor.judge(parts.attributes)
+        self.redactor.deny_before_translation(parts, redactions)
         translated = self.translation.apply(parts.attributes, translations)
         # A translated span has new texts (message JSON): its patterns always run.
         self.redactor.apply(parts, redactions, patterns=patterns or translated)

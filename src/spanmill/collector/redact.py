@@ -292,6 +292,19 @@ class Redactor:
             for key in attributes:
                 self.keeps(key)
 
+    def deny_before_translation(self, parts: SpanParts, counts: dict[str, int]) -> None:
+        """Drop the span's attributes the deny list names, as they came: a foreign
+        convention's keys (gen_ai.prompt.*, llm.input_messages.*) are gone by the time
+        :meth:`apply` runs, their content moved into the GenAI attributes translation
+        writes. The allow list is applied after translation alone, to the stored names."""
+        if self._deny is None:
+            return
+        deny = self._deny
+        dropped = [key for key in parts.attributes if deny.match(key) is not None]
+        if dropped:
+            counts["attribute"] = counts.get("attribute", 0) + len(dropped)
+            parts.attributes = {k: v for k, v in parts.attributes.items() if k not in dropped}
+
     def _filter(self, attributes: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
         if self._kept.issuperset(attributes):
             return attributes

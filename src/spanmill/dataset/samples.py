@@ -60,7 +60,7 @@ def make_sample(call: LLMCall, reward: float | None, *, drop_examples: bool) -> 
     try:
         inputs = chat.genai_to_openai(_json_list(call.input_messages))
         outputs = chat.genai_to_openai(_json_list(call.output_messages))
-        system = chat.genai_to_openai(_json_list(call.system_instructions))
+        system = chat.genai_to_openai(chat.system_messages(_json_list(call.system_instructions)))
     except (ValueError, AttributeError, TypeError):
         return None
     if system and not any(m.get("role") == "system" for m in inputs):

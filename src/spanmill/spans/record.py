@@ -22,6 +22,7 @@ from pydantic import (
     field_validator,
 )
 
+from spanmill import messages as chat
 from spanmill import semconv as sc
 from spanmill.rewards import rewards_of
 
@@ -363,7 +364,7 @@ class Span(BaseModel):
 
     @property
     def system_instructions(self) -> list[dict[str, Any]]:
-        return _messages(self.attributes, sc.GEN_AI_SYSTEM_INSTRUCTIONS)
+        return chat.system_messages(_messages(self.attributes, sc.GEN_AI_SYSTEM_INSTRUCTIONS))
 
     @property
     def prompt_token_ids(self) -> list[int] | None:
