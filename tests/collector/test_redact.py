@@ -299,3 +299,33 @@ def test_a_denied_foreign_key_is_never_stored_translated(tmp_path: Path, native:
     assert not [key for key in stored.attributes if key.startswith("gen_ai.prompt.")]
     assert "Noted." in stored.attributes["gen_ai.output.messages"]  # the rest translated
     assert outcome.redactions["attribute"] == 2
+
+
+def test_secrets_inside_json_messages_are_redacted_and_the_json_still_parses() -> None:
+    """The patterns ran over the messages' JSON text: after a "\\n" escape the email rule
+    took its "n" ("\\[REDACTED:email]": JSON that no longer parses, the sample lost),
+    and a key right after one was missed (the "n" before it is a word character)."""
+    messages = [
+        {"role": "user", "parts": [{"type": "text", "content": "Contact me:\nalice@example.com"}]},
+        {"role": "user", "parts": [{"type": "text",
+                                    "content": "my key:\nsk-proj-abcdefghijklmnopqrstuvwx"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "caf\u00e9 bob@corp.io"}]},
+    ]  # fmt: skip
+    for ascii_only in (True, False):
+        text = json.dumps(messages, ensure_ascii=ascii_only)
+        span = parts(**{"gen_ai.input.messages": text, "plain": "x"})
+        counts: dict[str, int] = {}
+        Redactor().apply(span, counts)
+        stored = json.loads(span.attributes["gen_ai.input.messages"])
+        contents = [message["parts"][0]["content"] for message in stored]
+        assert contents == [
+            "Contact me:\n[REDACTED:email]",
+            "my key:\n[REDACTED:api_key]",
+            "caf\u00e9 [REDACTED:email]",
+        ], contents
+        assert counts["email"] >= 2 and counts["api_key"] >= 1
+    # JSON with nothing to redact is left as it came, byte for byte.
+    clean = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "hi"}]}], indent=1)
+    span = parts(**{"gen_ai.input.messages": clean})
+    Redactor().apply(span, {})
+    assert span.attributes["gen_ai.input.messages"] == clean

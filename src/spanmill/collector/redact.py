@@ -27,6 +27,7 @@ give it the same access controls as the span topic.
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 import string
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -335,11 +336,20 @@ class Redactor:
         maps = [parts.attributes, parts.resource_attributes]
         maps.extend(a for _, _, a in parts.events)
         maps.extend(a for _, _, a in parts.links)
+        # A JSON text (messages, a tool call's arguments) is matched and cleaned string by
+        # string, as decoded: in its escaped form a pattern would take the "n" of a "\n"
+        # into an address (leaving JSON that no longer parses) or miss a key after one.
+        documents: dict[int, Any] = {}
         for attributes in maps:
             for value in attributes.values():
                 kind = type(value)
                 if kind is str:
-                    texts.append(value)
+                    document = _document(value)
+                    if document is None:
+                        texts.append(value)
+                    else:
+                        documents[id(value)] = document
+                        texts.extend(_strings(document))
                 elif kind is list and value and type(value[0]) is str:
                     texts.extend(value)
         joined = _JOIN.join(texts)
@@ -357,10 +367,10 @@ class Redactor:
         parts.name = clean(parts.name) or parts.name
         parts.status_message = clean(parts.status_message)
         # Resource dicts may be shared by the spans of one record: rebuild, never mutate.
-        parts.attributes = _clean_map(parts.attributes, clean)
-        parts.resource_attributes = _clean_map(parts.resource_attributes, clean)
-        parts.events = [(n, t, _clean_map(a, clean)) for n, t, a in parts.events]
-        parts.links = [(t, s, _clean_map(a, clean)) for t, s, a in parts.links]
+        parts.attributes = _clean_map(parts.attributes, clean, documents)
+        parts.resource_attributes = _clean_map(parts.resource_attributes, clean, documents)
+        parts.events = [(n, t, _clean_map(a, clean, documents)) for n, t, a in parts.events]
+        parts.links = [(t, s, _clean_map(a, clean, documents)) for t, s, a in parts.links]
 
 
 def _prefilter(rules: Sequence[Rule]) -> Prefilter | None:
@@ -396,13 +406,59 @@ def _table(chars: str) -> bytes:
     return bytes(allowed)
 
 
-def _clean_map(attributes: dict[str, Any], clean: Callable[[str], str]) -> dict[str, Any]:
+def _clean_map(
+    attributes: dict[str, Any], clean: Callable[[str], str], documents: Mapping[int, Any]
+) -> dict[str, Any]:
     out = {}
     for key, value in attributes.items():
         kind = type(value)
         if kind is str:
-            value = clean(value)
+            document = documents.get(id(value))
+            if document is None:
+                value = clean(value)
+            else:
+                cleaned, changed = _clean_document(document, clean)
+                if changed:
+                    value = json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
         elif kind is list and value and type(value[0]) is str:
             value = [clean(item) for item in value]
         out[key] = value
     return out
+
+
+def _document(text: str) -> Any:
+    """The JSON array or object ``text`` holds, or None: plain text, or not JSON."""
+    if text[:1] not in ("[", "{"):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:  # RecursionError among them
+        return None
+
+
+def _strings(document: Any) -> Iterator[str]:
+    """The strings of a JSON document, its values' (names are the producer's schema)."""
+    if isinstance(document, str):
+        yield document
+    elif isinstance(document, list):
+        for item in document:
+            yield from _strings(item)
+    elif isinstance(document, dict):
+        for item in document.values():
+            yield from _strings(item)
+
+
+def _clean_document(document: Any, clean: Callable[[str], str]) -> tuple[Any, bool]:
+    """``document`` with each string cleaned, and whether any changed."""
+    if isinstance(document, str):
+        cleaned = clean(document)
+        return cleaned, cleaned != document
+    if isinstance(document, list):
+        items = [_clean_document(item, clean) for item in document]
+        return [item for item, _ in items], any(changed for _, changed in items)
+    if isinstance(document, dict):
+        pairs = {key: _clean_document(item, clean) for key, item in document.items()}
+        return {key: item for key, (item, _) in pairs.items()}, any(
+            changed for _, changed in pairs.values()
+        )
+    return document, False
