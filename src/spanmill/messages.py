@@ -171,13 +171,18 @@ def openai_to_genai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def genai_to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """GenAI semantic-convention messages back to OpenAI chat messages."""
+    """GenAI semantic-convention messages back to OpenAI chat messages.
+
+    A message of tool results (parallel calls answered together, or Anthropic's results
+    in a user turn) becomes one ``tool`` message a result, in order, and any text beside
+    them a message of its own role after them: OpenAI's form holds one result a message.
+    """
     converted = []
     for message in messages:
         role = str(message.get("role", "user"))
         texts: list[str] = []
         calls: list[dict[str, Any]] = []
-        tool_response = None
+        responses: list[dict[str, Any]] = []
         for part in message.get("parts") or []:
             kind = part.get("type")
             if kind == "text":
@@ -194,17 +199,19 @@ def genai_to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     }
                 )
             elif kind == "tool_call_response":
-                tool_response = part
+                responses.append(part)
+        example = {EXAMPLE: True} if message.get(EXAMPLE) else {}
+        for part in responses:
+            response = part.get("response")
+            content = response if isinstance(response, str) else json.dumps(response)
+            converted.append(  # OpenAI's role for a result, whoever's turn carried it
+                {"role": "tool", "content": content, "tool_call_id": part.get("id"), **example}
+            )
+        if responses and not texts and not calls:
+            continue
         out: dict[str, Any] = {"role": role}
-        if tool_response is not None:
-            response = tool_response.get("response")
-            out["content"] = response if isinstance(response, str) else json.dumps(response)
-            out["tool_call_id"] = tool_response.get("id")
-        else:
-            out["content"] = "".join(texts) if texts or not calls else None
+        out["content"] = "".join(texts) if texts or not calls else None
         if calls:
             out["tool_calls"] = calls
-        if message.get(EXAMPLE):
-            out[EXAMPLE] = True
-        converted.append(out)
+        converted.append({**out, **example})
     return converted

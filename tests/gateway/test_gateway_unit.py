@@ -542,3 +542,22 @@ def test_tokenizers_load_apart_and_a_failed_load_waits_before_it_is_tried_again(
         with pytest.raises(PromptError, match="no such folder"):
             tokenizers.get("broken")
     assert loads == ["slow", "quick", "broken"]  # each loaded once, the broken one tried once
+
+
+def test_every_result_of_parallel_tool_calls_reaches_the_prompt() -> None:
+    """A message of two results kept the last alone, and a user turn holding a result and
+    text kept the result and lost the text."""
+    both = [{"role": "tool", "parts": [
+        {"type": "tool_call_response", "id": "a", "response": "RA"},
+        {"type": "tool_call_response", "id": "b", "response": {"rows": 2}}]}]  # fmt: skip
+    assert chat.genai_to_openai(both) == [
+        {"role": "tool", "content": "RA", "tool_call_id": "a"},
+        {"role": "tool", "content": '{"rows": 2}', "tool_call_id": "b"},
+    ]
+    mixed = [{"role": "user", "parts": [
+        {"type": "tool_call_response", "id": "a", "response": "RA"},
+        {"type": "text", "content": "And the other order?"}]}]  # fmt: skip
+    assert chat.genai_to_openai(mixed) == [
+        {"role": "tool", "content": "RA", "tool_call_id": "a"},
+        {"role": "user", "content": "And the other order?"},
+    ]
