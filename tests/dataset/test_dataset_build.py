@@ -304,3 +304,20 @@ def test_system_instructions_reach_the_prompt_in_either_form(instructions: objec
     sample = make_sample(call, 1.0, drop_examples=True)
     assert sample is not None
     assert sample.prompt[0] == {"role": "system", "content": "You are a support agent."}
+
+
+def test_an_answer_whose_tool_arguments_are_not_an_object_is_left_out_and_counted() -> None:
+    """Arguments that are not JSON ("city=Paris", a stream cut off mid-call) were
+    rendered as {"tool": ..., "_raw": "city=Paris"}: the model learnt to write a _raw
+    argument, and nothing said so."""
+    bad = llm(1, 10, answer="x", task="t1")
+    part = {"type": "tool_call", "id": "c1", "name": "get_weather", "arguments": "city=Paris"}
+    bad.attributes[sc.GEN_AI_OUTPUT_MESSAGES] = json.dumps([{"role": "assistant", "parts": [part]}])
+    good = llm(2, 20, answer={"tool": "get_weather", "city": "Paris"}, task="t2")
+    spans = [bad, good, episode(1, 0, reward_event("r", 1.0, primary=True), task="t1"),
+             episode(2, 0, reward_event("r", 1.0, primary=True), task="t2")]  # fmt: skip
+    built = build(DatasetSpec(trusted_producers=("*",)), table(*spans))
+    assert built.counts["invalid_tool_arguments"] == 1
+    assert built.counts["with_completion"] == 1
+    (row,) = built.train + built.eval
+    assert "_raw" not in json.dumps(row)

@@ -182,18 +182,20 @@ def build(
     report("making samples")
     samples: list[Sample] = []
     matched = with_completion = 0
+    refused: dict[str, int] = {"undecodable_messages": 0, "invalid_tool_arguments": 0}
     for call in calls:
         if not _keep(spec, call):
             continue
         matched += 1
         value = credit.assign(call, rewards, name, spec.credit, spec.discount) if name else None
-        sample = make_sample(call, value, drop_examples=spec.drop_examples)
+        sample = make_sample(call, value, drop_examples=spec.drop_examples, refused=refused)
         if sample is None:
             continue
         with_completion += 1
         if sample.reward is not None:
             samples.append(sample)
     counts["matching_filters"] = matched
+    counts.update(refused)
     counts["with_completion"] = with_completion
     counts["with_reward"] = len(samples)
 

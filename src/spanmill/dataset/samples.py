@@ -47,14 +47,43 @@ def _json_list(text: str | None) -> list[dict[str, Any]]:
     return parsed if isinstance(parsed, list) else [parsed]
 
 
+def _count(refused: dict[str, int] | None, reason: str) -> None:
+    if refused is not None:
+        refused[reason] = refused.get(reason, 0) + 1
+
+
+def _object_arguments(call: dict[str, Any]) -> bool:
+    """Whether an OpenAI tool call's arguments are a JSON object (a cut-off stream, or a
+    producer's "city=Paris", are not)."""
+    arguments = (call.get("function") or {}).get("arguments")
+    if isinstance(arguments, dict):
+        return True
+    try:
+        return isinstance(json.loads(arguments), dict) if arguments else True
+    except (TypeError, ValueError):
+        return False
+
+
 def _digest(value: Any) -> str:
     return hashlib.blake2b(
         json.dumps(value, sort_keys=True, ensure_ascii=False).encode(), digest_size=16
     ).hexdigest()
 
 
-def make_sample(call: LLMCall, reward: float | None, *, drop_examples: bool) -> Sample | None:
-    """The sample of one call, or None when the call has no usable completion."""
+def make_sample(
+    call: LLMCall,
+    reward: float | None,
+    *,
+    drop_examples: bool,
+    refused: dict[str, int] | None = None,
+) -> Sample | None:
+    """The sample of one call, or None when the call has no usable completion.
+
+    ``refused`` counts, by reason, the calls left out for what they hold rather than
+    for what they lack: ``undecodable_messages`` (message attributes that are not the
+    conventions' JSON), ``invalid_tool_arguments`` (an answer's tool call whose
+    arguments are not a JSON object: a model would learn to write them so).
+    """
     if call.failed or not call.output_messages:
         return None
     try:
@@ -62,6 +91,7 @@ def make_sample(call: LLMCall, reward: float | None, *, drop_examples: bool) -> 
         outputs = chat.genai_to_openai(_json_list(call.output_messages))
         system = chat.genai_to_openai(chat.system_messages(_json_list(call.system_instructions)))
     except (ValueError, AttributeError, TypeError):
+        _count(refused, "undecodable_messages")
         return None
     if system and not any(m.get("role") == "system" for m in inputs):
         inputs = [
@@ -73,6 +103,9 @@ def make_sample(call: LLMCall, reward: float | None, *, drop_examples: bool) -> 
         inputs = [m for m in inputs if not m.get(chat.EXAMPLE)]
     assistant = [m for m in outputs if m.get("role") == "assistant"][:1]
     if not inputs or not assistant:
+        return None
+    if not all(_object_arguments(c) for c in assistant[0].get("tool_calls") or ()):
+        _count(refused, "invalid_tool_arguments")
         return None
     prompt = chat.to_model_messages(inputs)
     completion = chat.to_model_messages(assistant)
