@@ -184,3 +184,35 @@ def test_native_spans_are_untouched_and_counted_per_convention() -> None:
     Translation().apply(foreign, counts)
     assert counts == {"openinference": 1}
     assert foreign[sc.GEN_AI_AGENT_NAME] == "a"
+
+
+def test_names_refusals_and_legacy_function_calls_are_kept() -> None:
+    """The translators dropped every indexed key they did not map: a few-shot turn's
+    participant name (so drop_examples kept the worked example), a refusal and the
+    legacy API's function call (an answer with no parts, its sample lost)."""
+    openllmetry_span = {
+        "gen_ai.system": "openai", "llm.request.type": "chat",
+        "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "2+2?",
+        "gen_ai.prompt.0.name": "example_user",
+        "gen_ai.completion.0.role": "assistant",
+        "gen_ai.completion.0.function_call.name": "calculator",
+        "gen_ai.completion.0.function_call.arguments": '{"expression": "2+2"}',
+        "gen_ai.completion.1.role": "assistant", "gen_ai.completion.1.refusal": "I can't.",
+    }  # fmt: skip
+    assert openllmetry.translate(openllmetry_span)
+    (prompt,) = json.loads(openllmetry_span[sc.GEN_AI_INPUT_MESSAGES])
+    assert prompt["name"] == "example_user" and prompt[sc.SPANMILL_MESSAGE_EXAMPLE] is True
+    called, refused = json.loads(openllmetry_span[sc.GEN_AI_OUTPUT_MESSAGES])
+    assert called["parts"] == [
+        {"type": "tool_call", "name": "calculator", "arguments": {"expression": "2+2"}}
+    ]
+    assert refused["parts"] == [{"type": "text", "content": "I can't."}]
+    openinference_span = {
+        "openinference.span.kind": "LLM", "llm.model_name": "gpt-4o",
+        "llm.input_messages.0.message.role": "assistant",
+        "llm.input_messages.0.message.content": "4",
+        "llm.input_messages.0.message.name": "example_assistant",
+    }  # fmt: skip
+    assert openinference.translate(openinference_span)
+    (turn,) = json.loads(openinference_span[sc.GEN_AI_INPUT_MESSAGES])
+    assert turn[sc.SPANMILL_MESSAGE_EXAMPLE] is True

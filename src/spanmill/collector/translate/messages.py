@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from spanmill.messages import EXAMPLE, EXAMPLE_NAMES
+
 
 @functools.cache
 def _indexed_key(prefix: str) -> Callable[[str], re.Match[str] | None]:
@@ -71,9 +73,18 @@ def text_parts(content: Any) -> list[dict[str, Any]]:
     return [{"type": "text", "content": content}]
 
 
-def message(role: Any, parts: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+def message(
+    role: Any, parts: list[dict[str, Any]], *, name: Any = None, **extra: Any
+) -> dict[str, Any]:
+    """A GenAI message. ``name``: the participant's, where the producer recorded one; the
+    names OpenAI's guides give few-shot turns (example_user, example_assistant) mark the
+    message as an example turn, as the gateway marks them (:mod:`spanmill.messages`)."""
     out: dict[str, Any] = {"role": role if isinstance(role, str) and role else "user"}
     out["parts"] = parts
+    if isinstance(name, str) and name:
+        out["name"] = name
+        if name in EXAMPLE_NAMES:
+            out[EXAMPLE] = True
     out.update({key: value for key, value in extra.items() if value is not None})
     return out
 

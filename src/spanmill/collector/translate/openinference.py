@@ -89,7 +89,11 @@ def _messages(groups: dict[int, dict[str, Any]], output: bool) -> list[dict[str,
             name_key="tool_call.function.name",
             arguments_key="tool_call.function.arguments",
         )
-        messages.append(message(role or ("assistant" if output else "user"), parts))
+        messages.append(
+            message(
+                role or ("assistant" if output else "user"), parts, name=fields.get("message.name")
+            )
+        )
     return messages
 
 

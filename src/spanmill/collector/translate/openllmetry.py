@@ -46,16 +46,36 @@ _REQUEST_TYPES: Final = {"chat": sc.OPERATION_CHAT, "completion": sc.OPERATION_T
 _SPAN_KINDS: Final = {"agent": sc.OPERATION_INVOKE_AGENT, "tool": sc.OPERATION_EXECUTE_TOOL}
 
 
+def _legacy_call(fields: dict[str, Any]) -> dict[str, Any]:
+    """A message's ``function_call.name|arguments`` as the first of its indexed calls."""
+    prefix = "function_call."
+    return {
+        f"{prefix}0.{key[len(prefix) :]}": value
+        for key, value in fields.items()
+        if key.startswith(prefix)
+    }
+
+
 def _messages(groups: dict[int, dict[str, Any]], output: bool) -> list[dict[str, Any]]:
     messages = []
     for _, fields in sorted(groups.items()):
         role = fields.get("role")
-        parts = tool_response(fields) or text_parts(fields.get("content")) + tool_call_parts(
-            fields, "tool_calls."
-        )
+        parts = tool_response(fields) or [
+            *text_parts(fields.get("content")),
+            # A refusal is the answer's text (current OpenLLMetry records it apart).
+            *text_parts(fields.get("refusal")),
+            *tool_call_parts(fields, "tool_calls."),
+            # Older OpenLLMetry records a function call of the legacy API so.
+            *tool_call_parts(_legacy_call(fields), "function_call."),
+        ]  # fmt: skip
         finish = fields.get("finish_reason") if output else None
         messages.append(
-            message(role or ("assistant" if output else "user"), parts, finish_reason=finish)
+            message(
+                role or ("assistant" if output else "user"),
+                parts,
+                name=fields.get("name"),
+                finish_reason=finish,
+            )
         )
     return messages
 
