@@ -216,3 +216,33 @@ def test_names_refusals_and_legacy_function_calls_are_kept() -> None:
     assert openinference.translate(openinference_span)
     (turn,) = json.loads(openinference_span[sc.GEN_AI_INPUT_MESSAGES])
     assert turn[sc.SPANMILL_MESSAGE_EXAMPLE] is True
+
+
+def test_content_lists_are_read_as_parts_only_when_they_are_parts() -> None:
+    """OpenLLMetry's Anthropic instrumentation records tool blocks as a JSON list in the
+    content: the tool_result block was kept raw, which nothing reads (the prompt lost the
+    tool's answer); and an answer that was JSON-looking text ('[{"type": "refund"...') was
+    taken for parts and lost."""
+    span = {
+        "gen_ai.system": "anthropic", "llm.request.type": "chat",
+        "gen_ai.prompt.0.role": "assistant",
+        "gen_ai.prompt.0.content": json.dumps(
+            [{"type": "tool_use", "id": "tu1", "name": "lookup", "input": {"order": 7}}]),
+        "gen_ai.prompt.1.role": "user",
+        "gen_ai.prompt.1.content": json.dumps(
+            [{"type": "tool_result", "tool_use_id": "tu1", "content": "order 7: shipped"}]),
+        "gen_ai.completion.0.role": "assistant",
+        "gen_ai.completion.0.content": '[{"type": "refund", "confidence": 0.9}]',
+    }  # fmt: skip
+    assert openllmetry.translate(span)
+    call, result = json.loads(span[sc.GEN_AI_INPUT_MESSAGES])
+    assert call["parts"] == [
+        {"type": "tool_call", "id": "tu1", "name": "lookup", "arguments": {"order": 7}}
+    ]
+    assert result["parts"] == [
+        {"type": "tool_call_response", "id": "tu1", "response": "order 7: shipped"}
+    ]
+    (answer,) = json.loads(span[sc.GEN_AI_OUTPUT_MESSAGES])
+    assert answer["parts"] == [
+        {"type": "text", "content": '[{"type": "refund", "confidence": 0.9}]'}
+    ]

@@ -13,7 +13,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from spanmill.messages import EXAMPLE, EXAMPLE_NAMES
 
@@ -52,8 +52,17 @@ def parse_arguments(value: Any) -> Any:
     return value
 
 
+# Content-part types a JSON list of content items may hold (OpenAI's and Anthropic's, as
+# instrumentations record them): a list holding any other is a text that looks like one.
+_CONTENT_TYPES: Final = frozenset(
+    {"text", "image", "image_url", "input_audio", "input_text", "tool_use", "tool_result"}
+)
+
+
 def text_parts(content: Any) -> list[dict[str, Any]]:
-    """Parts of a message whose content is text, or a JSON list of typed content items."""
+    """Parts of a message whose content is text, or a JSON list of typed content items
+    (OpenAI's text and image parts; Anthropic's tool_use and tool_result blocks as tool
+    calls and their results)."""
     if not isinstance(content, str):
         return [] if content is None else [{"type": "text", "content": str(content)}]
     stripped = content.lstrip()
@@ -62,15 +71,28 @@ def text_parts(content: Any) -> list[dict[str, Any]]:
             items = json.loads(content)
         except ValueError:
             items = None
-        if isinstance(items, list) and all(isinstance(item, dict) for item in items):
-            parts = []
-            for item in items:
-                if item.get("type") == "text" and "text" in item:
-                    parts.append({"type": "text", "content": item["text"]})
-                else:
-                    parts.append(item)
-            return parts
+        if (
+            isinstance(items, list)
+            and items
+            and all(isinstance(item, dict) and item.get("type") in _CONTENT_TYPES for item in items)
+        ):
+            return [_content_part(item) for item in items]
     return [{"type": "text", "content": content}]
+
+
+def _content_part(item: dict[str, Any]) -> dict[str, Any]:
+    kind = item.get("type")
+    if kind in ("text", "input_text") and "text" in item:
+        return {"type": "text", "content": item["text"]}
+    if kind == "tool_use":
+        return {"type": "tool_call", "id": item.get("id"), "name": item.get("name", ""),
+                "arguments": item.get("input") or {}}  # fmt: skip
+    if kind == "tool_result":
+        result = item.get("content")
+        if isinstance(result, list):  # Anthropic's blocks: their text
+            result = "".join(str(b.get("text", "")) for b in result if isinstance(b, dict))
+        return {"type": "tool_call_response", "id": item.get("tool_use_id"), "response": result}
+    return item
 
 
 def message(
