@@ -246,3 +246,23 @@ def test_content_lists_are_read_as_parts_only_when_they_are_parts() -> None:
     assert answer["parts"] == [
         {"type": "text", "content": '[{"type": "refund", "confidence": 0.9}]'}
     ]
+
+
+def test_the_tools_a_call_was_offered_are_kept_for_its_replay() -> None:
+    """OpenLLMetry records them as llm.request.functions.<i>.*: untranslated, a replay
+    of the call in evaluation offered the models no tool, and they could call none."""
+    from spanmill.dataset.episodes import request_of
+
+    span = {
+        "gen_ai.system": "openai", "llm.request.type": "chat",
+        "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "How do I export?",
+        "llm.request.functions.0.name": "search_faq",
+        "llm.request.functions.0.description": "Search the FAQ",
+        "llm.request.functions.0.parameters": '{"type": "object", "properties": {}}',
+    }  # fmt: skip
+    assert openllmetry.translate(span)
+    assert not [key for key in span if key.startswith("llm.request.functions.")]
+    request = json.loads(request_of(json.dumps(span)) or "{}")
+    assert request["tools"] == [{"type": "function", "function": {
+        "name": "search_faq", "description": "Search the FAQ",
+        "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip

@@ -4,10 +4,11 @@ OpenLLMetry flattens messages into ``gen_ai.prompt.<i>.role|content|tool_call_id
 and ``gen_ai.completion.<i>.role|content|finish_reason|tool_calls.<j>.id|name|arguments``,
 counts tokens as ``gen_ai.usage.prompt_tokens|completion_tokens``, names the
 provider ``gen_ai.system``, the call type ``llm.request.type`` and the workflow
-step ``traceloop.span.kind`` / ``traceloop.entity.name``. Those become
+step ``traceloop.span.kind`` / ``traceloop.entity.name``, and the tools offered
+``llm.request.functions.<i>.name|description|parameters``. Those become
 ``gen_ai.input.messages`` / ``gen_ai.output.messages``, the usage, provider,
-operation, agent and tool attributes; the flattened keys are removed once
-translated, every other key is kept as sent.
+operation, agent and tool attributes, ``gen_ai.tool.definitions``; the flattened keys
+are removed once translated, every other key is kept as sent.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from spanmill import semconv as sc
 from spanmill.collector.translate.messages import (
     indexed,
     message,
+    parse_arguments,
     set_default,
     text_parts,
     tool_call_parts,
@@ -28,6 +30,8 @@ from spanmill.spans.jsontext import compact_json
 NAME: Final = "openllmetry"
 PROMPT_PREFIX: Final = "gen_ai.prompt."
 COMPLETION_PREFIX: Final = "gen_ai.completion."
+# The tools a call was offered: llm.request.functions.<i>.name|description|parameters.
+FUNCTIONS_PREFIX: Final = "llm.request.functions."
 # Keys whose presence marks a span as OpenLLMetry's: checked against the keys in C.
 SIGNATURE: Final = frozenset(
     (
@@ -44,6 +48,20 @@ SIGNATURE: Final = frozenset(
 )
 _REQUEST_TYPES: Final = {"chat": sc.OPERATION_CHAT, "completion": sc.OPERATION_TEXT_COMPLETION}
 _SPAN_KINDS: Final = {"agent": sc.OPERATION_INVOKE_AGENT, "tool": sc.OPERATION_EXECUTE_TOOL}
+
+
+def _tools(functions: dict[int, dict[str, Any]]) -> str:
+    """``llm.request.functions.<i>.name|description|parameters`` as the tools the call was
+    offered, in OpenAI's form (what the gateway records and a replay offers again)."""
+    tools = []
+    for _, fields in sorted(functions.items()):
+        function: dict[str, Any] = {"name": fields.get("name", "")}
+        if "description" in fields:
+            function["description"] = fields["description"]
+        if "parameters" in fields:
+            function["parameters"] = parse_arguments(fields["parameters"])
+        tools.append({"type": "function", "function": function})
+    return compact_json(tools)
 
 
 def _legacy_call(fields: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +113,10 @@ def translate(attributes: dict[str, Any]) -> bool:
         attributes, sc.GEN_AI_OUTPUT_MESSAGES, compact_json(_messages(completions, True))
     ):
         changed = True
-    for key in used_prompts + used_completions:
+    functions, used_functions = indexed(attributes, FUNCTIONS_PREFIX)
+    if functions and set_default(attributes, sc.GEN_AI_TOOL_DEFINITIONS, _tools(functions)):
+        changed = True
+    for key in used_prompts + used_completions + used_functions:
         del attributes[key]
         changed = True
     for old, new in (
