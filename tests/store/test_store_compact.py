@@ -22,8 +22,14 @@ from spanmill.store.policy import StorePolicy
 HOUR0 = BASE_NS - BASE_NS % HOUR_NS
 
 
-def _small_files(url: str, hours: int = 3, batches: int = 8, per_batch: int = 25) -> Feeder:
-    feeder = Feeder(url)
+def _small_files(
+    url: str,
+    hours: int = 3,
+    batches: int = 8,
+    per_batch: int = 25,
+    options: dict[str, Any] | None = None,
+) -> Feeder:
+    feeder = Feeder(url, options)
     n = 0
     for hour in range(hours):
         for b in range(batches):
@@ -129,3 +135,70 @@ def test_retention_deletes_expired_hours_and_refuses_windows_past_it(
         build_dataset(url, tmp_path / "dataset", DatasetSpec(since=since), storage_options=options)
     # A window inside retention is read as before.
     assert store.count(start=int(time.time() * 1e9) - 60 * 10**9) == 0
+
+
+def test_one_upkeep_run_at_a_time_whoever_starts_it(
+    store_at: tuple[str, dict[str, Any]],
+) -> None:
+    """Two runs at once (a Job started by hand beside the CronJob's, a pod replaced while
+    its node was lost) each wrote a generation replacing the same files: every row of the
+    hour was read twice, and the next run made the duplicates permanent."""
+    url, options = store_at
+    _small_files(url, hours=1, batches=4, options=options)
+    store = SpanStore(url, options)
+    rows = store.table().num_rows
+    first = Compactor(url, options, settle_s=0)
+    held_since = r"another upkeep run \(.*\) has held the store since"
+    with first._alone(), pytest.raises(StoreError, match=held_since):
+        Compactor(url, options, settle_s=0).run()
+    assert store.duplicates() == 0 and store.table().num_rows == rows
+    # Released: the next run works, and leaves no lock behind.
+    assert Compactor(url, options, settle_s=0).run().hours_compacted == 1
+    with first._alone():  # a run killed before it removed its lock ...
+        pass
+    held = Compactor(url, options, settle_s=0)
+    held.writer.create_exclusive(f"{held.root}/_upkeep.lock", b'{"since": 0, "expires": 1}')
+    # ... is taken over once the lock expires.
+    Compactor(url, options, settle_s=0).run()
+    assert store.duplicates() == 0 and store.table().num_rows == rows
+    assert not store.fs.exists(f"{store.root}/_upkeep.lock")
+
+
+def test_upkeep_runs_again_and_again_with_a_retention_of_a_day(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upkeep joins the last 24 hours' calls first, reading ten minutes before them:
+    with a retention of a day or less that read began past the store's horizon, and every
+    run after the first (which wrote the policy) stopped there, with no compaction,
+    retention or erasure from then on."""
+    from typer.testing import CliRunner
+
+    from spanmill.cli.main import app
+
+    url = str(tmp_path / "store")
+    now = time.time_ns()
+    Feeder(url).write([hour_span(now - now % HOUR_NS, i) for i in range(5)])
+    monkeypatch.setenv("SPANMILL_STORE_RETENTION_DAYS", "1")
+    runner = CliRunner()
+    for attempt in range(2):
+        result = runner.invoke(app, ["store", "compact", "--store", url])
+        assert result.exit_code == 0, (attempt, result.output)
+    assert SpanStore(url).count() == 5
+
+
+def test_an_erasure_by_conversation_finds_ids_sent_as_numbers(tmp_path: Path) -> None:
+    """gen_ai.conversation.id sent as a number is not promoted to its string column: the
+    request matched no trace, was marked applied, forgot its value, and the
+    conversation stayed readable."""
+    from spanmill import semconv as sc
+    from spanmill.store.compact import request_erasure
+
+    url = str(tmp_path / "store")
+    spans = [hour_span(HOUR0, i) for i in range(3)]
+    spans[0].attributes[sc.GEN_AI_CONVERSATION_ID] = 4711
+    spans[1].attributes[sc.GEN_AI_CONVERSATION_ID] = "4711"
+    Feeder(url).write(spans)
+    erasure = request_erasure(url, None, "conversation_id", "4711", requested_by="dpo")
+    assert set(erasure.trace_ids) == {spans[0].trace_id, spans[1].trace_id}
+    Compactor(url, settle_s=0).run()
+    assert {s.trace_id for s in SpanStore(url).spans()} == {spans[2].trace_id}

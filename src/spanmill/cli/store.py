@@ -54,7 +54,10 @@ def compact(
         stale_s=settings.stale_seconds,
     )
     # Calls joined first: the links are records of their own, which compaction keeps.
-    _print_join(_join(settings, since=datetime.now(UTC) - timedelta(hours=JOIN_HOURS)))
+    # Never from before the store's horizon (a retention of a day or less).
+    since = datetime.now(UTC) - timedelta(hours=JOIN_HOURS)
+    horizon = compactor.policy.horizon(datetime.now(UTC))
+    _print_join(_join(settings, since=max(since, horizon) if horizon is not None else since))
     with Progress(
         TextColumn("hours"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=True,

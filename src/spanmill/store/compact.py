@@ -30,11 +30,15 @@ One job at a time: the chart's CronJob forbids overlapping runs.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
+import os
+import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -66,15 +70,23 @@ from spanmill.store.layout import (
 )
 from spanmill.store.links import compact_links
 from spanmill.store.policy import StorePolicy, write_policy
-from spanmill.store.reader import SpanStore, StoredFile
+from spanmill.store.reader import SpanStore, StoredFile, StoreError
 from spanmill.store.schema import SPAN_SCHEMA
-from spanmill.store.writer import StoreWriter
+from spanmill.store.writer import StoreWriter, writer_id
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TARGET_ROWS = 1_000_000
 DEFAULT_SETTLE_S = 600.0
 DEFAULT_STALE_S = 3600.0
+# One upkeep run at a time, whoever starts it (the CronJob, a Job made from it by hand,
+# `spanmill store compact`, a pod replaced while its node is lost): two runs that rewrite
+# one hour each write a generation replacing the same files, both are read, and the next
+# run makes the duplicates permanent. A run holds this file while it works and renews it
+# as it goes; a run killed before it could remove it leaves a lock that is taken over
+# once it expires, or at once by a run on the same host where its process is gone.
+UPKEEP_LOCK = "_upkeep.lock"
+DEFAULT_LOCK_TTL_S = 1800.0
 
 
 @dataclass
@@ -112,6 +124,7 @@ class Compactor:
         target_rows: int = DEFAULT_TARGET_ROWS,
         stale_s: float = DEFAULT_STALE_S,
         clock: Callable[[], float] = time.time,
+        lock_ttl_s: float = DEFAULT_LOCK_TTL_S,
     ) -> None:
         if target_rows < 1:
             raise ValueError("target_rows must be at least 1")
@@ -123,10 +136,55 @@ class Compactor:
         self.target_rows = target_rows
         self.stale_s = stale_s
         self.clock = clock
+        self.lock_ttl_s = lock_ttl_s
 
     # -- the pass --------------------------------------------------------------------
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> CompactionReport:
+        """One pass, alone: StoreError where another run holds the store (UPKEEP_LOCK)."""
+        with self._alone():
+            return self._run(progress)
+
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[None]:
+        path = f"{self.root}/{UPKEEP_LOCK}"
+        now = self.clock()
+        self._since = now
+        mine = self._lock_content(now)
+        if not self.writer.create_exclusive(path, mine):
+            held = _read_lock(self.fs, path)
+            if held.get("expires", float("inf")) > now and not _gone(held.get("holder")):
+                since = datetime.fromtimestamp(held.get("since", now), UTC)
+                raise StoreError(
+                    f"another upkeep run ({held.get('holder', 'unknown')}) has held the store "
+                    f"since {since:%Y-%m-%d %H:%M:%S} UTC; two at once would store hours "
+                    f"twice. It ends by itself; where that run is gone, remove {path}"
+                )
+            log.warning("taking over the upkeep lock of %s, gone", held.get("holder"))
+            self.fs.rm(path)
+            if not self.writer.create_exclusive(path, mine):
+                raise StoreError(f"another upkeep run took over {path} first")
+        try:
+            yield
+        finally:
+            try:
+                self.fs.rm(path)
+            except OSError as exc:  # it expires: the next run takes it over then
+                log.warning("the upkeep lock %s was not removed: %s", path, exc)
+
+    def _lock_content(self, now: float) -> bytes:
+        self._renewed = now
+        content = {"holder": writer_id(), "since": self._since, "expires": now + self.lock_ttl_s}
+        return json.dumps(content).encode()
+
+    def _renew(self) -> None:
+        """Push the lock's expiry on, a third of its life at the latest: a run that is
+        alive (slow, or on a node its Job lost touch with) is never taken over."""
+        now = self.clock()
+        if now - self._renewed >= self.lock_ttl_s / 3:
+            self.fs.pipe_file(f"{self.root}/{UPKEEP_LOCK}", self._lock_content(now))
+
+    def _run(self, progress: Callable[[int, int], None] | None) -> CompactionReport:
         started = time.perf_counter()
         report = CompactionReport()
         write_policy(self.fs, self.root, self.policy)
@@ -152,6 +210,7 @@ class Compactor:
                 self._tidy(hour, report)
                 closed = (hour.hour + 1) * 3600 + self.settle_s <= now
                 self._compact(hour, closed, erasing, hidden, report, firsts, lasts)
+            self._renew()
             if progress is not None:
                 progress(done, len(hours))
         for erasure in pending:
@@ -402,3 +461,27 @@ def _mtime(entry: Mapping[str, Any], default: float) -> float:
 
 def _moment(ns: int | None) -> datetime | None:
     return None if ns is None else datetime.fromtimestamp(ns / 1e9, UTC)
+
+
+def _gone(holder: Any) -> bool:
+    """Whether a lock's holder was a process of this host that has ended."""
+    host, _, pid = str(holder or "").rpartition("/")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def _read_lock(fs: Any, path: str) -> dict[str, Any]:
+    """What a held upkeep lock says; empty where it cannot be read (it is held then)."""
+    try:
+        fs.invalidate_cache(path)
+        held = json.loads(fs.cat_file(path))
+    except (OSError, ValueError):
+        return {}
+    return held if isinstance(held, dict) else {}

@@ -27,6 +27,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
+from spanmill import semconv as sc
 from spanmill.store.writer import put_file
 
 ERASURE_DIR: Final = "_erasures"
@@ -101,7 +102,12 @@ class Erasure(BaseModel):
         if self.subject == "trace_id":
             return "trace_id = ?", [self.value]
         if self.subject == "conversation_id":
-            return "conversation_id = ?", [self.value]
+            # The column holds string ids; one sent as a number stays in the attributes.
+            path = json_path(sc.GEN_AI_CONVERSATION_ID)
+            return (
+                "(conversation_id = ? OR json_extract_string(attributes, ?) = ?)",
+                [self.value, path, self.value],
+            )
         path = json_path(self.attribute or DEFAULT_USER_ID_ATTRIBUTE)
         return (
             "(json_extract_string(attributes, ?) = ? "

@@ -100,8 +100,15 @@ def _calls(store: SpanStore, start: TimeLike | None, end: TimeLike | None) -> _W
     low = None if start is None else to_unix_nanos(start)
     high = None if end is None else to_unix_nanos(end)
     margin = MARGIN_S * 1_000_000_000
+    read_from = None if low is None else low - margin
+    horizon = store.policy().horizon()
+    if read_from is not None and horizon is not None:
+        # Nothing lies past the store's horizon: the margin never reaches across it (a
+        # short retention would otherwise refuse every window near its start). A minute
+        # inside it, as the horizon moves on while the read begins.
+        read_from = max(read_from, to_unix_nanos(horizon) + 60 * 1_000_000_000)
     calls = store.table(
-        start=None if low is None else low - margin,
+        start=read_from,
         end=None if high is None else high + margin,
         llm_calls_only=True,
         columns=_CALL_COLUMNS,

@@ -89,7 +89,8 @@ class LedgerEntry:
         return BatchId(self.topic, self.partition, self.first, self.last, self.fingerprint)
 
 
-def _writer_id() -> str:
+def writer_id() -> str:
+    """Who writes: this host and process, as the ledger and the upkeep lock record it."""
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
@@ -228,25 +229,34 @@ class StoreWriter:
         existing = self.ledger_entry(topic, partition, first, fingerprint)
         if existing is not None:
             return existing
-        entry = LedgerEntry(topic, partition, first, last, fingerprint, time.time(), _writer_id())
-        content = json.dumps(entry.__dict__).encode()
+        entry = LedgerEntry(topic, partition, first, last, fingerprint, time.time(), writer_id())
         path = self._ledger_path(topic, partition, first, fingerprint)
+        # Of two collectors that both found no entry (a partition's old owner flushing as
+        # its new owner starts), one records its extent and the other takes that one, so
+        # both write the same files instead of overlapping ones.
+        if self.create_exclusive(path, json.dumps(entry.__dict__).encode()):
+            return entry
+        found = self.ledger_entry(topic, partition, first, fingerprint)
+        if found is None:  # pragma: no cover - entries are never removed while in use
+            raise FileExistsError(path)
+        return found
+
+    def create_exclusive(self, path: str, content: bytes) -> bool:
+        """Write ``content`` to ``path`` unless it exists; False where it did. An object
+        store takes a conditional put (If-None-Match); a local disk a hard link, which
+        fails if the name exists, of a complete and synced file."""
         if not self.local:
-            # A conditional put (If-None-Match): of two collectors that both found no
-            # entry (a partition's old owner flushing as its new owner starts), one
-            # records its extent and the other is refused and takes that one, so both
-            # write the same files instead of overlapping ones.
             try:
                 self.fs.pipe_file(path, content, mode="create")
             except OSError:
                 # FileExistsError where the store says why (AWS's PreconditionFailed); a
                 # store that answers 412 alone, or a put whose answer was lost, is a bare
-                # OSError: the entry read back tells them apart from a failure.
-                found = self.ledger_entry(topic, partition, first, fingerprint)
-                if found is None:
-                    raise
-                return found
-            return entry
+                # OSError: whether the object is there now tells them apart from a failure.
+                self.fs.invalidate_cache(path)
+                if self.fs.exists(path):
+                    return False
+                raise
+            return True
         folder = os.path.dirname(path)
         self._ensure_dir(folder)
         temp = os.path.join(folder, f".{uuid.uuid4().hex}.tmp")
@@ -255,16 +265,13 @@ class StoreWriter:
             file.flush()
             os.fsync(file.fileno())
         try:
-            os.link(temp, path)  # fails if the name exists: an exclusive, complete create
+            os.link(temp, path)
         except FileExistsError:
-            found = self.ledger_entry(topic, partition, first, fingerprint)
-            if found is None:  # pragma: no cover - entries are never removed while in use
-                raise
-            return found
+            return False
         finally:
             os.unlink(temp)
         _fsync_dir(folder)
-        return entry
+        return True
 
     def prune_ledger(
         self, topic: str, partition: int, committed: int, older_than_s: float = 3600.0
