@@ -8,7 +8,9 @@ has no CUDA device; the CPU branch runs for real.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -101,3 +103,76 @@ def test_a_gpu_instance_without_cuda_is_refused_clearly(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match=r"cuda:0 \(a KIND_GPU Triton instance\).*no CUDA"):
         Generator.from_version_dir(version, device="cuda:0")
+
+
+def test_a_request_the_model_cannot_take_fails_alone(
+    version: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a ProtocolError was answered per request: a chat template's raise_exception
+    (roles that do not alternate, say), or a STOP that is not UTF-8, escaped execute, and
+    Triton failed every request of the call, those already generating in the batch too
+    (answered 502 and counted against the version, a client's bad call could roll back a
+    canary). Now each is its own request's 400 and the others are answered."""
+    import numpy as np
+
+    module = _entry_point(monkeypatch)
+    utils = sys.modules["triton_python_backend_utils"]
+
+    class TritonError:
+        INVALID_ARG, UNAVAILABLE = "invalid_arg", "unavailable"
+
+        def __init__(self, message: str, code: str = "internal") -> None:
+            self.message, self.code = message, code
+
+    utils.TritonError = TritonError
+    utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    utils.InferenceResponse = lambda tensors=None, error=None: types.SimpleNamespace(
+        tensors=tensors, error=error
+    )
+    utils.Tensor = lambda name, value: (name, value)
+    utils.get_input_tensor_by_name = lambda request, name: (
+        types.SimpleNamespace(as_numpy=lambda: request.inputs[name])
+        if name in request.inputs else None
+    )  # fmt: skip
+
+    class Sender:
+        def __init__(self) -> None:
+            self.final: Any = None
+
+        def send(self, response: Any = None, flags: int = 0) -> None:
+            if flags:
+                self.final = response
+
+        def is_cancelled(self) -> bool:
+            return False
+
+    def request(messages: Any, **more: Any) -> Any:
+        inputs = {"MESSAGES": np.array([json.dumps(messages).encode()], dtype=object),
+                  "MAX_TOKENS": np.array([4], dtype=np.int32), **more}  # fmt: skip
+        sender = Sender()
+        return types.SimpleNamespace(inputs=inputs, get_response_sender=lambda: sender), sender
+
+    model = module.TritonPythonModel()
+    model.initialize(_args(version, "CPU"))
+    try:
+        template = model.generator.tokenizer.chat_template
+        model.generator.tokenizer.chat_template = (
+            "{% if messages[0]['role'] == 'assistant' %}"
+            "{{ raise_exception('conversations start with the user') }}{% endif %}" + template
+        )
+        refused, refused_sender = request([{"role": "assistant", "content": "hi"}])
+        not_text, not_text_sender = request(
+            [{"role": "user", "content": "hi"}], STOP=np.array([b"\xff"], dtype=object)
+        )
+        fine, fine_sender = request([{"role": "user", "content": "Say hi."}])
+        model.execute([refused, not_text, fine])
+        deadline = time.monotonic() + 120
+        while fine_sender.final is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        model.finalize()
+    assert refused_sender.final.error.code == TritonError.INVALID_ARG
+    assert "chat template refused them" in refused_sender.final.error.message
+    assert "conversations start with the user" in refused_sender.final.error.message
+    assert not_text_sender.final.error.code == TritonError.INVALID_ARG
+    assert fine_sender.final.error is None and fine_sender.final.tensors

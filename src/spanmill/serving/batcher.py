@@ -242,6 +242,9 @@ class ContinuousBatcher:
                 position_ids=_positions(mask)[:, batch.kept :],
                 cache=batch.past,
                 use_cache=True,
+                # The next token's distribution alone: every prompt position's logits
+                # over the vocabulary would take rows x tokens x vocabulary floats.
+                logits_to_keep=1,
             )
         except Exception as exc:  # these rows fail; the running ones go on
             for row in rows:

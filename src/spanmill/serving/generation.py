@@ -306,11 +306,17 @@ class Generator:
         ``max_tokens`` (as far as the server's limit lets it go) overrun the context window.
 
         Checked before a request joins a batch: an oversized prompt is refused at once
-        instead of occupying the model (and every request batched with it) for minutes.
+        instead of occupying the model (and every request batched with it) for minutes,
+        and a conversation the chat template refuses is the client's error (ProtocolError).
         """
-        prompt = len(self.tokenizer(self.render(messages, tools), add_special_tokens=False)[
-            "input_ids"
-        ])  # fmt: skip
+        try:
+            text = self.render(messages, tools)
+        except Exception as exc:  # the template's raise_exception, a TypeError of a tool...
+            raise ProtocolError(
+                f"MESSAGES/TOOLS: this model's chat template refused them: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        prompt = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         answer = min(params.max_tokens, self.max_tokens_limit)
         if self.context_window and prompt + answer > self.context_window:
             raise ContextLengthError(

@@ -65,6 +65,12 @@ class TritonPythonModel:
                 self.metrics.count("refused")
                 _close(sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG))
                 continue
+            except Exception as exc:  # never out of execute: Triton would fail every
+                # request of the call, those already running in the batch among them
+                self.metrics.count("failed")
+                _close(sender, _error(f"the request could not be read: {type(exc).__name__}: "
+                                      f"{exc}", pb_utils.TritonError.INVALID_ARG))  # fmt: skip
+                continue
             send = _sending(sender)
             listener: Listener = Cancellation(sender.is_cancelled, beat=_beat(send, params.n))
             if protocol.streamed(inputs):
@@ -82,6 +88,9 @@ class TritonPythonModel:
             except QueueFull as exc:
                 # In the words of Triton's own refusal, which the gateway answers with 429.
                 _close(sender, _error(str(exc), pb_utils.TritonError.UNAVAILABLE))
+            except Exception as exc:  # this request alone: the scheduler runs the others
+                self.metrics.count("failed")
+                _close(sender, _error(f"generation failed: {type(exc).__name__}: {exc}"))
 
     def _answering(self, sender: Any) -> Callable[[GenerationResult | Exception], None]:
         def answer(result: GenerationResult | Exception) -> None:
