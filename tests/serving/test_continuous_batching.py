@@ -179,6 +179,32 @@ def test_a_request_that_cannot_be_rendered_fails_alone(generator: Generator) -> 
     assert len(results[2].choices) == 2
 
 
+def test_a_prefill_that_fails_before_the_model_answers_its_rows(
+    generator: Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure while the joining rows' batch was made (their tensors, the kept prefix
+    they start from) was outside the prefill's own handling: the rows of that group, and
+    of every later one, were never answered, and the running rows failed with them."""
+    chat = conversations(1)[0]
+    batcher = ContinuousBatcher(generator)
+    running = collect(batcher, [Request(chat, GenerationParams(max_tokens=12))])
+    for _ in range(3):
+        batcher.step()
+    real = generator._batch
+
+    def broken(prompts: Any, *args: Any) -> Any:
+        if len(prompts) == 1 and batcher._rows:
+            raise RuntimeError("CUDA out of memory")
+        return real(prompts, *args)
+
+    monkeypatch.setattr(generator, "_batch", broken)
+    joining = collect(batcher, [Request(chat, GenerationParams(max_tokens=4))])
+    batcher.drain()
+    assert isinstance(joining[0], RuntimeError)  # answered, with its failure
+    assert isinstance(running[0], GenerationResult)  # the running row went on
+    assert len(running[0].choices[0].token_ids) == 12
+
+
 def test_the_thread_serves_episodes_that_come_and_go(generator: Generator) -> None:
     import threading
 

@@ -233,9 +233,9 @@ class ContinuousBatcher:
 
     def _prefill(self, rows: list[_Row], found: list[Any]) -> None:
         generator = self.generator
-        batch = generator._batch([row.prompt for row in rows], found, rows[0].cache)
-        mask = batch.attention_mask
         try:
+            batch = generator._batch([row.prompt for row in rows], found, rows[0].cache)
+            mask = batch.attention_mask
             out = generator.model(
                 input_ids=batch.input_ids[:, batch.kept :],
                 attention_mask=mask,
@@ -256,7 +256,10 @@ class ContinuousBatcher:
         for index, row in enumerate(rows):
             if row.cache.enabled:
                 columns = mask[index].nonzero().flatten()
-                row.cache.store_row(row.prompt, out.cache, index, columns)
+                try:
+                    row.cache.store_row(row.prompt, out.cache, index, columns)
+                except Exception:  # a prefix kept is a saving, never the row's failure
+                    log.warning("a prompt's prefix was not kept", exc_info=True)
         self._join(rows, mask, out.cache)
         self.joined += len(rows)
         self._advance(rows, out.logits[:, -1, :])
