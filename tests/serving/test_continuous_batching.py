@@ -251,3 +251,20 @@ def test_a_roomy_cache_keeps_sliding_window_layers_as_transformers_makes_them() 
     assert not any(isinstance(layer, RoomyLayer) for layer in cache.layers)
     llama = RoomyCache(LlamaConfig(num_hidden_layers=2))
     assert [type(layer) for layer in llama.layers] == [RoomyLayer, RoomyLayer]
+
+
+def test_a_reply_ends_at_the_tokenizers_end_of_turn_as_at_the_configs_end_of_text() -> None:
+    """Where the generation config named an end token, the tokenizer's was ignored: a
+    fine-tune whose turns end with the tokenizer's end-of-turn token never stopped."""
+    import types
+
+    from spanmill.serving.generation import _eos_ids
+
+    def ids(configured: Any, tokenizer: int | None) -> list[int]:
+        model = types.SimpleNamespace(generation_config=types.SimpleNamespace(
+            eos_token_id=configured))  # fmt: skip
+        return _eos_ids(model, types.SimpleNamespace(eos_token_id=tokenizer))
+
+    assert ids(2, 7) == [2, 7]
+    assert ids([2, 5], 5) == [2, 5]
+    assert ids(None, 7) == [7]

@@ -630,11 +630,13 @@ def generate_all(
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokens that end a reply: the generation config's and the tokenizer's, both (a
+    fine-tune whose turns end with the tokenizer's end-of-turn token, while its generation
+    config still names the base model's end of text, would otherwise never stop)."""
     configured = model.generation_config.eos_token_id
-    if configured is None:
-        configured = tokenizer.eos_token_id
     ids = configured if isinstance(configured, list) else [configured]
-    return [int(i) for i in ids if i is not None]
+    found = [int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None]
+    return list(dict.fromkeys(found))
 
 
 class _Bytes:
