@@ -202,3 +202,26 @@ def test_an_erasure_by_conversation_finds_ids_sent_as_numbers(tmp_path: Path) ->
     assert set(erasure.trace_ids) == {spans[0].trace_id, spans[1].trace_id}
     Compactor(url, settle_s=0).run()
     assert {s.trace_id for s in SpanStore(url).spans()} == {spans[2].trace_id}
+
+
+def test_dead_letters_kept_in_the_store_expire_and_are_erased(tmp_path: Path) -> None:
+    """The records the dead-letter topic refused are kept in the store whole, prompts and
+    all: retention never expired them and no erasure looked at them."""
+    from spanmill.store.compact import request_erasure
+    from spanmill.store.writer import StoreWriter
+
+    url = str(tmp_path / "store")
+    Feeder(url).write([hour_span(time.time_ns(), 0)])
+    writer = StoreWriter(url)
+    now_ms = int(time.time() * 1000)
+    old = writer.write_dead_letter("spans", 0, 1, "a" * 16, b"old prompt",
+                                   {"failed_at_ms": now_ms - 3 * 86_400_000})  # fmt: skip
+    ann = writer.write_dead_letter("spans", 0, 2, "b" * 16, b'..."enduser.id":"ann"...',
+                                   {"failed_at_ms": now_ms})  # fmt: skip
+    kept = writer.write_dead_letter("spans", 0, 3, "c" * 16, b"someone else",
+                                    {"failed_at_ms": now_ms})  # fmt: skip
+    request_erasure(url, None, "user_id", "ann", requested_by="dpo")
+    report = Compactor(url, policy=StorePolicy(retention_days=1), settle_s=0).run()
+    assert report.dead_letters_deleted == 2
+    for base, present in ((old, False), (ann, False), (kept, True)):
+        assert Path(base + ".bin").exists() is present and Path(base + ".json").exists() is present

@@ -59,6 +59,7 @@ from spanmill.store.erasure import (
 from spanmill.store.layout import (
     COMPACTED_AT_KEY,
     COMPACTED_PREFIX,
+    DEAD_LETTER_DIR,
     REPLACES_KEY,
     SUFFIX,
     PartName,
@@ -100,6 +101,7 @@ class CompactionReport:
     files_deleted: int = 0  # replaced, stale or expired
     hours_expired: int = 0
     link_files_merged: int = 0  # the calls' links (spanmill.store.links), into one file
+    dead_letters_deleted: int = 0  # past the horizon, or holding an erasure's subject
     spans_erased: dict[str, int] = field(default_factory=dict)
     erasures_applied: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -220,6 +222,7 @@ class Compactor:
             )
             write_erasure(self.fs, self.root, applied)
             report.erasures_applied.append(erasure.id)
+        report.dead_letters_deleted = self._dead_letters(horizon, pending)
         self._drop_empty_days()
         report.link_files_merged = compact_links(self.fs, self.root, horizon)
         report.seconds = time.perf_counter() - started
@@ -249,6 +252,33 @@ class Compactor:
         except FileNotFoundError:
             return []
         return entries
+
+    def _dead_letters(self, horizon: datetime | None, pending: list[Erasure]) -> int:
+        """Delete the dead letters the collector kept in the store (raw records, prompts
+        and all) that fail before the horizon, or whose bytes hold a pending erasure's
+        subject: retention and erasure reach them as they reach the hours."""
+        folder = f"{self.root}/{DEAD_LETTER_DIR}"
+        self.fs.invalidate_cache(folder)
+        try:
+            metas = [p for p in self.fs.find(folder) if p.endswith(".json")]
+        except FileNotFoundError:
+            return 0
+        needles = [n for e in pending for n in _needles(e)]
+        cutoff = None if horizon is None else horizon.timestamp() * 1000
+        deleted = 0
+        for meta in metas:
+            base = meta[: -len(".json")]
+            try:
+                failed_at = json.loads(self.fs.cat_file(meta)).get("failed_at_ms", 0)
+                value = self.fs.cat_file(base + ".bin") if needles else b""
+            except (OSError, ValueError):
+                continue  # half written, or gone: the next run sees it whole
+            if (cutoff is not None and failed_at < cutoff) or any(n in value for n in needles):
+                for path in (base + ".bin", meta):
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm(path)
+                deleted += 1
+        return deleted
 
     def _expire(self, hour: _Hour) -> int:
         count = len(self._ls(hour.path))
@@ -461,6 +491,17 @@ def _mtime(entry: Mapping[str, Any], default: float) -> float:
 
 def _moment(ns: int | None) -> datetime | None:
     return None if ns is None else datetime.fromtimestamp(ns / 1e9, UTC)
+
+
+def _needles(erasure: Erasure) -> list[bytes]:
+    """The bytes a raw record holding an erasure's subject holds: its value as text, and
+    a trace id also as OTLP's 16 raw bytes."""
+    value = erasure.value or ""
+    found = [value.encode()] if value else []
+    if erasure.subject == "trace_id" and len(value) == 32:
+        with contextlib.suppress(ValueError):
+            found.append(bytes.fromhex(value))
+    return found
 
 
 def _gone(holder: Any) -> bool:
