@@ -268,3 +268,21 @@ def test_a_reply_ends_at_the_tokenizers_end_of_turn_as_at_the_configs_end_of_tex
     assert ids(2, 7) == [2, 7]
     assert ids([2, 5], 5) == [2, 5]
     assert ids(None, 7) == [7]
+
+
+def test_a_model_with_sliding_window_layers_is_served_one_request_after_another() -> None:
+    """The batcher indexes each layer's keys by the batch mask's whole width, which a
+    sliding-window layer does not keep: with a Mistral-shaped model, a row that joined or
+    left a running batch failed ('Sizes of tensors must match'), and took the running
+    rows with it. Such a model is served without continuous batching."""
+    import types
+
+    from transformers import LlamaConfig, MistralConfig
+
+    from spanmill.serving.batcher import Immediate, continuous, scheduler_for
+
+    sliding = MistralConfig(num_hidden_layers=2, sliding_window=8, layer_types=None)
+    assert not continuous(sliding) and continuous(LlamaConfig(num_hidden_layers=2))
+    generator = Generator.__new__(Generator)
+    generator.model = types.SimpleNamespace(config=sliding)
+    assert isinstance(scheduler_for(generator, max_rows=4, max_waiting=4), Immediate)

@@ -28,7 +28,7 @@ from typing import Any
 
 from spanmill.serving import protocol
 from spanmill.serving.generation import EchoGenerator, Generator, Request, generate_all
-from spanmill.serving.kv_cache import RoomyCache
+from spanmill.serving.kv_cache import RoomyCache, RoomyLayer
 from spanmill.serving.prefix_cache import PrefixCache
 from spanmill.serving.protocol import GenerationResult
 
@@ -386,12 +386,24 @@ def scheduler_for(
     max_waiting: int,
     on_step: Callable[[int], None] | None = None,
 ) -> ContinuousBatcher | Immediate:
-    """A running model's scheduler: continuous batching for a language model."""
-    if isinstance(generator, Generator):
+    """A running model's scheduler: continuous batching for a language model whose
+    cache grows in place in every layer; one request after another otherwise (a model
+    with sliding-window layers, Mistral's or Gemma's: the batcher's joins and retirements
+    index a layer's keys by the whole width of the batch's mask, which such a layer does
+    not keep)."""
+    if isinstance(generator, Generator) and continuous(generator.model.config):
         return ContinuousBatcher(
             generator, max_rows=max_rows, max_waiting=max_waiting, on_step=on_step
         )
+    if isinstance(generator, Generator):
+        log.warning("this model has layers whose cache does not grow in place (a sliding "
+                    "window): its requests are generated one after another")  # fmt: skip
     return Immediate(generator)
+
+
+def continuous(config: Any) -> bool:
+    """Whether every layer of the model's cache grows in place, as the batcher needs."""
+    return all(isinstance(layer, RoomyLayer) for layer in RoomyCache(config).layers)
 
 
 def batch_limits(model_config: dict[str, Any]) -> tuple[int, int]:
