@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from store_samples import BASE_NS
@@ -225,3 +226,18 @@ def test_dead_letters_kept_in_the_store_expire_and_are_erased(tmp_path: Path) ->
     assert report.dead_letters_deleted == 2
     for base, present in ((old, False), (ann, False), (kept, True)):
         assert Path(base + ".bin").exists() is present and Path(base + ".json").exists() is present
+
+
+def test_an_older_upkeep_never_drops_a_newer_collectors_columns(tmp_path: Path) -> None:
+    """A collector of a newer spanmill promotes an attribute into a column of its own; the
+    old upkeep (a CronJob pod of the previous image during an upgrade) read its files as
+    the schema it knew and wrote them back without that column: the values gone."""
+    url = str(tmp_path / "store")
+    _small_files(url, hours=1, batches=2)
+    files = _data_files(tmp_path / "store")
+    newer = pq.read_table(files[0])
+    newer = newer.append_column("gen_ai_new_column", pa.array(["kept"] * newer.num_rows))
+    pq.write_table(newer, files[0])
+    with pytest.raises(StoreError, match="columns this spanmill does not know"):
+        Compactor(url, settle_s=0).run()
+    assert pq.read_table(files[0]).column("gen_ai_new_column").to_pylist()[0] == "kept"

@@ -344,6 +344,7 @@ class Compactor:
         erase = bool(erasing) and _holds_any(self._read(live, ["trace_id"]), erasing)
         if not erase and not (closed and self._worth_compacting(live)):
             return
+        self._refuse_newer(live)
         table = self._read(live)
         if hidden:
             table = self._erase(table, hidden, erasing, report, firsts, lasts)
@@ -357,6 +358,21 @@ class Compactor:
         report.files_before += len(live)
         report.files_after += parts
         self._tidy(hour, report)
+
+    def _refuse_newer(self, live: list[StoredFile]) -> None:
+        """Refuse files with columns this spanmill does not know (a newer collector's: a
+        promoted attribute leaves the attributes JSON for its column): reading them as
+        SPAN_SCHEMA and writing them back would drop those values for good."""
+        known = set(SPAN_SCHEMA.names)
+        for stored in live:
+            names = pq.read_schema(stored.path, filesystem=self.store.arrow_fs).names
+            extra = sorted(set(names) - known)
+            if extra:
+                raise StoreError(
+                    f"{stored.path} has columns this spanmill does not know ({', '.join(extra)}):"
+                    " a newer one wrote it; run the upkeep of that version, whose rewrite "
+                    "keeps them"
+                )
 
     def _worth_compacting(self, live: list[StoredFile]) -> bool:
         """More files than the rows need (a complete generation alone is done)."""
