@@ -241,3 +241,29 @@ def test_an_older_upkeep_never_drops_a_newer_collectors_columns(tmp_path: Path) 
     with pytest.raises(StoreError, match="columns this spanmill does not know"):
         Compactor(url, settle_s=0).run()
     assert pq.read_table(files[0]).column("gen_ai_new_column").to_pylist()[0] == "kept"
+
+
+def test_an_applied_erasure_still_takes_its_subjects_late_spans(tmp_path: Path) -> None:
+    """Once applied, a record forgets its value and matched only the traces it named:
+    a span of the subject that reached the store after (a collector's lag, a run still
+    going) stayed readable for good."""
+    from spanmill.store.compact import request_erasure
+    from spanmill.store.erasure import read_erasures
+
+    url = str(tmp_path / "store")
+    feeder = Feeder(url)
+    feeder.write([hour_span(HOUR0, 0, user="alice"), hour_span(HOUR0, 1, user="bob")])
+    request_erasure(url, None, "user_id", "alice", requested_by="dpo")
+    Compactor(url, settle_s=0).run()
+    (applied,) = read_erasures(SpanStore(url).fs, SpanStore(url).root)
+    assert applied.status == "applied" and applied.value is None
+    feeder.write([hour_span(HOUR0 + HOUR_NS, 2, user="alice")])  # late, in another hour
+    store = SpanStore(url)
+    assert sorted(s.trace_id for s in store.spans()) == [f"{2:032x}", f"{3:032x}"]
+    report = Compactor(url, settle_s=0).run()
+    assert report.spans_erased == {applied.id: 1}
+    assert [s.attributes.get("enduser.id") for s in SpanStore(url).spans()] == ["bob"]
+    (again,) = read_erasures(SpanStore(url).fs, SpanStore(url).root)
+    assert f"{3:032x}" in again.trace_ids and again.value is None
+    # Nothing late: the record is left as it was.
+    assert Compactor(url, settle_s=0).run().spans_erased == {}

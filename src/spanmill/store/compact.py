@@ -86,6 +86,8 @@ DEFAULT_STALE_S = 3600.0
 # run makes the duplicates permanent. A run holds this file while it works and renews it
 # as it goes; a run killed before it could remove it leaves a lock that is taken over
 # once it expires, or at once by a run on the same host where its process is gone.
+# How long after an erasure is applied its subject's late spans are still looked for.
+LATE_S = 7 * 86_400.0
 UPKEEP_LOCK = "_upkeep.lock"
 DEFAULT_LOCK_TTL_S = 1800.0
 
@@ -193,6 +195,10 @@ class Compactor:
         self.fs.invalidate_cache()  # others write the store (open_store)
         erasures = read_erasures(self.fs, self.root)
         pending = [self._resolve(e) for e in erasures if e.status == "pending"]
+        # Spans of a subject that arrive after its request was applied (a collector's lag,
+        # an agent's run still going): matched by the subject's hash for a while after.
+        late = self._late(erasures)
+        pending += late
         # Pending requests' traces send every hour holding one to be rewritten; applied
         # ones' (a late span of an erased trace) go whenever their hour is rewritten.
         erasing = {t: e.id for e in pending for t in e.trace_ids}
@@ -217,6 +223,8 @@ class Compactor:
                 progress(done, len(hours))
         for erasure in pending:
             count = report.spans_erased.get(erasure.id, 0)
+            if erasure in late and not count:
+                continue  # nothing came late: the record stands as it was applied
             applied = erasure.applied(
                 count, (), _moment(firsts.get(erasure.id)), _moment(lasts.get(erasure.id))
             )
@@ -230,6 +238,26 @@ class Compactor:
 
     def _resolve(self, erasure: Erasure) -> Erasure:
         return resolve_erasure(self.store, erasure)
+
+    def _late(self, erasures: list[Erasure]) -> list[Erasure]:
+        """Applied records, within LATE_S of their application, with the traces holding
+        their subject that they do not name yet; those with none are left out."""
+        found = []
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        for erasure in erasures:
+            applied = erasure.applied_at
+            if erasure.status != "applied" or applied is None:
+                continue
+            if (now - applied).total_seconds() > LATE_S:
+                continue
+            condition, params = erasure.hash_sql()
+            traces = self.store.query(
+                f"SELECT DISTINCT trace_id FROM spans_all WHERE {condition}", params=params
+            )["trace_id"].to_pylist()
+            new = sorted(set(traces) - set(erasure.trace_ids))
+            if new:
+                found.append(erasure.model_copy(update={"trace_ids": [*erasure.trace_ids, *new]}))
+        return found
 
     # -- hours -----------------------------------------------------------------------
 

@@ -95,6 +95,25 @@ class Erasure(BaseModel):
             }
         )
 
+    def hash_sql(self) -> tuple[str, list[Any]]:
+        """A DuckDB condition for spans that hold the subject, by its hash alone: what an
+        applied record (its value forgotten) still matches, for spans that arrive late."""
+        digest = self.value_sha256
+        if self.subject == "trace_id":
+            return "sha256(trace_id) = ?", [digest]
+        if self.subject == "conversation_id":
+            path = json_path(sc.GEN_AI_CONVERSATION_ID)
+            return (
+                "(sha256(conversation_id) = ? OR sha256(json_extract_string(attributes, ?)) = ?)",
+                [digest, path, digest],
+            )
+        path = json_path(self.attribute or DEFAULT_USER_ID_ATTRIBUTE)
+        return (
+            "(sha256(json_extract_string(attributes, ?)) = ? "
+            "OR sha256(json_extract_string(resource_attributes, ?)) = ?)",
+            [path, digest, path, digest],
+        )
+
     def match_sql(self) -> tuple[str, list[Any]]:
         """A DuckDB condition on the ``spans`` view for spans that hold the subject."""
         if self.value is None:
