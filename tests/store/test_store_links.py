@@ -278,3 +278,24 @@ def test_compaction_merges_the_links_files_and_expires_old_links(tmp_path: Path)
     assert len(list((tmp_path / "_links").glob("*.parquet"))) == 1
     assert sorted(store.links()["trace_id"].to_pylist()) == ["gw-0", "gw-1", "gw-2"]
     assert Compactor(str(tmp_path)).run().link_files_merged == 0  # one file: left as it is
+
+
+def test_an_erasure_before_any_join_takes_the_gateways_record_of_the_call(
+    tmp_path: Path,
+) -> None:
+    """A join reads no erased trace: a request made before the join pass linked the
+    gateway's record of the call left that record, the subject's prompt and the token
+    ids datasets train on, readable for good."""
+    from spanmill.store.compact import Compactor, request_erasure
+
+    run = agent_run("support", T0)
+    served = gateway_call(T0 + 20 * MS)
+    other = gateway_call(
+        T0 + 30 * MS, question=[{"role": "user", "parts": [{"type": "text", "content": "Hi?"}]}]
+    )
+    store = write(tmp_path, [*run, served, other])
+    erasure = request_erasure(str(tmp_path), None, "trace_id", run[0].trace_id, requested_by="test")
+    assert served.trace_id in erasure.trace_ids and other.trace_id not in erasure.trace_ids
+    assert join_calls(store, T0 - 10**9, T0 + 10**9).linked == 0  # nothing left to join
+    Compactor(str(tmp_path), settle_s=0).run()
+    assert {s.trace_id for s in SpanStore(str(tmp_path)).spans()} == {other.trace_id}

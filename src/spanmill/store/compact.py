@@ -40,13 +40,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from spanmill import semconv as sc
 from spanmill.store.erasure import (
     DEFAULT_USER_ID_ATTRIBUTE,
     Erasure,
@@ -69,7 +70,7 @@ from spanmill.store.layout import (
     is_hour_dir,
     parse_part_name,
 )
-from spanmill.store.links import compact_links
+from spanmill.store.links import MARGIN_S, call_digest, compact_links
 from spanmill.store.policy import StorePolicy, write_policy
 from spanmill.store.reader import SpanStore, StoredFile, StoreError
 from spanmill.store.schema import SPAN_SCHEMA
@@ -474,10 +475,12 @@ def resolve_erasure(store: SpanStore, erasure: Erasure) -> Erasure:
     if erasure.subject == "trace_id" and erasure.value:
         found.add(erasure.value)
     # The gateway's records of the subject's calls, joined to its episodes by content
-    # (spanmill.store.links), hold the same prompts: they go too.
+    # (spanmill.store.links), hold the same prompts: they go too; and so do those no join
+    # pass has linked yet (a join reads no erased trace, so it never would).
     links = store.links()
     joined = links.filter(pc.is_in(links["client_trace_id"], pa.array(sorted(found), pa.string())))
     found.update(joined["trace_id"].to_pylist())
+    found.update(_same_calls(store, found))
     # When the spans to go started: which trained versions may have learned from them.
     first, last = (
         store.query(
@@ -498,6 +501,42 @@ def resolve_erasure(store: SpanStore, erasure: Erasure) -> Erasure:
     if resolved != erasure:
         write_erasure(store.fs, store.root, resolved)
     return resolved
+
+
+def _same_calls(store: SpanStore, traces: set[str]) -> set[str]:
+    """The traces of other records of these traces' LLM calls: the same response id, or the
+    same call (:func:`~spanmill.store.links.call_digest`) around the same time. Unlike
+    a join, every candidate counts: erasing one record too many is the safe side."""
+    if not traces:
+        return set()
+    calls = store.query(
+        "SELECT request_model, input_messages, output_messages, response_id, start_time, "
+        "end_time FROM spans_all WHERE trace_id IN (SELECT unnest(?)) AND operation_name "
+        "IN (SELECT unnest(?))",
+        params=[sorted(traces), sorted(sc.LLM_OPERATIONS)],
+    ).to_pylist()
+    if not calls:
+        return set()
+    responses = sorted({c["response_id"] for c in calls if c["response_id"]})
+    digests = {
+        d
+        for c in calls
+        if (d := call_digest(c["request_model"], c["input_messages"], c["output_messages"]))
+    }
+    margin = timedelta(seconds=MARGIN_S)
+    others = store.query(
+        "SELECT trace_id, request_model, input_messages, output_messages, response_id "
+        "FROM spans_all WHERE operation_name IN (SELECT unnest(?)) AND start_time >= ? "
+        "AND start_time <= ? AND trace_id NOT IN (SELECT unnest(?))",
+        params=[sorted(sc.LLM_OPERATIONS), min(c["start_time"] for c in calls) - margin,
+                max(c["end_time"] for c in calls) + margin, sorted(traces)],
+    ).to_pylist()  # fmt: skip
+    return {
+        o["trace_id"]
+        for o in others
+        if o["response_id"] in responses
+        or call_digest(o["request_model"], o["input_messages"], o["output_messages"]) in digests
+    }
 
 
 def request_erasure(
