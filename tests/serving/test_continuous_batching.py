@@ -286,3 +286,22 @@ def test_a_model_with_sliding_window_layers_is_served_one_request_after_another(
     generator = Generator.__new__(Generator)
     generator.model = types.SimpleNamespace(config=sliding)
     assert isinstance(scheduler_for(generator, max_rows=4, max_waiting=4), Immediate)
+
+
+def test_the_pad_tokens_after_a_stopped_row_are_not_recorded_as_sampled() -> None:
+    """n > 1: a row a stop string ended is filled with pad tokens while the others go on;
+    where pad and end differ, those pads were recorded as sampled tokens (with made-up
+    logprobs, -inf under top_p), and training took them for the model's own."""
+    generator = Generator.__new__(Generator)
+    generator.eos_ids, generator.pad_id = [2], 0
+    generator.tokenizer = types_namespace(decode=lambda tokens, **_: "ab STOP")
+    choice = generator._choice([5, 6, 7, 0, 0], [-0.1, -0.2, -0.3, float("-inf"), -1.0],
+                               GenerationParams(stop=("STOP",)))  # fmt: skip
+    assert choice.token_ids == [5, 6, 7] and choice.logprobs == [-0.1, -0.2, -0.3]
+    assert choice.text == "ab " and choice.finish_reason == "stop"
+
+
+def types_namespace(**fields: Any) -> Any:
+    import types
+
+    return types.SimpleNamespace(**fields)

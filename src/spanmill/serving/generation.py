@@ -531,8 +531,11 @@ class Generator:
             self.prefix_cache.store_row(list(ids) + list(reply), past, row, columns)
 
     def _end(self, tokens: list[int]) -> int:
-        """Where the reply ends: its first end-of-sequence token, or its length."""
-        return next((i for i, token in enumerate(tokens) if token in self.eos_ids), len(tokens))
+        """Where the reply ends: its first end-of-sequence token, or the first pad token
+        (what generate writes into a row after its stop string ended it, while the other
+        rows of its request go on: never a sampled token), or its length."""
+        ends = {*self.eos_ids, self.pad_id}
+        return next((i for i, token in enumerate(tokens) if token in ends), len(tokens))
 
     def _choice(self, tokens: list[int], logprobs: list[float], params: GenerationParams) -> Choice:
         end = self._end(tokens)
