@@ -305,3 +305,23 @@ def types_namespace(**fields: Any) -> Any:
     import types
 
     return types.SimpleNamespace(**fields)
+
+
+def test_a_request_whose_scores_would_take_the_models_memory_is_refused(
+    generator: Generator,
+) -> None:
+    """Several choices (or a seeded sample) are generated on their own, keeping every
+    step's scores over the vocabulary for the logprobs: n=8 with a long answer held
+    gigabytes, enough for one request to end the pod and every version on it."""
+    from spanmill.serving.generation import SOLO_SCORES_BYTES
+    from spanmill.serving.protocol import ProtocolError
+
+    chat = conversations(1)[0]
+    answer = min(4096, generator.max_tokens_limit)
+    vocabulary = generator.model.config.vocab_size
+    assert 8 * answer * vocabulary * 16 > SOLO_SCORES_BYTES
+    with pytest.raises(ProtocolError, match=r"N 8 with MAX_TOKENS \d+ would hold"):
+        generator.check_fits(chat, GenerationParams(n=8, max_tokens=4096, temperature=0.8))
+    assert generator.check_fits(chat, GenerationParams(n=2, max_tokens=64, temperature=0.8)) > 0
+    # One choice, unseeded: batched, no scores kept; as long as the context allows.
+    assert generator.check_fits(chat, GenerationParams(max_tokens=answer // 2)) > 0

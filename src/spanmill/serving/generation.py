@@ -23,6 +23,11 @@ from spanmill.serving.prefix_cache import Entry, PrefixCache
 from spanmill.serving.protocol import Choice, GenerationParams, GenerationResult, ProtocolError
 
 SERVING_SPEC = "spanmill-serving.json"
+# What a request generated on its own (several choices, or a seeded sample) may hold in
+# the scores its logprobs are read from: every step's distribution over the vocabulary,
+# for each choice, about four times over while they are normalised. Past it, refused: one
+# request must not take the model's memory, and every version served beside it, down.
+SOLO_SCORES_BYTES = 2 * 1024**3
 
 
 @dataclass(frozen=True)
@@ -318,6 +323,16 @@ class Generator:
             ) from None
         prompt = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         answer = min(params.max_tokens, self.max_tokens_limit)
+        solo = params.n != 1 or (params.seed is not None and params.temperature > 0)
+        vocabulary = int(getattr(self.model.config, "vocab_size", 0) or 0)
+        if solo and params.n * answer * vocabulary * 4 * 4 > SOLO_SCORES_BYTES:
+            raise ProtocolError(
+                f"N {params.n} with MAX_TOKENS {answer} would hold "
+                f"{params.n * answer * vocabulary * 16 / 1024**3:.1f} GiB of scores on this "
+                f"model (a vocabulary of {vocabulary}), over the "
+                f"{SOLO_SCORES_BYTES / 1024**3:g} GiB a request may: ask fewer choices or "
+                "fewer tokens"
+            )
         if self.context_window and prompt + answer > self.context_window:
             raise ContextLengthError(
                 f"{ContextLengthError.code}: this model's maximum context length is "
