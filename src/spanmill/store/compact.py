@@ -25,7 +25,8 @@ Retention deletes whole hour folders past the store's retention period. Erasure
 (:mod:`spanmill.store.erasure`) rewrites every hour holding a span of a pending
 request, closed or not, without those spans, then marks the request applied.
 
-One job at a time: the chart's CronJob forbids overlapping runs.
+One run at a time, however started: the store's own lock (``UPKEEP_LOCK``), besides
+the chart's CronJob, which forbids overlapping runs.
 """
 
 from __future__ import annotations
@@ -87,10 +88,10 @@ DEFAULT_STALE_S = 3600.0
 # run makes the duplicates permanent. A run holds this file while it works and renews it
 # as it goes; a run killed before it could remove it leaves a lock that is taken over
 # once it expires, or at once by a run on the same host where its process is gone.
-# How long after an erasure is applied its subject's late spans are still looked for.
-LATE_S = 7 * 86_400.0
 UPKEEP_LOCK = "_upkeep.lock"
 DEFAULT_LOCK_TTL_S = 1800.0
+# How long after an erasure is applied its subject's late spans are still looked for.
+LATE_S = 7 * 86_400.0
 
 
 @dataclass
