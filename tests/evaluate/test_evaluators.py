@@ -135,8 +135,11 @@ def test_built_in_evaluators_are_found_through_entry_points() -> None:
 
 @pytest.mark.parametrize(
     ("reply", "verdict"),
-    [("A", "A"), (" b.", "B"), ("Tie", "TIE"), ("Answer B is better", "B"), ("Neither", None)],
-)
+    [("A", "A"), (" b.", "B"), ("Tie", "TIE"), ("Answer B is better", "B"), ("Neither", None),
+     # The article is no verdict: these read as A before.
+     ("It's a tie.", "TIE"), ("Neither is better, a tie", "TIE"),
+     ("I think a better one is B", "B")],
+)  # fmt: skip
 def test_the_judges_verdict_is_read_from_its_reply(reply: str, verdict: str | None) -> None:
     assert parse_verdict(reply) == verdict
 

@@ -210,6 +210,23 @@ def test_another_suites_loss_is_a_regression_too() -> None:
     assert decide(*tasks, interval(0.1), POLICY, others={"replay": kept}).promote
 
 
+def test_another_suites_format_validity_and_mean_reward_must_hold_too() -> None:
+    """The other suite was checked for its success rate and evaluator scores alone: its
+    format validity falling from 1.0 to 0.1, or its mean reward from 0.8 to 0.2, passed
+    under a reason that said "format validity and the other rates kept"."""
+    replay = (summary(0.6), summary(0.5))
+    broken = (summary(0.5, valid=0.1), summary(0.5, valid=1.0))
+    decision = decide(*replay, interval(0.1), POLICY, others={"tasks": broken})
+    assert not decision.promote
+    assert decision.reasons == ("tasks: format validity 0.100 is below the champion's 1.000",)
+    from dataclasses import replace
+
+    poorer, richer = replace(summary(0.5), mean_reward=0.2), replace(summary(0.5), mean_reward=0.8)
+    rewarded = decide(*replay, interval(0.1), POLICY, others={"tasks": (poorer, richer)})
+    assert not rewarded.promote
+    assert "tasks: mean_reward 0.200 is below the champion's 0.800" in rewarded.reasons[0]
+
+
 def test_fewer_fresh_instances_than_asked_are_said(caplog: pytest.LogCaptureFixture) -> None:
     """A task whose held-out instances are mostly among the training ids gives fewer than
     asked: the evaluation goes on with them, and says so."""

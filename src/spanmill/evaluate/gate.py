@@ -66,20 +66,11 @@ def decide(
         reasons.append(
             f"{metric} is better by {delta:.3f}, less than the margin {policy.margin:.3f}"
         )
-    floor = champion.format_validity - policy.format_tolerance
-    if challenger.format_validity < floor:
-        reasons.append(
-            f"format validity {challenger.format_validity:.3f} is below the champion's "
-            f"{champion.format_validity:.3f}"
-            + (
-                f" less the tolerance {policy.format_tolerance:.3f}"
-                if policy.format_tolerance
-                else ""
-            )
-        )
+    reasons.extend(_format_kept(challenger, champion, policy.format_tolerance))
     reasons.extend(_regressions(challenger, champion, metric, policy.regression_tolerance))
     for suite, (its_challenger, its_champion) in sorted((others or {}).items()):
-        found = _regressions(its_challenger, its_champion, "", policy.regression_tolerance)
+        found = _format_kept(its_challenger, its_champion, policy.format_tolerance)
+        found += _regressions(its_challenger, its_champion, "", policy.regression_tolerance)
         reasons.extend(f"{suite}: {reason}" for reason in found)
     if policy.require_significant and not difference.low > 0:
         reasons.append(
@@ -99,6 +90,19 @@ def decide(
     )
 
 
+def _format_kept(challenger: Summary, champion: Summary, tolerance: float) -> list[str]:
+    """Why the challenger's format validity is below the champion's less the tolerance."""
+    if challenger.n == 0 or champion.n == 0:
+        return []
+    if challenger.format_validity >= champion.format_validity - tolerance:
+        return []
+    return [
+        f"format validity {challenger.format_validity:.3f} is below the champion's "
+        f"{champion.format_validity:.3f}"
+        + (f" less the tolerance {tolerance:.3f}" if tolerance else "")
+    ]
+
+
 def _regressions(
     challenger: Summary, champion: Summary, metric: str, tolerance: float
 ) -> list[str]:
@@ -108,7 +112,8 @@ def _regressions(
     were scored on count: an evaluator metric applies to the items it applies to."""
     if challenger.n == 0 or champion.n == 0:
         return []
-    names = ["success_rate", *sorted(challenger.scores.keys() & champion.scores.keys())]
+    names = ["success_rate", "mean_reward",
+             *sorted(challenger.scores.keys() & champion.scores.keys())]  # fmt: skip
     found = []
     for name in names:
         if name == metric:

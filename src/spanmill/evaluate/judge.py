@@ -44,7 +44,9 @@ USER_TEMPLATE: Final = (
 )
 # Judge requests in flight at once.
 CONCURRENCY: Final = 8
-_VERDICT = re.compile(r"\b(TIE|A|B)\b")
+# A tie in any case; A and B as capitals (the article "a" is not a verdict: "It's a tie"
+# read as A); a reply of the letter alone in any case.
+_VERDICT = re.compile(r"\b((?i:tie)|A|B)\b")
 Verdict = Literal["A", "B", "TIE"]
 
 
@@ -66,9 +68,13 @@ class Judgement:
 
 
 def parse_verdict(reply: str) -> Verdict | None:
-    """The judge's verdict: the first A, B or TIE standing as a word, upper-cased."""
-    match = _VERDICT.search(reply.upper())
-    return match.group(1) if match else None  # type: ignore[return-value]
+    """The judge's verdict: the first TIE (any case), A or B standing as a word, or a
+    reply that is the letter alone ("b."); upper-cased."""
+    match = _VERDICT.search(reply)
+    if match:
+        return match.group(1).upper()  # type: ignore[return-value]
+    bare = reply.strip(" \t\n.!\"'").upper()
+    return bare if bare in ("A", "B", "TIE") else None  # type: ignore[return-value]
 
 
 def render_conversation(prompt: Sequence[Mapping[str, str]]) -> str:
