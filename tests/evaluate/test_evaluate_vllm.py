@@ -66,6 +66,7 @@ def test_a_first_run_compares_the_base_and_the_challenger_in_one_engine(  # type
         assert (champion.model, staged.model) == (candidate, candidate)
         assert champion.engine == staged.engine == champion.version
         assert (champion.lora_name, staged.lora_name) == (None, "challenger")
+        assert champion.registered is None  # no champion: the base model stood in
         assert list(loaded_model(triton.http_url, candidate)) == [staged.engine]
         assert answer(staged) == WORDS
         assert answer(champion) not in (WORDS, TOOL_CALL)
@@ -89,10 +90,12 @@ def promoted(mlflow_server, base: Path | str, adapter: Path) -> tuple[str, int]:
 def test_a_champion_not_in_service_is_an_adapter_beside_the_challenger(  # type: ignore[no-untyped-def]
     triton, mlflow_server, smollm2_dir: Path, taught_adapters: dict[str, Path]
 ) -> None:
-    agent, _ = promoted(mlflow_server, smollm2_dir, taught_adapters["calls"])
+    agent, version = promoted(mlflow_server, smollm2_dir, taught_adapters["calls"])
     challenger = ModelRef("challenger", str(smollm2_dir), str(taught_adapters["words"]))
     with serve_models(settings_for(triton, mlflow_server), agent, challenger) as served:
         champion, staged = served["champion"], served["challenger"]
+        # Staged under a version of its own; the registration checks the one it stands for.
+        assert champion.registered == version != champion.version
         assert champion.model == staged.model == names.triton_candidate_model(agent)
         assert champion.engine == staged.engine
         assert (champion.lora_name, staged.lora_name) == ("champion", "challenger")

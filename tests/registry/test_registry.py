@@ -381,3 +381,33 @@ def test_a_new_agent_gets_its_first_version_from_the_command_line(
     assert [v.version for v in registry.versions(agent)] == [1]
     missing = runner.invoke(app, ["models", "serve-base", "other", "--base-model", "no-such"])
     assert missing.exit_code != 0 and "other" not in registry.agents()
+
+
+def test_a_challenger_is_aliased_only_while_the_champion_it_beat_is_in_service(
+    mlflow_server, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """An evaluation compares with the champion it finds when it begins; another run's
+    challenger promoted meanwhile (or an alias moved by hand) left nothing checking, and
+    the challenger went to a canary against a champion it was never compared with."""
+    registry = ModelRegistry(mlflow_server.tracking_uri)
+    agent = agent_name()
+    base = Lineage(kind="base", base_model="smollm2-135m")
+    v1 = registry.register(agent, base).version
+    registry.promote(agent, v1)
+
+    def evaluated(folder: str, champion: int | None) -> tuple[Path, EvalReport]:
+        (tmp_path / folder).mkdir()
+        adapter, report = trained_folder(tmp_path / folder, agent=agent)
+        assert report is not None
+        models = {**report.models, "champion": {**report.models["champion"], "version": champion}}
+        return adapter, report.model_copy(update={"models": models})
+
+    adapter, measured_v1 = evaluated("beat-v1", v1)
+    v2 = registry.register(agent, base).version
+    registry.promote(agent, v2)  # meanwhile: another version took over
+    moved = registry.register_trained(agent, adapter, measured_v1, pipeline_run_id="pipe-a")
+    assert not moved.challenger and CHALLENGER not in registry.aliases(agent)
+    assert moved.version.lineage.gate_promote is True  # its verdict is kept, as measured
+    adapter, measured_v2 = evaluated("beat-v2", v2)
+    kept = registry.register_trained(agent, adapter, measured_v2, pipeline_run_id="pipe-b")
+    assert kept.challenger and registry.aliases(agent)[CHALLENGER] == kept.version.version

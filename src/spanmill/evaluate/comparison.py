@@ -26,6 +26,9 @@ class ModelRef:
     # The base as it was named (a catalog name, a hub id), before ``base`` resolved it to
     # this machine's files: what another machine (a vLLM engine) can open.
     base_named: str = ""
+    # The champion: its registered version the evaluation measured (None: the agent had
+    # none, and the base model stood in), which its registration checks is still the one.
+    version: int | None = None
 
     def describe(self) -> str:
         model = f"{self.adapter} on {self.base}" if self.adapter else self.base

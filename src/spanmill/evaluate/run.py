@@ -102,7 +102,11 @@ def evaluate(
     try:
         with serve_models(settings, plan.agent, challenger_ref) as served:
             refs = {
-                "champion": ModelRef("champion", served["champion"].describe()),
+                "champion": ModelRef(
+                    "champion",
+                    served["champion"].describe(),
+                    version=served["champion"].registered,
+                ),
                 "challenger": replace(challenger_ref, served=served["challenger"].describe()),
             }
             outcomes = _run(plan, served, settings, progress)
@@ -353,7 +357,8 @@ def serve_models(
         served = stack.enter_context(
             staged_candidates(server, repository, agent, staged, options, triton_url=server.url)
         )
-        yield {"champion": champion or served["champion"], "challenger": served["challenger"]}
+        measured = champion or replace(served["champion"], registered=version)
+        yield {"champion": measured, "challenger": served["challenger"]}
 
 
 def _in_service(deployer: Deployer, triton_url: str, agent: str, version: int) -> ServedModel:
@@ -364,7 +369,7 @@ def _in_service(deployer: Deployer, triton_url: str, agent: str, version: int) -
     model = names.triton_model(agent)
     engine = deployer.engine(agent)
     if engine is None:
-        return ServedModel(triton_url, model, version)
+        return ServedModel(triton_url, model, version, registered=version)
     if version not in engine.versions:
         raise ServingError(
             f"{agent} version {version} left its vLLM engine as the evaluation began (the "
@@ -372,8 +377,9 @@ def _in_service(deployer: Deployer, triton_url: str, agent: str, version: int) -
         )
     lora = engine.versions[version]
     return ServedModel(
-        triton_url, model, version, flavour="vllm", lora_name=lora, base_model=engine.base_model
-    )
+        triton_url, model, version, flavour="vllm", lora_name=lora,
+        base_model=engine.base_model, registered=version,
+    )  # fmt: skip
 
 
 @contextmanager

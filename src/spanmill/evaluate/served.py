@@ -79,6 +79,9 @@ class ServedModel:
     engine: int = ENGINE_VERSION
     lora_name: str | None = None
     base_model: str | None = None
+    # The agent's registered version this stands for (a champion staged for the
+    # evaluation is served under a version of its own); None: none registered.
+    registered: int | None = None
 
     def describe(self) -> str:
         served = f"Triton {self.model} version {self.version}"

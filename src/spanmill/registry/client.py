@@ -91,6 +91,16 @@ class Desired:
     versions: dict[int, RegisteredVersion] = field(default_factory=dict)
 
 
+def _measured(evaluation: EvalReport | None) -> tuple[int | None] | None:
+    """The champion version an evaluation measured, as a 1-tuple (its version may be None:
+    the base model); None where the report does not say (made before it did)."""
+    champion = evaluation.models.get("champion", {}) if evaluation is not None else {}
+    if "version" not in champion:
+        return None
+    version = champion["version"]
+    return (int(version) if version is not None else None,)
+
+
 class ModelRegistry:
     """Register versions, read and move aliases, and record what happened to a version."""
 
@@ -278,15 +288,33 @@ class ModelRegistry:
                 names.TAG_REGISTRATION: names.REGISTRATION_PENDING,
             }
             registered = self._create_version(agent, lineage, model_dir, pending)
-        return self._finish_registration(agent, registered, lineage)
+        return self._finish_registration(agent, registered, lineage, _measured(evaluation))
 
     def _finish_registration(
-        self, agent: str, registered: RegisteredVersion, lineage: Lineage
+        self,
+        agent: str,
+        registered: RegisteredVersion,
+        lineage: Lineage,
+        measured: tuple[int | None] | None = None,
     ) -> Registration:
+        """``measured``: the champion the evaluation compared with (its version, None for
+        the base model standing in), where the report says; a challenger is aliased only
+        while that is still the champion."""
         # Each write here is safe to repeat, and the verdict and the mark of completion
         # come last: until they are written the version neither looks like one the gate
         # let through nor is a challenger the rollout serves (see desired()).
-        if lineage.gate_passed:
+        passed = lineage.gate_passed
+        if passed and measured is not None:
+            now = self.aliases(agent).get(names.CHAMPION)
+            if now != measured[0]:
+                log.warning(
+                    "%s version %d stays unaliased: the gate compared it with %s, and the "
+                    "champion is %s now; evaluate it again", agent, registered.version,
+                    f"version {measured[0]}" if measured[0] else "the base model",
+                    f"version {now}" if now else "none",
+                )  # fmt: skip
+                passed = False
+        if passed:
             self.set_alias(agent, names.CHALLENGER, registered.version)
             if not any(e.endswith(_CHALLENGER_EVENT) for e in registered.events()):
                 self.record(agent, registered.version, _CHALLENGER_EVENT)
@@ -298,7 +326,7 @@ class ModelRegistry:
         finished = {k: v for k, v in lineage.tags().items() if k in _VERDICT_TAGS}
         finished[names.TAG_REGISTRATION] = names.REGISTRATION_COMPLETE
         self.set_tags(agent, registered.version, finished)
-        return Registration(self.version(agent, registered.version), challenger=lineage.gate_passed)
+        return Registration(self.version(agent, registered.version), challenger=passed)
 
     def _registered_before(self, agent: str, lineage: Lineage) -> RegisteredVersion | None:
         """The version this pipeline run registered before for the same trained model
