@@ -263,3 +263,26 @@ def test_a_report_flattens_what_summaries_hold() -> None:
     assert report.report().to_json()["suites"]["replay"]["challenger"]["counts"] == {
         "tool_calls.name": 6
     }
+
+
+def test_an_evaluator_metric_is_compared_on_the_items_it_scored_for_both() -> None:
+    """A plugin evaluator that finds nothing to score in a failed answer leaves it out:
+    the challenger's mean was taken over its good answers alone (1.0 on 6 items against
+    the champion's 0.6 on 10), and the bootstrap paired the two sides by position."""
+    from spanmill.evaluate.run import _compare
+    from spanmill.evaluate.settings import EvalSettings
+
+    def outcome(i: int, score: float | None) -> Outcome:
+        scores = {} if score is None else {"plugin.right": score}
+        return Outcome(f"item-{i}", 0.0, False, True, 10, 1, scores=scores)
+
+    champion = [outcome(i, 1.0 if i < 6 else 0.0) for i in range(10)]
+    challenger = [outcome(i, 1.0 if i < 6 else None) for i in range(10)]
+    result = _compare(
+        "replay", {"champion": {"replay": champion}, "challenger": {"replay": challenger}},
+        "plugin.right", EvalSettings(),
+    )  # fmt: skip
+    assert result.challenger.counts["plugin.right"] == result.champion.counts["plugin.right"] == 6
+    assert result.challenger.scores["plugin.right"] == result.champion.scores["plugin.right"]
+    assert result.difference.estimate == 0.0
+    assert not decide(result.challenger, result.champion, result.difference, POLICY).promote

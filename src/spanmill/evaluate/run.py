@@ -470,7 +470,7 @@ def _compare(
     name: str, outcomes: dict[str, dict[str, list[Outcome]]], metric: str, settings: EvalSettings
 ) -> SuiteResult:
     """Both summaries, and the paired bootstrap of ``metric`` where the suite has it."""
-    champion, challenger = outcomes["champion"][name], outcomes["challenger"][name]
+    champion, challenger = _paired(outcomes["champion"][name], outcomes["challenger"][name])
     if "." in metric and not any(metric in o.scores for o in challenger):
         metric = "success_rate"  # an evaluator's metric, and this suite has no evaluators
     return SuiteResult(
@@ -486,6 +486,29 @@ def _compare(
             seed=settings.seed,
         ),
     )
+
+
+def _paired(
+    champion: list[Outcome], challenger: list[Outcome]
+) -> tuple[list[Outcome], list[Outcome]]:
+    """Both models' outcomes with each evaluator metric kept on the items it scored for
+    both: an evaluator that finds nothing to score in one model's answer (a failed
+    generation) must not leave that model's mean over its good answers alone, nor pair
+    one model's items with the other's by position."""
+    names = {name for o in (*champion, *challenger) for name in o.scores}
+    both = {
+        name: {o.item_id for o in champion if name in o.scores}
+        & {o.item_id for o in challenger if name in o.scores}
+        for name in names
+    }
+
+    def kept(outcomes: list[Outcome]) -> list[Outcome]:
+        return [
+            replace(o, scores={k: v for k, v in o.scores.items() if o.item_id in both[k]})
+            for o in outcomes
+        ]
+
+    return kept(champion), kept(challenger)
 
 
 def _write(
