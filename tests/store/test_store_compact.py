@@ -267,3 +267,23 @@ def test_an_applied_erasure_still_takes_its_subjects_late_spans(tmp_path: Path) 
     assert f"{3:032x}" in again.trace_ids and again.value is None
     # Nothing late: the record is left as it was.
     assert Compactor(url, settle_s=0).run().spans_erased == {}
+
+
+def test_a_late_span_of_an_erased_trace_leaves_the_files_too(tmp_path: Path) -> None:
+    """A late span of a trace an applied erasure names, alone in a new hour's file, was
+    hidden from readers but never rewritten out: `spanmill store files` handed it on."""
+    from spanmill.store.compact import request_erasure
+
+    url = str(tmp_path / "store")
+    feeder = Feeder(url)
+    feeder.write([hour_span(HOUR0, 0, trace=7), hour_span(HOUR0, 1)])
+    request_erasure(url, None, "trace_id", f"{7:032x}", requested_by="dpo")
+    Compactor(url, settle_s=0).run()
+    feeder.write([hour_span(HOUR0 + HOUR_NS, 2, trace=7)])  # late, alone in its hour
+    Compactor(url, settle_s=0).run()
+    held = {
+        trace
+        for path in _data_files(tmp_path / "store")
+        for trace in pq.read_table(path, columns=["trace_id"]).column("trace_id").to_pylist()
+    }
+    assert f"{7:032x}" not in held and held == {f"{2:032x}"}

@@ -372,6 +372,12 @@ class Compactor:
         if not live:
             return
         erase = bool(erasing) and _holds_any(self._read(live, ["trace_id"]), erasing)
+        if not erase and hidden:
+            # A late span of a trace an applied request names, in a file no generation
+            # has rewritten yet (alone in its hour, it would never be): readers hide it,
+            # and the files go to other engines as they are.
+            fresh = [f for f in live if f.part is None]
+            erase = bool(fresh) and _holds_any(self._read(fresh, ["trace_id"]), hidden)
         if not erase and not (closed and self._worth_compacting(live)):
             return
         self._refuse_newer(live)
