@@ -45,7 +45,7 @@ from spanmill.config import GatewaySettings
 from spanmill.errors import ConfigError
 from spanmill.gateway.configmap import ConfigMapRoutes, RoutingSource, routing_source
 from spanmill.gateway.emitter import EmitterBusy, SpanEmitter
-from spanmill.gateway.limits import KeyLimits
+from spanmill.gateway.limits import KeyLimits, Refusal
 from spanmill.gateway.llm_span import build_llm_span, new_span_id, new_trace_id
 from spanmill.gateway.metrics import GatewayMetrics
 from spanmill.gateway.routing import RoutingTable
@@ -308,9 +308,7 @@ async def _feedback(state: GatewayState, request: Request) -> JSONResponse:
     refusal = state.limits.admit(key)
     if refusal is not None:
         state.metrics.feedback.labels("rejected").inc()
-        refused = _error(429, refusal.message, "rate_limit_exceeded")
-        refused.headers["retry-after"] = str(refusal.retry_after_s)
-        return refused
+        return _over_limit(refusal)
     try:
         return await _feedback_items(state, request)
     finally:
@@ -432,9 +430,7 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
     refusal = state.limits.admit(key)
     if refusal is not None:
         state.metrics.requests.labels(_model_label(state, body.model), "", "429").inc()
-        refused = _error(429, refusal.message, "rate_limit_exceeded")
-        refused.headers["retry-after"] = str(refusal.retry_after_s)
-        return refused
+        return _over_limit(refusal)
     released = False
 
     def release() -> None:
@@ -451,6 +447,13 @@ async def _complete(state: GatewayState, body: ChatCompletionRequest, request: R
     if not isinstance(response, StreamingResponse):
         release()
     return response
+
+
+def _over_limit(refusal: Refusal) -> JSONResponse:
+    """429 with when to come back, for a call or feedback past its key's limits."""
+    refused = _error(429, refusal.message, "rate_limit_exceeded")
+    refused.headers["retry-after"] = str(refusal.retry_after_s)
+    return refused
 
 
 def _model_label(state: GatewayState, model: str) -> str:

@@ -144,10 +144,11 @@ def upload(
     made for the cluster as ``cluster`` asks (:func:`for_cluster`: images, a volume)."""
     if not package.is_file():
         raise KubeflowError(f"no compiled pipeline at {package}; run `spanmill pipeline compile`")
-    if any(value is not None for value in cluster.values()):
+    compiled = package.read_text(encoding="utf-8")
+    rewritten = for_cluster(compiled, **cluster)
+    if rewritten is not compiled:  # made for this cluster: that is what goes up
         import tempfile
 
-        rewritten = for_cluster(package.read_text(encoding="utf-8"), **cluster)
         with tempfile.TemporaryDirectory() as folder:
             copy = Path(folder) / package.name
             copy.write_text(rewritten, encoding="utf-8")

@@ -323,9 +323,8 @@ class Generator:
             ) from None
         prompt = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         answer = min(params.max_tokens, self.max_tokens_limit)
-        solo = params.n != 1 or (params.seed is not None and params.temperature > 0)
         vocabulary = int(getattr(self.model.config, "vocab_size", 0) or 0)
-        if solo and params.n * answer * vocabulary * 4 * 4 > SOLO_SCORES_BYTES:
+        if params.alone and params.n * answer * vocabulary * 4 * 4 > SOLO_SCORES_BYTES:
             raise ProtocolError(
                 f"N {params.n} with MAX_TOKENS {answer} would hold "
                 f"{params.n * answer * vocabulary * 16 / 1024**3:.1f} GiB of scores on this "
@@ -592,12 +591,9 @@ class Request:
     listener: Listener | None = None
 
     def batch_key(self) -> tuple[GenerationParams, str] | None:
-        """Requests with equal keys can be generated as one batch; None: on its own.
-
-        Several choices, or a seed for sampling (which sets torch's global
-        generator for the one request), need a generation of their own.
-        """
-        if self.params.n != 1 or (self.params.seed is not None and self.params.temperature > 0):
+        """Requests with equal keys can be generated as one batch; None: on its own
+        (``GenerationParams.alone``)."""
+        if self.params.alone:
             return None
         return self.params, json.dumps(self.tools, sort_keys=True)
 

@@ -100,6 +100,12 @@ class GenerationParams:
         if len(self.stop) > MAX_STOP_SEQUENCES or any(not s for s in self.stop):
             raise ProtocolError(f"STOP takes 1 to {MAX_STOP_SEQUENCES} non-empty strings")
 
+    @property
+    def alone(self) -> bool:
+        """Whether a request must be generated on its own: several choices, or a seed for
+        sampling (which sets torch's global generator for the one request)."""
+        return self.n != 1 or (self.seed is not None and self.temperature > 0)
+
 
 @dataclass(frozen=True)
 class Choice:

@@ -34,7 +34,7 @@ dropped-out copy. The end-of-turn token is not trained: the gateway records
 the tokens up to it, not the token itself.
 
 Checkpoints (adapter, optimizer, scheduler, step, history) go to
-``output_dir/checkpoints/step-N`` every step (every ``save_steps`` where it is set) and at
+``output_dir/checkpoints/step-N`` every ``save_steps`` (GRPO_RECIPE: every step) and at
 the end; a run started again on the same folder with the same settings resumes from the
 last.
 """
@@ -483,9 +483,6 @@ def _run(
     gateway = RolloutGateway(policy, task.agent_name, rollout_kafka).start()
     client = make_client(gateway.base_url)
     episodes_per_step = settings.groups_per_step * settings.group_size
-    # A step is minutes of rollouts: each is kept (a few MB), unless asked otherwise, so
-    # that a run stopped part way resumes where it was.
-    save_steps = settings.save_steps if "save_steps" in settings.model_fields_set else 1
     started = time.perf_counter()
     try:
         for step in range(start, steps):
@@ -538,7 +535,7 @@ def _run(
                 step + 1, steps, stats["reward_mean"], int(stats["groups_with_signal"]),
                 int(stats["groups"]), stats["loss"], stats["rollout_s"], stats["train_s"],
             )  # fmt: skip
-            if (step + 1) % save_steps == 0 or step + 1 == steps:
+            if (step + 1) % settings.save_steps == 0 or step + 1 == steps:
                 _save_checkpoint(checkpoints, step + 1, model, optimizer, scheduler, history)
             if tracker is not None:
                 tracker.log_metrics(

@@ -33,6 +33,9 @@ GRPO_RECIPE: dict[str, Any] = {
     "lr_scheduler": "constant",
     "warmup_ratio": 0.0,
     "rollout_temperature": 0.8,
+    # A step is minutes of rollouts: each is kept (a few MB), so that a run stopped part
+    # way resumes where it was.
+    "save_steps": 1,
 }
 
 
