@@ -199,11 +199,13 @@ class TritonPythonModel:
                     if finish[i] is not None:
                         continue
                     token = int(chosen[i])
+                    # vLLM keeps the end-of-sequence token in a reply's ids and logprobs
+                    # (its text leaves it out): check_stop reads it as the last output token.
+                    tokens[i].append(token)
+                    logprobs[i].append((token, float(scores[i, token])))
                     if token in self.eos:
                         finish[i] = "stop"
                         continue
-                    tokens[i].append(token)
-                    logprobs[i].append((token, float(scores[i, token])))
                     text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
                     hit = [text.find(s) for s in stops if s in text]
                     if hit:

@@ -198,11 +198,33 @@ def test_a_judge_that_knows_the_better_answer_finds_it_in_either_order() -> None
     assert all("judge: " in s.explanation for s in scored["challenger"])
 
 
-def test_an_unreadable_verdict_counts_as_a_tie_and_says_so() -> None:
-    transport, _ = judge_endpoint(lambda _: "I cannot decide.")
-    scored = judge(transport).score([item(CALL)], {"champion": ["a"], "challenger": ["b"]})
-    assert scored["challenger"][0].values == {"preference": 0.5}
-    assert "no verdict" in scored["challenger"][0].explanation
+def test_an_unreadable_verdict_measures_nothing_and_says_so() -> None:
+    """Read as a tie, a judge that answers nothing readable (a wrong model, a prompt it
+    ignores) made every item "measured": the gate's min_items was met by equality the
+    judge never said. Now such items are not measured, and a gate on the preference
+    refuses for want of items."""
+    from spanmill.evaluate import GatePolicy, Interval, Summary, decide
+    from spanmill.evaluate.scoring import Outcome
+
+    replies = iter(["I cannot decide."] * 9 + ["TIE"])
+    transport, _ = judge_endpoint(lambda _: next(replies))
+    items = [item(CALL, item_id=str(i)) for i in range(10)]
+    scored = judge(transport).score(items, {"champion": ["a"] * 10, "challenger": ["b"] * 10})
+    unreadable = [s for s in scored["challenger"] if "no verdict" in s.explanation]
+    assert len(unreadable) == 9 and all(s.values == {} for s in unreadable)
+    assert [s.values for s in scored["champion"] if s.values] == [{"preference": 0.5}]
+
+    def summary(role: str) -> Summary:
+        scores = [{f"judge.{k}": v for k, v in s.values.items()} for s in scored[role]]
+        return Summary.of([Outcome(str(i), 1.0, True, True, 3, 1, scores=v)
+                           for i, v in enumerate(scores)])  # fmt: skip
+
+    challenger, champion = summary("challenger"), summary("champion")
+    assert challenger.measured("judge.preference") == 1
+    gate = GatePolicy(suite="replay", metric="judge.preference", min_items=5)
+    decision = decide(challenger, champion, Interval(0.0, 0.0, 0.0, 0.95), gate)
+    assert not decision.promote
+    assert any("measured on 1 item" in reason for reason in decision.reasons)
 
 
 def test_a_failing_judge_endpoint_is_an_error_that_names_it() -> None:

@@ -301,6 +301,52 @@ def test_the_pad_tokens_after_a_stopped_row_are_not_recorded_as_sampled() -> Non
     assert choice.text == "ab " and choice.finish_reason == "stop"
 
 
+def test_the_end_token_the_model_chose_is_recorded_and_the_padding_after_it_not() -> None:
+    """The reply's ids end with the end-of-sequence token it sampled, with its logprob,
+    as vLLM's do: without it a trainer's loss never reaches the choice to stop, and a
+    policy learnt on rollouts cannot learn to end its answers. Where pad and end are
+    one token, a row a stop string or a listener ended is padding, not an end."""
+    generator = Generator.__new__(Generator)
+    generator.eos_ids, generator.pad_id = [2], 2
+    generator.tokenizer = types_namespace(decode=lambda tokens, **_: "ab")
+    ended = generator._choice([5, 6, 2, 2], [-0.1, -0.2, -0.3, -9.0], GenerationParams())
+    assert ended.token_ids == [5, 6, 2] and ended.logprobs == [-0.1, -0.2, -0.3]
+    assert ended.text == "ab" and ended.finish_reason == "stop"
+    long = generator._choice([5, 6, 7], [-0.1, -0.2, -0.3], GenerationParams())
+    assert long.token_ids == [5, 6, 7] and long.finish_reason == "length"
+    listened = generator._choice([5, 6, 2, 2], [-0.1, -0.2, -0.3, -9.0], GenerationParams(),
+                                 sampled=2)  # fmt: skip
+    assert listened.token_ids == [5, 6] and listened.logprobs == [-0.1, -0.2]
+    generator.tokenizer = types_namespace(decode=lambda tokens, **_: "ab STOP")
+    cut = generator._choice([5, 6, 7, 2, 2], [-0.1, -0.2, -0.3, -0.4, -0.5],
+                            GenerationParams(stop=("STOP",)))  # fmt: skip
+    assert cut.token_ids == [5, 6, 7] and cut.text == "ab "
+
+
+def test_every_way_of_generating_records_the_end_token_it_sampled(generator: Generator) -> None:
+    chat = [{"role": "user", "content": "Say only the word yes."}]
+    params = GenerationParams(max_tokens=24)
+    sampled = GenerationParams(max_tokens=24, n=2, temperature=0.5, seed=1)
+    batched = collect(batcher := ContinuousBatcher(generator, max_rows=2), [Request(chat, params)])
+    batcher.drain()
+    answers = {
+        "continuous": batched[0].choices[0],
+        "batch": generator.generate_batch([chat], params)[0].choices[0],
+        "alone": generator.generate(chat, params).choices[0],
+        "sampled": generator.generate(chat, sampled).choices[0],
+    }
+    for way, choice in answers.items():
+        assert choice.finish_reason == "stop", way
+        assert choice.token_ids[-1] in generator.eos_ids, way
+        assert choice.token_ids.count(choice.token_ids[-1]) == 1, way  # no padding after it
+        assert len(choice.logprobs) == len(choice.token_ids), way
+        assert -30 < choice.logprobs[-1] <= 0, way
+        assert choice.text == generator.tokenizer.decode(
+            choice.token_ids[:-1], skip_special_tokens=True
+        ), way
+    assert answers["continuous"].token_ids == answers["batch"].token_ids
+
+
 def types_namespace(**fields: Any) -> Any:
     import types
 

@@ -149,6 +149,12 @@ def test_the_trainer_trains_on_the_tokens_the_gateway_recorded(
     # ... and those are the tokens the model generated.
     sampled = {tuple(r.choices[0].token_ids) for r in generated}
     assert {tuple(call.completion_ids) for call in calls if call.completion_ids} <= sampled
+    # An answer the policy ended ends with the end token it chose, which the loss below
+    # scores: the policy learns when to stop, not only what to say (sampled at T 1.0 within
+    # 48 tokens, a run may end none; tests/serving/test_continuous_batching.py's greedy
+    # answers always do).
+    ended = [c for r in generated for c in r.choices if c.finish_reason == "stop"]
+    assert all(c.token_ids[-1] in policy.generator.eos_ids for c in ended)
 
     # The same weights score the sampled tokens as the sampler did: the ratio starts at 1.
     rows = [Row(c.prompt_ids, c.completion_ids, c.logprobs, 1.0) for c in calls if c.completion_ids]

@@ -59,9 +59,12 @@ class Judgement:
     raw: str
 
     @property
-    def preference(self) -> float:
-        """1 if the challenger's answer won, 0 if the champion's did, 0.5 for a tie or none."""
-        if self.verdict in (None, "TIE"):
+    def preference(self) -> float | None:
+        """1 if the challenger's answer won, 0 if the champion's did, 0.5 for a tie; None
+        where the judge said nothing readable (not a tie: that item is not measured)."""
+        if self.verdict is None:
+            return None
+        if self.verdict == "TIE":
             return 0.5
         challenger_is = "A" if self.challenger_first else "B"
         return 1.0 if self.verdict == challenger_is else 0.0
@@ -176,6 +179,10 @@ class JudgeEvaluator:
             order = "challenger first" if judgement.challenger_first else "champion first"
             why = f"judge: {said} ({order})"
             won = judgement.preference
-            scored["challenger"].append(ItemScore({"preference": won}, why))
-            scored["champion"].append(ItemScore({"preference": 1.0 - won}, why))
+            # An unreadable reply measures nothing: counted as a tie, a judge that answers
+            # nothing readable would satisfy the gate's min_items with made-up equality.
+            scored["challenger"].append(ItemScore({} if won is None else {"preference": won}, why))
+            scored["champion"].append(
+                ItemScore({} if won is None else {"preference": 1.0 - won}, why)
+            )
         return scored

@@ -372,9 +372,12 @@ class Generator:
             options.update(temperature=None, top_p=None, top_k=None)
         if params.stop:
             options.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        sampled: dict[int, int] = {}
         if listener is not None:
             rows = list(range(params.n))
-            options.update(stopping_criteria=_watch(prompt_ids.shape[1], [(listener, rows)]))
+            options.update(
+                stopping_criteria=_watch(prompt_ids.shape[1], [(listener, rows)], sampled)
+            )
         from spanmill.serving.kv_cache import RoomyCache
 
         with self._lock, torch.inference_mode():
@@ -391,7 +394,7 @@ class Generator:
             )
         new_tokens = out.sequences[:, prompt_ids.shape[1] :]
         choices = [
-            self._choice(new_tokens[row].tolist(), scores[row].tolist(), params)
+            self._choice(new_tokens[row].tolist(), scores[row].tolist(), params, sampled.get(row))
             for row in range(new_tokens.shape[0])
         ]
         return GenerationResult(
@@ -441,8 +444,9 @@ class Generator:
         with self._lock, torch.inference_mode():
             batch = self._batch(prompts)
             watched = [(lst, [row]) for row, lst in enumerate(listeners or []) if lst is not None]
+            sampled: dict[int, int] = {}
             if watched:
-                options.update(stopping_criteria=_watch(batch.width, watched))
+                options.update(stopping_criteria=_watch(batch.width, watched, sampled))
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             out = self.model.generate(
@@ -460,7 +464,9 @@ class Generator:
                 self._keep(batch, prompts, new_tokens, out.cache)
         return [
             GenerationResult(
-                choices=[self._choice(new_tokens[row], scores[row].tolist(), params)],
+                choices=[
+                    self._choice(new_tokens[row], scores[row].tolist(), params, sampled.get(row))
+                ],
                 prompt_token_ids=list(prompts[row]),
                 model_version=self.version,
             )
@@ -551,21 +557,38 @@ class Generator:
         ends = {*self.eos_ids, self.pad_id}
         return next((i for i, token in enumerate(tokens) if token in ends), len(tokens))
 
-    def _choice(self, tokens: list[int], logprobs: list[float], params: GenerationParams) -> Choice:
+    def _choice(
+        self,
+        tokens: list[int],
+        logprobs: list[float],
+        params: GenerationParams,
+        sampled: int | None = None,
+    ) -> Choice:
+        """A row's answer. Its ids keep the end-of-sequence token the model sampled, with
+        its logprob, as vLLM's do: a trainer learns when to stop from it (the text leaves
+        it out). ``sampled``: how many of ``tokens`` the model chose (a listener stopped
+        the row there); what follows them, or a stop string, is padding, never recorded."""
         end = self._end(tokens)
         finish: Literal["stop", "length"] = "stop" if end < len(tokens) else "length"
-        tokens, logprobs = tokens[:end], logprobs[:end]
-        text = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        text = str(self.tokenizer.decode(tokens[:end], skip_special_tokens=True))
+        chosen = len(tokens) if sampled is None else sampled
         for stop in params.stop:
             cut = text.find(stop)
             if cut != -1:
-                text, finish = text[:cut], "stop"
-        return Choice(text=text, token_ids=tokens, logprobs=logprobs, finish_reason=finish)
+                text, finish, chosen = text[:cut], "stop", end
+        ended = end < min(len(tokens), chosen) and tokens[end] in self.eos_ids
+        kept = end + 1 if ended else end
+        return Choice(
+            text=text, token_ids=tokens[:kept], logprobs=logprobs[:kept], finish_reason=finish
+        )
 
 
-def _watch(prompt_width: int, groups: list[tuple[Listener, list[int]]]) -> Any:
+def _watch(
+    prompt_width: int, groups: list[tuple[Listener, list[int]]], sampled: dict[int, int]
+) -> Any:
     """A stopping criterion that shows each listener its rows' new tokens after every
-    token, and stops the rows of a listener that says stop."""
+    token, and stops the rows of a listener that says stop; ``sampled`` gets how many
+    tokens each row it stopped had then (generate pads the rest)."""
     import torch
     from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -576,6 +599,8 @@ def _watch(prompt_width: int, groups: list[tuple[Listener, list[int]]]) -> Any:
             for listener, rows in groups:
                 if listener.step([new[row] for row in rows]):
                     stop[rows] = True
+                    for row in rows:
+                        sampled.setdefault(row, len(new[row]))
             return stop
 
     return StoppingCriteriaList([Watch()])
