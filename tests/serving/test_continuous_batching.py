@@ -150,6 +150,59 @@ def test_each_row_leaves_at_its_own_limit_stop_or_listener(generator: Generator)
     assert len(gone.token_ids) == 5  # the listener said stop after its fifth token
 
 
+def test_several_choices_and_seeded_samples_join_the_running_batch(generator: Generator) -> None:
+    """A request for several choices, or a seeded sample, was generated alone between two
+    steps: every running row stood still for its whole reply (one client asking n=8 long
+    answers stalled everyone). Now each choice is a row of the batch, a seeded one drawing
+    from a generator of its own, and the request is answered once its last choice ends."""
+    chat = conversations(1)[0]
+    seeded = GenerationParams(max_tokens=12, n=2, temperature=0.9, seed=11)
+    batcher = ContinuousBatcher(generator, max_rows=8)
+    running = collect(batcher, [Request(chat, GenerationParams(max_tokens=40))])
+    for _ in range(3):
+        batcher.step()
+    seen: list[int] = []
+
+    class Sees:
+        def step(self, tokens: list[list[int]]) -> bool:
+            seen.append(len(tokens))
+            return False
+
+    one = GenerationParams(max_tokens=6, seed=4, temperature=0.5)
+    joined = collect(batcher, [Request(chat, seeded, listener=Sees()), Request(chat, one)])
+    steps = batcher.steps
+    batcher.step()
+    # All four rows generate together; the running one moved on by one token only.
+    assert len(batcher._rows) == 4 and batcher.steps == steps + 1
+    assert running[0] is None and len(batcher._rows[0].tokens) == 5
+    batcher_tokens = list(batcher._rows[0].tokens)
+    batcher.drain()
+    pair, single = joined[0], joined[1]
+    assert len(pair.choices) == 2 and len(single.choices) == 1
+    assert set(seen) == {2}  # the listener saw both choices at every step
+    assert running[0].choices[0].token_ids[:5] == batcher_tokens
+    # Seeded: the same request answers the same, alone or beside others.
+    again = ContinuousBatcher(generator, max_rows=8)
+    alone = collect(again, [Request(chat, seeded)])
+    again.drain()
+    assert [c.token_ids for c in alone[0].choices] == [c.token_ids for c in pair.choices]
+    for choice in pair.choices:
+        assert len(choice.logprobs) == len(choice.token_ids) > 0
+
+
+def test_a_row_with_a_generator_of_its_own_draws_from_it() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    params = [GenerationParams(temperature=0.7)] * 3
+    rngs = [torch.Generator().manual_seed(5), None, torch.Generator().manual_seed(6)]
+    tokens, logprobs = _pick(torch, logits, params, rngs)
+    for row, seed in ((0, 5), (2, 6)):
+        probs = (logits[row] / 0.7).softmax(-1)
+        want = int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed))[0])
+        assert tokens[row] == want
+        assert logprobs[row] == pytest.approx(float(probs[want].log()), abs=1e-5)
+
+
 def test_a_full_queue_refuses_at_once_in_the_words_the_gateway_maps_to_429(
     generator: Generator,
 ) -> None:
@@ -170,7 +223,7 @@ def test_a_request_that_cannot_be_rendered_fails_alone(generator: Generator) -> 
         [
             Request(chat, GenerationParams(max_tokens=4)),
             Request([{"role": "user", "content": 5}], GenerationParams(max_tokens=4)),
-            Request(chat, GenerationParams(max_tokens=4, n=2, temperature=0.8)),  # alone
+            Request(chat, GenerationParams(max_tokens=4, n=2, temperature=0.8)),  # two rows
         ],
     )
     batcher.drain()

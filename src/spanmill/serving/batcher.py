@@ -13,8 +13,10 @@ Rows are right-aligned: the last column of the key/value cache is every row's la
 token, a row that joins is left-padded to the running width, and the attention mask
 hides the padding; positions come from the mask, so padding changes no row's result.
 
-Requests that need a generation of their own (several choices, or sampling with a
-seed, which sets torch's global generator) run whole between two steps.
+A request for several choices is that many rows, answered together once the last
+has ended; a seeded sample draws from a generator of its own (choice ``i`` from
+``seed + i``, as vLLM seeds a request's choices), so no request stops the batch to be
+generated alone.
 """
 
 from __future__ import annotations
@@ -45,19 +47,51 @@ class QueueFull(RuntimeError):
 
 
 @dataclass
-class _Row:
+class _Answer:
+    """One request's rows (one a choice), answered together once each has ended, or
+    failed once, with the first failure of any."""
+
     request: Request
-    prompt: list[int]
     done: Done
+    rows: list[_Row] = field(default_factory=list)
+    answered: bool = False
+
+    def fail(self, exc: Exception) -> None:
+        if not self.answered:
+            self.answered = True
+            _deliver(self.done, exc)
+
+    def settle(self, generator: Generator) -> None:
+        if self.answered or not all(row.finished for row in self.rows):
+            return
+        self.answered = True
+        params, first = self.request.params, self.rows[0]
+        choices = [generator._choice(row.tokens, row.logprobs, params) for row in self.rows]
+        result = GenerationResult(
+            choices=choices, prompt_token_ids=first.prompt, model_version=first.version
+        )
+        _deliver(self.done, result)
+
+
+@dataclass
+class _Row:
+    answer: _Answer
+    prompt: list[int]
     max_new: int
     # The generator's prefix cache and version when the row joined: its keys and values
     # are kept there, never in a cache made since for new weights (PolicyServer.version),
     # and its answer is that version's.
     cache: PrefixCache
     version: str
+    # Its own draws, where the request named a seed; None: torch's default generator.
+    rng: Any = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finished: bool = False
+
+    @property
+    def request(self) -> Request:
+        return self.answer.request
 
 
 @dataclass
@@ -148,25 +182,26 @@ class ContinuousBatcher:
             self.step()
         error = RuntimeError("the model is shutting down")
         for row in self._rows:
-            _deliver(row.done, error)
+            row.answer.fail(error)
         for waiting in self._waiting:
             _deliver(waiting.done, error)
 
     def step(self) -> bool:
         """Admit what waits, advance every row one token; False when there was nothing."""
         admitted: list[_Waiting] = []
-        alone: list[_Waiting] = []
         with self._wake:
             room = self.max_rows - len(self._rows) if self._admitting() else 0
+            taken = 0
             while self._waiting:
-                solo = self._waiting[0].request.batch_key() is None
-                if not solo and len(admitted) >= room:
+                # A request takes a row a choice; one with more choices than max_rows
+                # runs once nothing else does.
+                wanted = self._waiting[0].request.params.n
+                if taken + wanted > room and (taken or self._rows or not room):
                     break
-                (alone if solo else admitted).append(self._waiting.popleft())
-        if not admitted and not alone and not self._rows:
+                admitted.append(self._waiting.popleft())
+                taken += wanted
+        if not admitted and not self._rows:
             return False
-        for waiting in alone:
-            self._alone(waiting)
         try:
             with self.generator._lock, self._torch.inference_mode():
                 if admitted:
@@ -175,7 +210,7 @@ class ContinuousBatcher:
                     self._decode()
         except Exception as exc:  # a failed step fails the rows it held, not the model
             for row in self._rows:
-                _deliver(row.done, exc)
+                row.answer.fail(exc)
             self._rows, self._mask, self._past = [], None, None
         self.steps += 1
         return True
@@ -190,16 +225,6 @@ class ContinuousBatcher:
         if not self._rows or len(self._waiting) * 4 >= len(self._rows):
             return True
         return self.steps - self._waiting[0].since >= MAX_WAIT_STEPS
-
-    def _alone(self, waiting: _Waiting) -> None:
-        request = waiting.request
-        try:
-            result: GenerationResult | Exception = self.generator.generate(
-                request.messages, request.params, request.tools, request.listener
-            )
-        except Exception as exc:
-            result = exc
-        _deliver(waiting.done, result)
 
     def _admit(self, admitted: list[_Waiting]) -> None:
         """Compute the new rows' prompts, pick their first tokens, join them to the batch.
@@ -223,13 +248,25 @@ class ContinuousBatcher:
                 _deliver(waiting.done, exc)
                 continue
             max_new = min(request.params.max_tokens, generator.max_tokens_limit)
-            rows.append(_Row(request, list(prompt), waiting.done, max_new, cache, version))
-            found.append(cache.lookup(prompt))
+            answer = _Answer(request, waiting.done)
+            for choice in range(request.params.n):
+                answer.rows.append(
+                    _Row(answer, list(prompt), max_new, cache, version, self._rng(request, choice))
+                )
+                found.append(cache.lookup(prompt))
+            rows += answer.rows
         # What each row must compute: its prompt past the kept run.
         costs = [len(row.prompt) - n for row, (n, _) in zip(rows, found, strict=True)]
         order = sorted(range(len(rows)), key=costs.__getitem__)
         for group in _similar(order, [costs[i] for i in order]):
             self._prefill([rows[i] for i in group], [found[i] for i in group])
+
+    def _rng(self, request: Request, choice: int) -> Any:
+        params = request.params
+        if params.seed is None or params.temperature <= 0:
+            return None
+        rng = self._torch.Generator(device=self.generator.device)
+        return rng.manual_seed(params.seed + choice)
 
     def _prefill(self, rows: list[_Row], found: list[Any]) -> None:
         generator = self.generator
@@ -248,7 +285,7 @@ class ContinuousBatcher:
             )
         except Exception as exc:  # these rows fail; the running ones go on
             for row in rows:
-                _deliver(row.done, exc)
+                row.answer.fail(exc)
             return
         # Kept now, not only when the reply ends: a conversation that joins later and
         # opens the same way (an agent's system prompt, tools and examples) starts from
@@ -305,8 +342,11 @@ class ContinuousBatcher:
 
     def _advance(self, rows: list[_Row], logits: Any) -> None:
         """Give each row its next token; answer and drop the rows that ended."""
-        tokens, logprobs = _pick(self._torch, logits, [row.request.params for row in rows])
+        tokens, logprobs = _pick(
+            self._torch, logits, [row.request.params for row in rows], [row.rng for row in rows]
+        )
         generator = self.generator
+        listened: dict[int, _Answer] = {}
         for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
             row.tokens.append(token)
             row.logprobs.append(logprob)
@@ -315,9 +355,16 @@ class ContinuousBatcher:
                 token in generator.eos_ids
                 or len(row.tokens) >= row.max_new
                 or (stop_text and _has_stop(generator, row))
-                or (row.request.listener is not None and row.request.listener.step([row.tokens]))
             ):
                 row.finished = True
+            if row.request.listener is not None:
+                listened[id(row.answer)] = row.answer
+        # A listener sees every choice of its request at once, and its stop ends them all.
+        for answer in listened.values():
+            assert answer.request.listener is not None
+            if answer.request.listener.step([row.tokens for row in answer.rows]):
+                for row in answer.rows:
+                    row.finished = True
         if any(row.finished for row in self._rows):
             self._retire()
 
@@ -330,11 +377,7 @@ class ContinuousBatcher:
                 continue
             if row.cache.enabled:
                 self._store(index, row)
-            choice = generator._choice(row.tokens, row.logprobs, row.request.params)
-            result = GenerationResult(
-                choices=[choice], prompt_token_ids=row.prompt, model_version=row.version
-            )
-            _deliver(row.done, result)
+            row.answer.settle(generator)
         if not keep:
             self._rows, self._mask, self._past = [], None, None
             return
@@ -457,10 +500,13 @@ def _has_stop(generator: Generator, row: _Row) -> bool:
     return any(stop in text for stop in row.request.params.stop)
 
 
-def _pick(torch: Any, logits: Any, params: list[Any]) -> tuple[list[int], list[float]]:
+def _pick(
+    torch: Any, logits: Any, params: list[Any], rngs: list[Any] | None = None
+) -> tuple[list[int], list[float]]:
     """The next token of each row and its log-probability under the distribution it was
     drawn from: greedy rows take the most likely token; sampled rows draw after
-    temperature and top-p (no top-k), as :meth:`Generator.generate` does."""
+    temperature and top-p (no top-k), as :meth:`Generator.generate` does, a row with a
+    generator of its own (``rngs``) from it."""
     logits = logits.float()
     temperatures = torch.tensor([p.temperature for p in params], device=logits.device)
     sampled = temperatures > 0
@@ -473,9 +519,15 @@ def _pick(torch: Any, logits: Any, params: list[Any]) -> tuple[list[int], list[f
             scores[nucleus] = _top_p(torch, scores[nucleus], top_p[nucleus])
     logprobs = torch.log_softmax(scores, dim=-1)
     chosen = logprobs.argmax(dim=-1)
-    if bool(sampled.any()):
-        draws = torch.multinomial(logprobs[sampled].exp(), 1).squeeze(1)
-        chosen[sampled] = draws
+    generators = rngs or [None] * len(params)
+    own = [i for i, rng in enumerate(generators) if rng is not None and params[i].temperature > 0]
+    shared = sampled.clone()
+    if own:
+        shared[own] = False
+    if bool(shared.any()):
+        chosen[shared] = torch.multinomial(logprobs[shared].exp(), 1).squeeze(1)
+    for i in own:
+        chosen[i] = torch.multinomial(logprobs[i].exp(), 1, generator=generators[i])[0]
     picked = logprobs.gather(1, chosen[:, None]).squeeze(1)
     return chosen.tolist(), picked.tolist()
 

@@ -102,8 +102,10 @@ class GenerationParams:
 
     @property
     def alone(self) -> bool:
-        """Whether a request must be generated on its own: several choices, or a seed for
-        sampling (which sets torch's global generator for the one request)."""
+        """Whether a request must be generated on its own where requests are generated in
+        static batches (:func:`spanmill.serving.generation.generate_all`): several
+        choices, or a seed for sampling (which sets torch's global generator for the one
+        request). The continuous batcher makes them rows like any other."""
         return self.n != 1 or (self.seed is not None and self.temperature > 0)
 
 
