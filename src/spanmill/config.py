@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spanmill import paths, semconv
 from spanmill.errors import ConfigError
+from spanmill.gateway.routing import RoutingTable
 from spanmill.precision import ServingDtype
 
 LOOPBACK = "127.0.0.1"
@@ -576,6 +577,12 @@ class RolloutSettings(BaseSettings):
     # The Kubernetes backend.
     namespace: str = "default"
     configmap: str = Field("spanmill-routing", description="Holds the routes and the state.")
+    initial_routes: RoutingTable = Field(
+        default_factory=RoutingTable,
+        description="The routing table (JSON) written into the ConfigMap while it holds none: "
+        "the chart renders no table where the controller runs, so that a GitOps sync, which "
+        "renders without the cluster, never resets live traffic.",
+    )
 
     # Leader election, for more than one replica: only the holder of a coordination.k8s.io/v1
     # Lease in `namespace` reconciles; the others stand by (spanmill.rollout.leader).

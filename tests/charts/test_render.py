@@ -24,6 +24,7 @@ from helm_render import (
 )
 
 import spanmill
+from spanmill.config import RolloutSettings
 from spanmill.gateway.configmap import ROUTES_KEY
 from spanmill.gateway.routing import RoutingTable
 
@@ -270,11 +271,36 @@ def test_gateway_reads_the_routing_configmap(rendered: Rendered) -> None:
         routing_file = Path(env["SPANMILL_GATEWAY_ROUTING_FILE"]["value"])
         assert routing_file.parent == Path(mount["mountPath"])
         key = routing_file.name
-    table = RoutingTable.parse(config_map["data"][key], "routing ConfigMap")
     values = merged_values(rendered.name)
-    assert table.revision == values["gateway"]["routing"]["initial"]["revision"]
+    initial = RoutingTable.model_validate(values["gateway"]["routing"]["initial"])
+    if values["rollout"]["enabled"]:
+        # The controller writes the table: rendered without a cluster, as a GitOps tool
+        # renders it on every sync, the ConfigMap holds none to reset live traffic with.
+        assert "data" not in config_map
+        controller = env_of(rendered.container(f"{FULLNAME}-rollout"))
+        written = controller["SPANMILL_ROLLOUT_INITIAL_ROUTES"]["value"]
+        with pytest.MonkeyPatch.context() as env:  # read as the controller reads it
+            env.setenv("SPANMILL_ROLLOUT_INITIAL_ROUTES", written)
+            assert RolloutSettings().initial_routes == initial
+    else:  # no controller: the chart's table is the table
+        assert RoutingTable.parse(config_map["data"][key], "routing ConfigMap") == initial
     # Upgrades must not reset the controller's routes: helm keeps the ConfigMap.
     assert config_map["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_without_the_controller_the_charts_table_is_the_table(helm: Path) -> None:
+    initial = {"revision": 3, "routes": {"calc": {"triton_model": "calc",
+               "backends": [{"version": "2", "weight": 1}]}}}  # fmt: skip
+    routes = f"gateway.routing.initial={json.dumps(initial)}"
+    result = template(helm, extra=["--set", "rollout.enabled=false", "--set-json", routes])
+    assert result.returncode == 0, result.output
+    rendered = parse("no-controller", result.stdout)
+    config_map = rendered.get("ConfigMap", ROUTES)
+    assert RoutingTable.parse(config_map["data"][ROUTES_KEY], "ConfigMap") == (
+        RoutingTable.model_validate(initial)
+    )
+    deployments = {d["metadata"]["name"] for d in rendered.kinds("Deployment")}
+    assert f"{FULLNAME}-rollout" not in deployments
 
 
 def test_both_routing_modes_are_rendered(render_set: Any) -> None:

@@ -69,6 +69,32 @@ def test_state_and_routes_live_in_one_configmap(kube) -> None:  # type: ignore[n
         backend.load()
 
 
+def test_the_initial_table_is_written_into_a_configmap_that_holds_none(kube) -> None:  # type: ignore[no-untyped-def]
+    """Where the controller runs, the chart renders the routing ConfigMap without a table
+    (a GitOps sync, rendering without the cluster, rendered the initial one over live
+    traffic on every sync): the controller writes the initial table into it, once."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube.api_client())
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "rendered"}})
+    initial = table(1, {"1": 100})
+    backend = KubernetesBackend(NS, "rendered", initial=initial, api_client=kube.api_client())
+    assert backend.load() == (ControllerState(), initial)
+    stored = core.read_namespaced_config_map("rendered", NS)
+    assert RoutingTable.parse(stored.data["routes.json"], "stored") == initial
+    # A table in place, the controller's own, is never replaced by the initial one.
+    backend.save(ControllerState(), table(2, {"1": 50, "2": 50}))
+    again = KubernetesBackend(NS, "rendered", initial=initial, api_client=kube.api_client())
+    assert again.load()[1] == table(2, {"1": 50, "2": 50})
+    # Absent altogether (outside the chart): created with it.
+    fresh = KubernetesBackend(NS, "absent", initial=initial, api_client=kube.api_client())
+    assert fresh.load()[1] == initial
+    assert "routes.json" in core.read_namespaced_config_map("absent", NS).data
+    # An empty initial table writes nothing.
+    KubernetesBackend(NS, "untouched", api_client=kube.api_client()).load()
+    assert "untouched" not in {c.metadata.name for c in core.list_namespaced_config_map(NS).items}
+
+
 def test_the_gateway_watch_follows_the_configmap(kube) -> None:  # type: ignore[no-untyped-def]
     from kubernetes import client
 

@@ -9,6 +9,7 @@ stored state does not explain, and a restarted controller finds both together.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 from typing import Any
 
@@ -18,6 +19,8 @@ from spanmill.gateway.configmap import ROUTES_KEY, kube_api_client, write_config
 from spanmill.gateway.routing import RoutingTable
 from spanmill.rollout.backend import BackendError
 from spanmill.rollout.schemas import ControllerState, Decision
+
+log = logging.getLogger(__name__)
 
 STATE_ANNOTATION = "spanmill.io/rollout-state"
 COMPONENT = "spanmill-rollout"
@@ -38,11 +41,21 @@ def event_name(configmap: str, decision: Decision) -> str:
 
 
 class KubernetesBackend:
-    def __init__(self, namespace: str, configmap: str, *, api_client: Any = None) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        configmap: str,
+        *,
+        initial: RoutingTable | None = None,
+        api_client: Any = None,
+    ) -> None:
         from kubernetes import client
 
         self.namespace = namespace
         self.configmap = configmap
+        # Written into the ConfigMap while it holds no table: the chart renders none where
+        # this controller runs, so that a GitOps sync never resets live traffic.
+        self.initial = initial or RoutingTable()
         self.core = client.CoreV1Api(api_client or kube_api_client())
         # The ConfigMap's version as last read or written: every write is conditional on
         # it, so a controller that lost its Lease cannot overwrite its successor's work.
@@ -70,7 +83,7 @@ class KubernetesBackend:
         except ApiException as exc:
             if exc.status == 404:
                 self._version = None
-                return ControllerState(), RoutingTable()
+                return ControllerState(), self._seeded(ControllerState())
             raise self._fail("reading", exc) from None
         except Exception as exc:  # connection refused, timeouts
             raise self._fail("reading", exc) from None
@@ -88,12 +101,17 @@ class KubernetesBackend:
                 "aliases"
             ) from None
         text = (configmap.data or {}).get(ROUTES_KEY)
-        table = (
-            RoutingTable.parse(text, f"{self.describe()} key {ROUTES_KEY}")
-            if text
-            else RoutingTable()
-        )
-        return state, table
+        if not text:
+            return state, self._seeded(state)
+        return state, RoutingTable.parse(text, f"{self.describe()} key {ROUTES_KEY}")
+
+    def _seeded(self, state: ControllerState) -> RoutingTable:
+        """The initial table, written into a ConfigMap that holds none (where it routes
+        anything), so that the gateway serves it before any rollout step changes it."""
+        if self.initial.routes:
+            log.info("the routing ConfigMap holds no table: writing the initial one")
+            self.save(state, self.initial)
+        return self.initial
 
     def save(self, state: ControllerState, table: RoutingTable | None) -> None:
         annotations = {STATE_ANNOTATION: state.model_dump_json()}

@@ -55,7 +55,9 @@ def backend_of(settings: RolloutSettings) -> RolloutBackend:
     if settings.backend == "kubernetes":
         from spanmill.rollout.k8s_backend import KubernetesBackend
 
-        return KubernetesBackend(settings.namespace, settings.configmap)
+        return KubernetesBackend(
+            settings.namespace, settings.configmap, initial=settings.initial_routes
+        )
     from spanmill.rollout.local_backend import LocalBackend
 
     key = settings.gateway_admin_key.get_secret_value() if settings.gateway_admin_key else None
