@@ -287,3 +287,59 @@ def test_a_late_span_of_an_erased_trace_leaves_the_files_too(tmp_path: Path) -> 
         for trace in pq.read_table(path, columns=["trace_id"]).column("trace_id").to_pylist()
     }
     assert f"{7:032x}" not in held and held == {f"{2:032x}"}
+
+
+def test_erasure_records_are_fetched_as_one_batch(tmp_path: Path) -> None:
+    """Every read of the store reads every erasure record, and they accumulate for the
+    store's life: fetched one after another they cost a round trip each to an object
+    store, thousands a read after a few years. Now one batch (which an object store's
+    filesystem sends at once); a record removed after the listing is left out, and any
+    other failure is raised, not taken for an absent record."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    from spanmill.store.erasure import Erasure, read_erasures, write_erasure
+
+    class Counted(LocalFileSystem):
+        def __init__(self) -> None:
+            super().__init__(skip_instance_cache=True)
+            self.batches: list[list[str]] = []
+            self.gone: str | None = None
+            self.broken: str | None = None
+            self.fetching = False
+
+        def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+            listed = super().ls(path, detail=False, **kwargs)
+            return [*listed, *([self.gone] if self.gone else [])]
+
+        def cat(
+            self, path: Any, recursive: bool = False, on_error: str = "raise", **kw: Any
+        ) -> Any:  # noqa: E501
+            self.batches.append(list(path))
+            self.fetching = True
+            try:
+                fetched = super().cat(path, recursive=recursive, on_error=on_error, **kw)
+            finally:
+                self.fetching = False
+            if self.broken:
+                fetched[self.broken] = PermissionError("denied")
+            return fetched
+
+        def cat_file(self, *args: Any, **kwargs: Any) -> Any:
+            assert self.fetching, "a record fetched on its own"
+            return super().cat_file(*args, **kwargs)
+
+    fs, root = Counted(), str(tmp_path / "store")
+    written = [
+        Erasure.request("trace_id", f"{i:032x}", requested_by="dpo").model_copy(
+            update={"id": f"2026120{i}T000000Z-{i:08x}"}
+        )
+        for i in range(5)
+    ]
+    for erasure in reversed(written):
+        write_erasure(fs, root, erasure)
+    fs.gone = f"{root}/_erasures/20261209T000000Z-ffffffff.json"
+    assert [e.id for e in read_erasures(fs, root)] == [e.id for e in written]  # oldest first
+    assert len(fs.batches) == 1 and len(fs.batches[0]) == 6
+    fs.broken = f"{root}/_erasures/{written[2].id}.json"
+    with pytest.raises(PermissionError):
+        read_erasures(fs, root)

@@ -160,18 +160,32 @@ def write_erasure(fs: Any, root: str, erasure: Erasure) -> str:
 
 
 def read_erasures(fs: Any, root: str) -> list[Erasure]:
-    """Every erasure record of a store, oldest first."""
+    """Every erasure record of a store, oldest first.
+
+    Every read of the store reads them all, and they accumulate for as long as the store
+    lives: fetched as one batch (an object store's filesystem sends the GETs at once),
+    not one after another (thousands of round trips a read after a few years of requests).
+    A record removed between the listing and the fetch is not there.
+    """
     folder = f"{root}/{ERASURE_DIR}" if root else ERASURE_DIR
     try:
         names = sorted(fs.ls(folder, detail=False))
     except FileNotFoundError:
         return []
+    paths = [
+        name
+        for name in names
+        if name.endswith(".json") and not name.rsplit("/", 1)[-1].startswith(".")
+    ]
+    if not paths:
+        return []
+    fetched = fs.cat(paths, on_error="return")
     found = []
-    for name in names:
-        if not name.endswith(".json") or name.rsplit("/", 1)[-1].startswith("."):
+    for path in sorted(fetched):
+        content = fetched[path]
+        if isinstance(content, FileNotFoundError):
             continue
-        try:
-            found.append(Erasure.model_validate_json(fs.cat_file(name)))
-        except FileNotFoundError:
-            continue
+        if isinstance(content, BaseException):
+            raise content
+        found.append(Erasure.model_validate_json(content))
     return found
