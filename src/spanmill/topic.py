@@ -7,7 +7,9 @@ collector's OTLP receiver (exports, and feedback). A record on the topic is:
 
 - value: one OTLP protobuf ``ExportTraceServiceRequest`` with spans of one trace, at
   most ``max_message_bytes`` (:func:`fit` halves a trace's spans until each part fits,
-  and hands back a single span that cannot fit, so that its writer says so);
+  and hands back a single span that cannot fit; :func:`reduced` makes such a span fit
+  without its most expendable attributes, named in ``spanmill.span.reduced``, and a
+  writer says so of one that does not fit even then);
 - key: the trace id as 32 lowercase hex characters, so a trace stays on one
   partition, in order, which is what the collector assembles episodes from;
 - header ``content-type: application/x-protobuf``.
@@ -19,8 +21,8 @@ that its own retries never write a record twice; it compresses with lz4, which t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from spanmill import semconv as sc
 
@@ -33,6 +35,25 @@ HEADERS: Final = [(sc.CONTENT_TYPE_HEADER, sc.CONTENT_TYPE_OTLP_PROTOBUF.encode(
 COMPRESSION: Final = "lz4"
 
 T = TypeVar("T")
+# What a call's span can do without, most expendable first: the token ids and logprobs
+# (training re-tokenises the text), then the prompt's messages (the answer, the model,
+# the usage and the rewards' link stay).
+EXPENDABLE: Final = (
+    (
+        sc.SPANMILL_PROMPT_TOKEN_IDS,
+        sc.SPANMILL_COMPLETION_TOKEN_IDS,
+        sc.SPANMILL_COMPLETION_LOGPROBS,
+    ),
+    (sc.GEN_AI_INPUT_MESSAGES,),
+)
+
+
+class _Attributed(Protocol):
+    @property
+    def attributes(self) -> Mapping[str, Any] | None: ...
+
+
+S = TypeVar("S", bound=_Attributed)
 
 
 def trace_key(trace_id: str | int) -> bytes:
@@ -98,3 +119,25 @@ def fit(
     first, over_first = fit(spans[:middle], encode, max_bytes)
     second, over_second = fit(spans[middle:], encode, max_bytes)
     return first + second, over_first + over_second
+
+
+def reduced(
+    span: S,
+    max_bytes: int,
+    encode: Callable[[Sequence[S]], bytes],
+    without: Callable[[S, dict[str, Any]], S],
+) -> bytes | None:
+    """``span`` as a record's value within ``max_bytes``, with the fewest expendable
+    attributes (:data:`EXPENDABLE`) left off and named in ``spanmill.span.reduced``; None
+    when it is over even without them. ``without(span, attributes)``: the span with those
+    attributes instead of its own."""
+    left_off: list[str] = []
+    present = dict(span.attributes or {})
+    for names in EXPENDABLE:
+        left_off += [name for name in names if name in present]
+        attributes = {k: v for k, v in present.items() if k not in left_off}
+        attributes[sc.SPANMILL_SPAN_REDUCED] = list(left_off)
+        payload = encode([without(span, attributes)])
+        if len(payload) <= max_bytes:
+            return payload
+    return None

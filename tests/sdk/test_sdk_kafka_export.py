@@ -173,6 +173,36 @@ def test_a_span_too_large_for_any_message_fails_the_export_alone(
     assert "over the limit of 2000" in caplog.text
 
 
+@pytest.mark.services
+def test_a_call_over_the_limit_is_sent_without_its_prompt_as_the_gateway_sends_it(
+    kafka: Any,
+) -> None:
+    """A call whose prompt made it too large for a record was dropped whole by the SDK
+    (its answer, usage and reward link with it) where the gateway sent it reduced."""
+    settings = fresh_topic(kafka).model_copy(update={"max_message_bytes": 2000})
+    exporter = sdk.KafkaSpanExporter(settings)
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    provider.get_tracer("test").start_span("chat m", attributes={
+        sc.GEN_AI_INPUT_MESSAGES: '[{"role": "user", "content": "' + "x" * 5000 + '"}]',
+        sc.GEN_AI_OUTPUT_MESSAGES: '[{"role": "assistant", "content": "42"}]',
+        sc.GEN_AI_RESPONSE_ID: "chatcmpl-7",
+    }).end()  # fmt: skip
+    try:
+        assert exporter.export(memory.get_finished_spans()) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    assert (exporter.sent_spans, exporter.failed_spans, exporter.reduced_spans) == (1, 0, 1)
+    (record,) = consume(kafka.bootstrap_servers, settings.spans_topic, lambda r: len(r) >= 1)
+    assert len(record.value) <= 2000
+    (span,) = decoded(record)
+    assert sc.GEN_AI_INPUT_MESSAGES not in span.attributes
+    assert span.attributes[sc.SPANMILL_SPAN_REDUCED] == [sc.GEN_AI_INPUT_MESSAGES]
+    assert span.attributes[sc.GEN_AI_RESPONSE_ID] == "chatcmpl-7"
+    assert "42" in span.attributes[sc.GEN_AI_OUTPUT_MESSAGES]
+
+
 def test_an_unreachable_broker_fails_the_export_without_raising(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -23,7 +23,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from spanmill import semconv as sc
 from spanmill import topic as span_topic
 from spanmill.config import KafkaSettings
 from spanmill.gateway.metrics import GatewayMetrics
@@ -41,33 +40,13 @@ OUTAGE_S = 300.0
 Outcome = list[BaseException | None]
 
 
-# What a call's span can do without, most expendable first: the token ids and logprobs
-# (training re-tokenises the text), then the prompt's messages (the answer, the model,
-# the usage and the rewards' link stay).
-_EXPENDABLE = (
-    (
-        sc.SPANMILL_PROMPT_TOKEN_IDS,
-        sc.SPANMILL_COMPLETION_TOKEN_IDS,
-        sc.SPANMILL_COMPLETION_LOGPROBS,
-    ),
-    (sc.GEN_AI_INPUT_MESSAGES,),
-)
-
-
 def reduced(span: Span, limit: int) -> bytes | None:
-    """``span`` as OTLP within ``limit`` bytes, with the fewest expendable attributes left
-    off (named in ``spanmill.span.reduced``); None when it is over even without them."""
-    left_off: list[str] = []
-    for names in _EXPENDABLE:
-        left_off += [name for name in names if name in span.attributes]
-        attributes = {k: v for k, v in span.attributes.items() if k not in left_off}
-        smaller = span.model_copy(
-            update={"attributes": {**attributes, sc.SPANMILL_SPAN_REDUCED: list(left_off)}}
-        )
-        payload = encode_otlp_protobuf([smaller])
-        if len(payload) <= limit:
-            return payload
-    return None
+    """``span`` as OTLP within ``limit`` bytes (:func:`spanmill.topic.reduced`)."""
+    return span_topic.reduced(span, limit, encode_otlp_protobuf, _with_attributes)
+
+
+def _with_attributes(span: Span, attributes: dict[str, Any]) -> Span:
+    return span.model_copy(update={"attributes": attributes})
 
 
 class SpanTooLarge(ValueError):

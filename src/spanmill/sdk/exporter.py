@@ -34,6 +34,23 @@ def _encode(spans: Sequence[ReadableSpan]) -> bytes:
     return encode_spans(spans).SerializeToString()
 
 
+def _with_attributes(span: ReadableSpan, attributes: dict[str, Any]) -> ReadableSpan:
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attributes,
+        events=span.events,
+        links=span.links,
+        kind=span.kind,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
 def _by_trace(spans: Sequence[ReadableSpan]) -> dict[int, list[ReadableSpan]]:
     """Spans grouped by trace id, traces in order of first appearance, spans in order."""
     groups: dict[int, list[ReadableSpan]] = {}
@@ -74,6 +91,7 @@ class KafkaSpanExporter(SpanExporter):
         self._counts_lock = threading.Lock()
         self.sent_spans = 0
         self.failed_spans = 0
+        self.reduced_spans = 0  # sent without their most expendable attributes
 
     # -- SpanExporter --------------------------------------------------------------
 
@@ -144,16 +162,32 @@ class KafkaSpanExporter(SpanExporter):
             return self._producer
 
     def _messages(self, spans: list[ReadableSpan]) -> list[tuple[bytes, int]]:
-        """Payloads of at most ``max_message_bytes``; a span alone over it is not sent."""
+        """Payloads of at most ``max_message_bytes``; a span alone over it is sent without
+        its most expendable attributes (its token ids, then its prompt), as the gateway
+        sends one, and not sent when it is over even so."""
         limit = self.settings.max_message_bytes
         messages, over = span_topic.fit(spans, _encode, limit)
         for span in over:
+            trace = trace_key(span.context.trace_id).decode() if span.context else "?"
+            payload = span_topic.reduced(span, limit, _encode, _with_attributes)
+            if payload is not None:
+                logger.warning(
+                    "span %r (trace %s) is over SPANMILL_KAFKA_MAX_MESSAGE_BYTES (%d) as "
+                    "OTLP: sent without its token ids or prompt (spanmill.span.reduced)",
+                    span.name,
+                    trace,
+                    limit,
+                )
+                with self._counts_lock:
+                    self.reduced_spans += 1
+                messages.append((payload, 1))
+                continue
             logger.error(
                 "span %r (trace %s) is %d bytes as OTLP, over the limit of %d "
-                "(SPANMILL_KAFKA_MAX_MESSAGE_BYTES); it is not sent: keep large payloads "
-                "out of span attributes",
+                "(SPANMILL_KAFKA_MAX_MESSAGE_BYTES) even without its token ids and prompt; "
+                "it is not sent: keep large payloads out of span attributes",
                 span.name,
-                trace_key(span.context.trace_id).decode() if span.context else "?",
+                trace,
                 len(_encode([span])),
                 limit,
             )
