@@ -203,6 +203,55 @@ def test_a_row_with_a_generator_of_its_own_draws_from_it() -> None:
         assert logprobs[row] == pytest.approx(float(probs[want].log()), abs=1e-5)
 
 
+def test_rows_join_within_the_token_budget_and_the_rest_wait(generator: Generator) -> None:
+    """Rows joined by count alone: on a GPU, long prompts could take more keys and values
+    than it holds, and the failed step failed every running row. With a budget, a
+    request that would pass it waits until rows leave; each answers as it would alone."""
+    chat = conversations(1)[0]
+    params = GenerationParams(max_tokens=8)
+    width = len(generator.tokenizer(generator.render(chat, None))["input_ids"]) + 8
+    unbounded = ContinuousBatcher(generator, max_rows=8)
+    want = collect(unbounded, [Request(chat, params)] * 3)
+    unbounded.drain()
+    batcher = ContinuousBatcher(generator, max_rows=8, max_batch_tokens=2 * width)
+    got = collect(batcher, [Request(chat, params)] * 3)
+    batcher.step()
+    assert len(batcher._rows) == 2 and len(batcher._waiting) == 1
+    batcher.drain()
+    assert [r.choices[0].token_ids for r in got] == [r.choices[0].token_ids for r in want]
+    # Wider than the whole budget alone: it runs once nothing else does, never stuck.
+    narrow = ContinuousBatcher(generator, max_rows=8, max_batch_tokens=width // 2)
+    alone = collect(narrow, [Request(chat, params)] * 2)
+    narrow.step()
+    assert len(narrow._rows) == 1
+    narrow.drain()
+    assert all(isinstance(r, GenerationResult) for r in alone)
+
+
+def test_the_token_budget_is_the_gpus_free_memory_and_none_on_a_cpu(
+    generator: Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spanmill.serving.batcher import KV_MEMORY_FRACTION, kv_bytes_per_token, token_budget
+
+    config = generator.model.config
+    # SmolLM2-135M in float32: 30 layers, keys and values of 3 heads of 64.
+    assert kv_bytes_per_token(generator.model) == (
+        config.num_hidden_layers * 2 * config.num_key_value_heads * 64 * 4
+    )
+    assert token_budget(generator) == 0  # on the CPU: no bound
+    asked: list[Any] = []
+
+    def mem_get_info(device: Any) -> tuple[int, int]:
+        asked.append(device)
+        return 8 << 30, 80 << 30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(generator, "device", torch.device("cuda", 1))
+    room = ((8 << 30) - generator.prefix_cache.budget_bytes) * KV_MEMORY_FRACTION
+    assert token_budget(generator) == int(room // kv_bytes_per_token(generator.model))
+    assert asked == [torch.device("cuda", 1)]  # the instance's own GPU
+
+
 def test_a_full_queue_refuses_at_once_in_the_words_the_gateway_maps_to_429(
     generator: Generator,
 ) -> None:

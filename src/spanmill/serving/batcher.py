@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 # Decode steps a request may wait for others to join with it, at most.
 MAX_WAIT_STEPS = 4
+# The share of a GPU's free memory the running batch's keys and values may take.
+KV_MEMORY_FRACTION = 0.8
 
 Done = Callable[[GenerationResult | Exception], None]
 
@@ -93,12 +95,23 @@ class _Row:
     def request(self) -> Request:
         return self.answer.request
 
+    @property
+    def width(self) -> int:
+        return len(self.prompt) + self.max_new
+
 
 @dataclass
 class _Waiting:
     request: Request
     done: Done
+    prompt: list[int]
+    max_new: int
     since: int = 0  # the step it arrived at
+
+    @property
+    def width(self) -> int:
+        """The most columns its rows can take: the prompt and the longest reply."""
+        return len(self.prompt) + self.max_new
 
 
 class ContinuousBatcher:
@@ -108,7 +121,11 @@ class ContinuousBatcher:
     the exception it ended with). ``start`` runs the loop on a thread of its own;
     ``drain`` runs it on the caller's thread until nothing is left. ``max_waiting``
     bounds the requests held beyond the running rows (0: no bound); past it
-    ``submit`` raises :class:`QueueFull`.
+    ``submit`` raises :class:`QueueFull`. ``max_batch_tokens`` bounds the keys and
+    values the running rows may come to hold (0: no bound; see :func:`token_budget`):
+    rows are right-aligned in one cache, so that is the rows times the widest row's
+    prompt and ``max_tokens``; a request that would pass it waits for rows to leave
+    (alone, it runs whatever its width).
     """
 
     def __init__(
@@ -117,6 +134,7 @@ class ContinuousBatcher:
         *,
         max_rows: int = 32,
         max_waiting: int = 0,
+        max_batch_tokens: int = 0,
         on_step: Callable[[int], None] | None = None,
     ) -> None:
         if max_rows < 1:
@@ -124,6 +142,7 @@ class ContinuousBatcher:
         self.generator = generator
         self.max_rows = max_rows
         self.max_waiting = max_waiting
+        self.max_batch_tokens = max_batch_tokens
         self.on_step = on_step  # told how many rows each decode step advanced
         self._torch = generator._torch
         self._waiting: deque[_Waiting] = deque()
@@ -139,13 +158,23 @@ class ContinuousBatcher:
     # -- the caller's side ---------------------------------------------------------
 
     def submit(self, request: Request, done: Done) -> None:
+        """Queue ``request``; one whose prompt cannot be made is answered with why."""
+        generator = self.generator
+        try:
+            prompt = generator.tokenizer(
+                generator.render(request.messages, request.tools), add_special_tokens=False
+            )["input_ids"]
+        except Exception as exc:
+            _deliver(done, exc)
+            return
+        max_new = min(request.params.max_tokens, generator.max_tokens_limit)
         with self._wake:
             if self.max_waiting and len(self._waiting) >= self.max_waiting:
                 raise QueueFull(
                     f"Exceeds maximum queue size: {len(self._waiting)} requests wait "
                     f"beside {len(self._rows)} generating"
                 )
-            self._waiting.append(_Waiting(request, done, self.steps))
+            self._waiting.append(_Waiting(request, done, list(prompt), max_new, self.steps))
             self._wake.notify()
 
     @property
@@ -191,15 +220,18 @@ class ContinuousBatcher:
         admitted: list[_Waiting] = []
         with self._wake:
             room = self.max_rows - len(self._rows) if self._admitting() else 0
-            taken = 0
+            taken, widest = 0, max((row.width for row in self._rows), default=0)
             while self._waiting:
-                # A request takes a row a choice; one with more choices than max_rows
-                # runs once nothing else does.
-                wanted = self._waiting[0].request.params.n
-                if taken + wanted > room and (taken or self._rows or not room):
+                # A request takes a row a choice; one with more choices than max_rows,
+                # or wider than the token budget, runs once nothing else does.
+                head = self._waiting[0]
+                wanted, width = head.request.params.n, max(widest, head.width)
+                rows = len(self._rows) + taken + wanted
+                over = bool(self.max_batch_tokens) and rows * width > self.max_batch_tokens
+                if (taken + wanted > room or over) and (taken or self._rows or not room):
                     break
                 admitted.append(self._waiting.popleft())
-                taken += wanted
+                taken, widest = taken + wanted, width
         if not admitted and not self._rows:
             return False
         try:
@@ -239,20 +271,11 @@ class ContinuousBatcher:
         rows: list[_Row] = []
         found = []
         for waiting in admitted:
-            request = waiting.request
-            try:
-                prompt = generator.tokenizer(
-                    generator.render(request.messages, request.tools), add_special_tokens=False
-                )["input_ids"]
-            except Exception as exc:
-                _deliver(waiting.done, exc)
-                continue
-            max_new = min(request.params.max_tokens, generator.max_tokens_limit)
+            request, prompt = waiting.request, waiting.prompt
             answer = _Answer(request, waiting.done)
             for choice in range(request.params.n):
-                answer.rows.append(
-                    _Row(answer, list(prompt), max_new, cache, version, self._rng(request, choice))
-                )
+                rng = self._rng(request, choice)
+                answer.rows.append(_Row(answer, prompt, waiting.max_new, cache, version, rng))
                 found.append(cache.lookup(prompt))
             rows += answer.rows
         # What each row must compute: its prompt past the kept run.
@@ -422,6 +445,34 @@ class Immediate:
         return None
 
 
+def kv_bytes_per_token(model: Any) -> int:
+    """What one token's keys and values take, over every layer of ``model``."""
+    config = model.config
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
+    element = next(model.parameters()).element_size()
+    return int(config.num_hidden_layers) * 2 * heads * head_dim * element
+
+
+def token_budget(generator: Generator, free_bytes: int | None = None) -> int:
+    """The running batch's bound in token positions (rows times width) on a GPU: the
+    memory free once the weights are loaded, less the prefix cache's budget, times
+    :data:`KV_MEMORY_FRACTION` (the rest for each step's activations), over what a
+    token's keys and values take. 0 on a CPU: no bound (its memory is the machine's).
+
+    Without it, rows that joined by count alone could take more than the GPU holds: the
+    step fails every running row, and the next joins fail the same way.
+    """
+    if free_bytes is None:
+        if generator.device.type != "cuda":
+            return 0
+        free_bytes, _ = generator._torch.cuda.mem_get_info(generator.device)
+    room = (free_bytes - generator.prefix_cache.budget_bytes) * KV_MEMORY_FRACTION
+    return max(1, int(room // kv_bytes_per_token(generator.model)))
+
+
 def scheduler_for(
     generator: Generator | EchoGenerator,
     *,
@@ -435,8 +486,15 @@ def scheduler_for(
     index a layer's keys by the whole width of the batch's mask, which such a layer does
     not keep)."""
     if isinstance(generator, Generator) and continuous(generator.model.config):
+        budget = token_budget(generator)
+        if budget:
+            log.info("the running batch holds at most %d token positions", budget)
         return ContinuousBatcher(
-            generator, max_rows=max_rows, max_waiting=max_waiting, on_step=on_step
+            generator,
+            max_rows=max_rows,
+            max_waiting=max_waiting,
+            max_batch_tokens=budget,
+            on_step=on_step,
         )
     if isinstance(generator, Generator):
         log.warning("this model has layers whose cache does not grow in place (a sliding "
