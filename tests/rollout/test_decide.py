@@ -68,9 +68,10 @@ def test_with_route_bumps_the_revision_only_on_change() -> None:
 
 
 def test_a_full_queue_is_its_own_signal_judged_on_a_full_sample() -> None:
-    # Off by default: refusals are neither errors nor anything else to judge.
+    # Off by default: refusals are not errors; but ten answers are not a sample either.
     swamped = Health(requests=40, errors=0, queue_full=30)
-    assert decide.judge(POLICY, swamped, None).kind == "healthy"
+    assert decide.judge(POLICY, swamped, None).kind == "insufficient"
+    assert decide.judge(POLICY, Health(requests=60, queue_full=30), None).kind == "healthy"
     strict = POLICY.model_copy(update={"max_queue_full_rate": 0.25})
     verdict = decide.judge(strict, swamped, None)
     assert verdict.kind == "unhealthy"
@@ -78,6 +79,24 @@ def test_a_full_queue_is_its_own_signal_judged_on_a_full_sample() -> None:
     # A burst on a step's first requests is not yet a verdict, and within the rate passes.
     assert decide.judge(strict, Health(requests=8, queue_full=8), None).kind == "insufficient"
     assert decide.judge(strict, Health(requests=40, queue_full=10), None).kind == "healthy"
+
+
+def test_a_version_whose_callers_got_no_answer_is_never_judged_healthy() -> None:
+    """Requests a client gave up on (499: the version too slow for its callers) or the
+    client's own errors (400: a context too short) counted toward the sample, and the
+    errors did not: 25 such requests and no answer were "0/25 errors", healthy, promoted."""
+    abandoned = Health(requests=25, errors=0, answered=0)
+    assert decide.judge(POLICY, abandoned, None).kind == "insufficient"
+    champion = Health(requests=200, errors=1, answered=196)  # 3 of its callers' own errors
+    verdict = decide.judge(POLICY, abandoned, champion)
+    assert verdict.kind == "unhealthy"
+    assert verdict.reasons == (
+        "25/25 requests refused as the client's or given up by it (4xx), against the "
+        "champion's 1.5%",
+    )
+    # As many of its callers' errors as the champion's: judged on its answers alone.
+    alike = Health(requests=100, errors=0, answered=98)
+    assert decide.judge(POLICY, alike, champion).kind == "healthy"
 
 
 def test_errors_roll_back_before_the_sample_is_full() -> None:

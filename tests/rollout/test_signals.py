@@ -74,6 +74,7 @@ def test_gateway_metrics_count_only_what_happened_since_the_snapshot(serve_app) 
             gateway.metrics.requests.labels("other", "2", "502").inc()  # another route
         health = signals.health("calc", 2, since=0.0, baseline=baseline)
         assert (health.requests, health.errors, health.queue_full) == (2 * 19, 2 * 2, 2 * 4)
+        assert (health.answered, health.refused) == (2 * 10, 2 * 3)
         assert health.p95_latency_s is not None and 0.25 < health.p95_latency_s <= 0.5
         # Without a baseline, everything since the gateways started counts.
         assert signals.health("calc", 1, since=0.0, baseline=None).requests == 80
@@ -229,3 +230,5 @@ def test_span_store_errors_are_the_models_as_the_gateways_counts_are(tmp_path: P
     health = SpanStoreSignals(str(tmp_path)).health("calc", 4, since=(now - 10**9) / 1e9,
                                                     baseline=None)  # fmt: skip
     assert (health.requests, health.errors, health.queue_full) == (10, 3, 2)
+    # Three answered; the 400 and the 499 neither answered nor the model's error.
+    assert (health.answered, health.served, health.refused) == (3, 6, 2)

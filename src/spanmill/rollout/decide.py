@@ -112,11 +112,26 @@ def judge(policy: RolloutPolicy, challenger: Health, champion: Health | None) ->
             f"error rate {challenger.errors}/{challenger.requests} is above "
             f"{policy.max_error_rate:.1%}"
         )
-    enough = challenger.requests >= policy.min_requests and challenger.requests > 0
+    # A full sample is of requests the model answered or failed: a client's bad request
+    # or one it gave up on (4xx, 499) says nothing of it, and a version no request reached
+    # an answer of (its callers all timed out) was judged healthy on such requests.
+    enough = challenger.served >= policy.min_requests and challenger.served > 0
+    if (
+        challenger.requests >= policy.min_requests
+        and champion is not None
+        and champion.requests >= policy.min_requests
+    ):
+        mine = challenger.refused / challenger.requests
+        theirs = champion.refused / champion.requests
+        if mine > theirs + policy.max_error_rate:
+            reasons.append(
+                f"{challenger.refused}/{challenger.requests} requests refused as the client's "
+                f"or given up by it (4xx), against the champion's {theirs:.1%}"
+            )
     # Unlike errors, a full queue can pass with the burst that filled it: judged on a full
     # sample only.
     if (
-        enough
+        challenger.requests >= policy.min_requests
         and policy.max_queue_full_rate is not None
         and challenger.queue_full > policy.max_queue_full_rate * challenger.requests
     ):
@@ -166,7 +181,7 @@ def judge(policy: RolloutPolicy, challenger: Health, champion: Health | None) ->
         return Verdict(kind="unhealthy", reasons=tuple(reasons))
     missing = []
     if not enough:
-        missing.append(f"{challenger.requests}/{policy.min_requests} requests")
+        missing.append(f"{challenger.served}/{policy.min_requests} requests answered")
     wants_reward = policy.min_mean_reward is not None or policy.max_reward_drop is not None
     if wants_reward and not rewarded:
         missing.append(f"{challenger.rewards}/{policy.min_rewards} rewards")

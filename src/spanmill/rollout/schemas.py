@@ -112,6 +112,8 @@ class Health(BaseModel):
     errors: int = 0
     # Refused for a full queue (HTTP 429): neither an answer nor an error (requests counts them).
     queue_full: int = 0
+    # Answered (2xx); None: every request that is neither an error nor a full queue's.
+    answered: int | None = None
     p95_latency_s: float | None = None
     mean_reward: float | None = None
     rewards: int = 0
@@ -119,6 +121,17 @@ class Health(BaseModel):
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
+
+    @property
+    def served(self) -> int:
+        """Requests the model answered or failed: what says anything of the model."""
+        answered = self.requests - self.errors - self.queue_full
+        return (answered if self.answered is None else self.answered) + self.errors
+
+    @property
+    def refused(self) -> int:
+        """Requests refused as the client's (4xx but 429) or given up by it (499)."""
+        return max(0, self.requests - self.served - self.queue_full)
 
     def describe(self) -> str:
         parts = [f"{self.errors}/{self.requests} errors"]

@@ -134,6 +134,7 @@ class GatewayMetricsSignals:
             requests=int(requests),
             errors=int(errors),
             queue_full=int(queue_full),
+            answered=int(sum(n for status, n in statuses.items() if status.startswith("2"))),
             p95_latency_s=histogram_quantile(0.95, latency),
         )
 
@@ -257,6 +258,7 @@ class SpanStoreSignals:
                 (SELECT count(*) FROM mine WHERE status_code = 'error'
                     AND attributes LIKE '%"{sc.ERROR_TYPE}":"{QUEUE_FULL_STATUS}"%')
                     AS queue_full,
+                (SELECT count(*) FROM mine WHERE status_code <> 'error') AS answered,
                 (SELECT quantile_cont(seconds, 0.95) FROM mine WHERE status_code <> 'error') AS p95,
                 (SELECT avg(value) FROM mine_rewards) AS mean_reward,
                 (SELECT count(*) FROM mine_rewards) AS rewards
@@ -269,6 +271,7 @@ class SpanStoreSignals:
             requests=int(row["requests"] or 0),
             errors=int(row["errors"] or 0),
             queue_full=int(row["queue_full"] or 0),
+            answered=int(row["answered"] or 0),
             p95_latency_s=row["p95"],
             mean_reward=row["mean_reward"],
             rewards=int(row["rewards"] or 0),
