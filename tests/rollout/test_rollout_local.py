@@ -148,6 +148,49 @@ def test_a_challenger_that_answers_with_errors_is_rolled_back(  # type: ignore[n
     assert ctl.reconciler.state(agent).phase == Phase.STABLE  # type: ignore[union-attr]
 
 
+def test_a_failing_canary_rolls_back_while_mlflow_refuses_writes(  # type: ignore[no-untyped-def]
+    mlflow_server,
+    triton,
+    gateway,
+    registry,
+    no_system_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MLflow answered reads and refused writes (a full or read-only database, a user that
+    may only read): the rollback tagged MLflow first, the tag failed, and the failing
+    canary kept its share pass after pass. Now the traffic goes back, MLflow later."""
+    from spanmill.registry.client import RegistryError
+
+    url, routes = gateway
+    agent = new_agent()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url], steps=[50, 100], bake_s=3600)  # fmt: skip
+    ctl = controller(settings)
+    v1 = serve_champion(registry, agent, ctl, routes)
+    traffic = Traffic(url, agent).start()
+    real = ctl.reconciler.registry.record
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise RegistryError("MLflow answered 503: the database is read-only")
+
+    try:
+        bad = registry.register(agent, Lineage(kind="model"), no_system_model).version
+        registry.set_alias(agent, CHALLENGER, bad)
+        ctl.until(lambda: weights(routes, agent).get(str(bad)) == 50.0, timeout=120)
+        monkeypatch.setattr(ctl.reconciler.registry, "record", refused)
+        ctl.until(lambda: weights(routes, agent) == {str(v1): 100.0}, timeout=60)
+        refusing = ctl.reconciler.state(agent)
+        monkeypatch.setattr(ctl.reconciler.registry, "record", real)
+        ctl.until(lambda: CHALLENGER not in registry.aliases(agent), timeout=60)
+    finally:
+        traffic.stop()
+    rollback = next(d for d in ctl.decisions if d.action == "rollback")
+    assert "error rate" in rollback.reason and "MLflow refused the record" in rollback.reason
+    assert refusing is not None and list(refusing.unrecorded_rollbacks) == [bad]
+    assert registry.version(agent, bad).rolled_back  # told once it took writes again
+
+
 def test_a_canary_waiting_on_traffic_says_so_in_the_log_now_and_then(  # type: ignore[no-untyped-def]
     mlflow_server, triton, gateway, registry, tmp_path: Path, caplog, monkeypatch
 ) -> None:

@@ -313,7 +313,7 @@ def test_erasure_records_are_fetched_as_one_batch(tmp_path: Path) -> None:
 
         def cat(
             self, path: Any, recursive: bool = False, on_error: str = "raise", **kw: Any
-        ) -> Any:  # noqa: E501
+        ) -> Any:
             self.batches.append(list(path))
             self.fetching = True
             try:

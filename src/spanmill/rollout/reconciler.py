@@ -479,10 +479,21 @@ class Reconciler:
             raise NotLeading(f"{agent}: no longer leading; version {version} is not rolled back")
         # Tagged before the alias goes: a version tagged rolled back is never staged
         # again, even if removing its alias fails.
-        self.registry.record(agent, version, f"{agent} v{version}: rollback: {reason}",
-                             status=names.ROLLED_BACK, reason=reason)  # fmt: skip
-        if self.registry.aliases(agent).get(names.CHALLENGER) == version:
-            self.registry.delete_alias(agent, names.CHALLENGER)
+        try:
+            self.registry.record(agent, version, f"{agent} v{version}: rollback: {reason}",
+                                 status=names.ROLLED_BACK, reason=reason)  # fmt: skip
+            if self.registry.aliases(agent).get(names.CHALLENGER) == version:
+                self.registry.delete_alias(agent, names.CHALLENGER)
+        except RegistryError as exc:
+            # MLflow answers reads but refuses the writes (a full or read-only database, a
+            # user that may only read): the traffic goes back all the same, and MLflow is
+            # told on a later pass (_record_rollbacks), as when it cannot be reached.
+            st = decide.roll_back(st, self.clock(), self.policy, had_traffic=had_traffic,
+                                  unrecorded=reason)  # fmt: skip
+            self._decide(agent, "rollback", version, f"{reason} (MLflow refused the record: "
+                         f"{exc}; the version is tagged and its alias removed once it takes "
+                         "them)", weight=0.0, health=health, record=False)  # fmt: skip
+            return st
         st = decide.roll_back(st, self.clock(), self.policy, had_traffic=had_traffic)
         self._decide(agent, "rollback", version, reason, weight=0.0, health=health,
                      record=False)  # fmt: skip
