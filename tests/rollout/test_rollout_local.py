@@ -191,6 +191,43 @@ def test_a_failing_canary_rolls_back_while_mlflow_refuses_writes(  # type: ignor
     assert registry.version(agent, bad).rolled_back  # told once it took writes again
 
 
+def test_a_challenger_promoted_by_hand_mid_deployment_takes_traffic_once_served(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The champion alias moved onto a challenger still being deployed (Triton out of
+    reach, its retry pending): the next pass routed it every request while no pod held
+    it, and retired the champion after the grace. Now it is deployed first."""
+    from spanmill.rollout.deployer import ServingUnreachable
+
+    url, routes = gateway
+    agent = new_agent()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
+                                gateway_urls=[url], retry_after_s=0.5)  # fmt: skip
+    ctl = controller(settings)
+    v1 = serve_champion(registry, agent, ctl, routes)
+    deploy, unreachable = ctl.reconciler.deployer.deploy, {"on": True}
+
+    def flaky(name: str, version: int, **kwargs: object) -> float:
+        if unreachable["on"] and version != v1:
+            raise ServingUnreachable("no Triton pod answered")
+        return deploy(name, version, **kwargs)
+
+    monkeypatch.setattr(ctl.reconciler.deployer, "deploy", flaky)
+    v2 = registry.register(agent, Lineage(kind="echo")).version
+    registry.set_alias(agent, CHALLENGER, v2)
+    ctl.tick()
+    assert ctl.reconciler.state(agent).phase == Phase.DEPLOYING  # type: ignore[union-attr]
+    registry.promote(agent, v2)
+    for _ in range(3):  # its retries come and fail: the champion keeps every request
+        time.sleep(0.6)
+        ctl.tick()
+        assert weights(routes, agent) == {str(v1): 100.0}
+    assert ("promote", v2) not in ctl.actions()
+    unreachable["on"] = False
+    ctl.until(lambda: weights(routes, agent) == {str(v2): 100.0}, timeout=60)
+    assert TritonControl(triton.http_url).versions(agent).get(v2) == "READY"
+
+
 def test_a_canary_waiting_on_traffic_says_so_in_the_log_now_and_then(  # type: ignore[no-untyped-def]
     mlflow_server, triton, gateway, registry, tmp_path: Path, caplog, monkeypatch
 ) -> None:

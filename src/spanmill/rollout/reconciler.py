@@ -435,6 +435,21 @@ class Reconciler:
         """The champion alias moved onto the challenger (by a person, or by a promotion that
         was interrupted before its state was saved)."""
         version = st.challenger
+        assert version is not None
+        now = self.clock()
+        if now < st.retry_at.get(version, 0.0):
+            return st
+        # Deployed (or, loaded for its canary, checked again) before it takes all traffic:
+        # moved while it was still being deployed, it was routed every request while no
+        # pod held it.
+        try:
+            self._deployed(agent, version)
+        except DeployError as exc:
+            self._decide(agent, "error", version,
+                         f"the champion alias was moved onto it but it cannot be served "
+                         f"({exc}); version {st.champion} keeps serving; retrying in "
+                         f"{self.retry_after_s:.0f}s")  # fmt: skip
+            return decide.deploy_failed(st, version, now, self.retry_after_s)
         challenger_alias = self.registry.aliases(agent).get(names.CHALLENGER)
         if challenger_alias == version:
             self.registry.delete_alias(agent, names.CHALLENGER)
