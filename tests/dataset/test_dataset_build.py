@@ -39,6 +39,46 @@ def test_per_call_credit_uses_the_linked_reward() -> None:
     assert got == {'{"tool": "calculator", "expression": "6*7"}': 0.25, "42": 1.0}
 
 
+def test_several_calls_scores_are_theirs_and_never_the_episodes() -> None:
+    """Two calls each scored (an evaluator's ok on one, not ok on the other) and no
+    episode reward: the last score seen was every call's episode reward, under episode
+    and discounted credit alike. Now only a score that is the episode's one is."""
+    trace = 1
+    first = llm(trace, 100, answer={"tool": "calculator", "expression": "6*7"}, response_id="r1")
+    second = llm(trace, 300, answer="42", response_id="r2")
+    scores = [reward_event("ok", 1.0, primary=True, response_id="r1"),
+              reward_event("ok", 0.0, primary=True, response_id="r2")]  # fmt: skip
+    spans = [episode(trace, 50, *scores), first, tool(trace, 200), second]
+    for rule in ("episode", "discounted"):
+        assert rewards_by_answer(DatasetSpec(credit=rule), *spans) == {}
+    assert rewards_by_answer(DatasetSpec(credit="per_call"), *spans) == {
+        '{"tool": "calculator", "expression": "6*7"}': 1.0, "42": 0.0}  # fmt: skip
+    # One score in the episode is the episode's (as before), and the episode's own
+    # reward is never replaced by a call's.
+    one = [episode(trace, 50, scores[0]), first, tool(trace, 200), second]
+    assert set(rewards_by_answer(DatasetSpec(credit="episode"), *one).values()) == {1.0}
+    both = two_call_episode(linked=0.25)
+    assert set(rewards_by_answer(DatasetSpec(credit="episode"), *both).values()) == {1.0}
+
+
+def test_the_primary_reward_is_chosen_among_the_kept_calls_rewards() -> None:
+    """A window shared by two agents: the busier one's primary reward (thumbs) was the
+    support agent's too, which also sends thumbs, unmarked, beside its own primary
+    (resolved): its samples were trained on thumbs."""
+    support = [
+        episode(1, 50, reward_event("resolved", 1.0, primary=True),
+                reward_event("thumbs", 0.0)),
+        llm(1, 100, answer="fixed", service="support-agent"),
+    ]  # fmt: skip
+    busy = []
+    for trace in range(2, 6):
+        busy.append(episode(trace, 50, reward_event("thumbs", 1.0, primary=True)))
+        busy.append(llm(trace, 100, answer=f"busy {trace}"))
+    built = build(DatasetSpec(service="support-agent", eval_fraction=0.0), table(*support, *busy))
+    assert built.reward_name == "resolved"
+    assert [row["reward"] for row in built.train] == [1.0]
+
+
 def test_discounted_credit() -> None:
     got = rewards_by_answer(DatasetSpec(credit="discounted", discount=0.5), *two_call_episode())
     assert got == {'{"tool": "calculator", "expression": "6*7"}': 0.5, "42": 1.0}

@@ -175,17 +175,18 @@ def build(
         reward_spans = pa.concat_tables([reward_spans, late.select(list(REWARD_COLUMNS))])
     counts["reward_window_spans"] = reward_spans.num_rows
     rewards = read_rewards(reward_spans)
-    name = rewards.primary(spec.reward)
     counts["episodes"] = len({c.episode_id for c in calls})
     _feedback_counts(rewards, calls, counts)
+    kept = [call for call in calls if _keep(spec, call)]
+    # Chosen among the kept calls' rewards: in a window shared with other agents, a
+    # busier agent's primary reward was this one's, and its own went unread.
+    name = rewards.primary(spec.reward, {call.episode_id for call in kept})
 
     report("making samples")
     samples: list[Sample] = []
     matched = with_completion = 0
     refused: dict[str, int] = {"undecodable_messages": 0, "invalid_tool_arguments": 0}
-    for call in calls:
-        if not _keep(spec, call):
-            continue
+    for call in kept:
         matched += 1
         value = credit.assign(call, rewards, name, spec.credit, spec.discount) if name else None
         sample = make_sample(call, value, drop_examples=spec.drop_examples, refused=refused)

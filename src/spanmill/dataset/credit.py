@@ -18,9 +18,7 @@ def assign(
     * ``discounted``: the episode's reward, discounted by ``discount`` per call
       between this call and the episode's last (the last call gets it whole).
     """
-    episode_value = rewards.by_episode.get(call.episode_id, {}).get(name)
-    if episode_value is None:
-        episode_value = rewards.linked_by_episode.get(call.episode_id, {}).get(name)
+    episode_value = rewards.episode_value(call.episode_id, name)
     if rule == "per_call":
         linked = rewards.by_response.get(call.response_id or "", {}).get(name)
         return linked if linked is not None else episode_value

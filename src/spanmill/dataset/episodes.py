@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -115,12 +116,17 @@ class Rewards:
 
     by_episode: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     by_response: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
-    # The latest call-linked value per episode: the episode's own when it has none.
-    linked_by_episode: dict[str, dict[str, float]] = field(
-        default_factory=lambda: defaultdict(dict)
+    # The call-linked values of each episode, by name and response id (episode_value).
+    linked_by_episode: dict[str, dict[str, dict[str, float]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(dict))
     )
     primary_names: Counter[str] = field(default_factory=Counter)
     names: Counter[str] = field(default_factory=Counter)
+    # The same, by the episode each reward reaches: which rewards a subset of calls has.
+    names_by_episode: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    primary_by_episode: dict[str, Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter)
+    )
     # For each feedback reward (POST /v1/feedback), the episode of the calls it reached,
     # or None when its ids match no call read: kept, and counted in the dataset card.
     feedback_reached: list[str | None] = field(default_factory=list)
@@ -128,22 +134,46 @@ class Rewards:
     # left out, and counted in the dataset card.
     not_finite: int = 0
 
-    def primary(self, requested: str | None) -> str | None:
-        """The reward to optimise: the one asked for, else the one marked primary."""
+    def episode_value(self, episode: str, name: str) -> float | None:
+        """The episode's reward ``name``: its own, else the one linked to a call where only
+        one call of the episode has one (several calls' scores are theirs, not the
+        episode's: the last one seen was everyone's before)."""
+        own = self.by_episode.get(episode, {}).get(name)
+        if own is not None:
+            return own
+        linked = self.linked_by_episode.get(episode, {}).get(name, {})
+        return next(iter(linked.values())) if len(linked) == 1 else None
+
+    def episode_values(self, episode: str) -> dict[str, float]:
+        """Every reward of the episode by name, as :meth:`episode_value` reads each."""
+        names = {*self.by_episode.get(episode, {}), *self.linked_by_episode.get(episode, {})}
+        values = {name: self.episode_value(episode, name) for name in names}
+        return {name: value for name, value in values.items() if value is not None}
+
+    def primary(self, requested: str | None, episodes: Iterable[str] | None = None) -> str | None:
+        """The reward to optimise: the one asked for, else the one marked primary; among
+        the rewards of ``episodes`` where given (the calls a dataset keeps: another
+        agent's rewards in the same window must not decide this one's)."""
+        names, primaries = self.names, self.primary_names
+        if episodes is not None:
+            names, primaries = Counter(), Counter()
+            for episode in set(episodes):
+                names.update(self.names_by_episode.get(episode, Counter()))
+                primaries.update(self.primary_by_episode.get(episode, Counter()))
         if requested is not None:
-            if self.names and requested not in self.names:
+            if names and requested not in names:
                 raise DatasetError(
-                    f"no reward named {requested!r} in the window; seen: {sorted(self.names)}"
+                    f"no reward named {requested!r} in the window; seen: {sorted(names)}"
                 )
             return requested
-        if self.primary_names:
-            return self.primary_names.most_common(1)[0][0]
-        if len(self.names) == 1:
-            return next(iter(self.names))
-        if not self.names:
+        if primaries:
+            return primaries.most_common(1)[0][0]
+        if len(names) == 1:
+            return next(iter(names))
+        if not names:
             return None
         raise DatasetError(
-            f"rewards {sorted(self.names)} were seen and none is marked primary "
+            f"rewards {sorted(names)} were seen and none is marked primary "
             f"({sc.SPANMILL_REWARD_PRIMARY}); choose one with --reward"
         )
 
@@ -173,11 +203,13 @@ def read_rewards(table: pa.Table) -> Rewards:
             rewards.not_finite += 1
             continue
         rewards.names[name] += 1
+        rewards.names_by_episode[episode][name] += 1
         if primary:
             rewards.primary_names[name] += 1
+            rewards.primary_by_episode[episode][name] += 1
         if response_id is not None:
             rewards.by_response[response_id][name] = value
-            rewards.linked_by_episode[episode][name] = value
+            rewards.linked_by_episode[episode][name][response_id] = value
         else:
             rewards.by_episode[episode][name] = value
         if scope == sc.FEEDBACK_SCOPE:

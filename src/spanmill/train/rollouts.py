@@ -243,10 +243,8 @@ def trajectories(table: pa.Table, episodes: Sequence[EpisodeResult]) -> list[Tra
                     version=call.model_version,
                 )
             )
-        scored = {
-            **rewards.by_episode.get(result.episode_id, {}),
-            **rewards.linked_by_episode.get(result.episode_id, {}),
-        }
+        # The episode's own rewards first; a call's score only where it is the episode's one.
+        scored = rewards.episode_values(result.episode_id)
         if not scored:
             raise RewardError(f"episode {result.episode_id} was recorded without rewards")
         found.append(
