@@ -170,6 +170,20 @@ def openai_to_genai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return converted
 
 
+def _arguments_text(arguments: Any) -> str:
+    """A tool call's arguments as OpenAI's JSON text. The conventions allow any type: an
+    object, or the JSON text of one as a model wrote it, is taken as it is (the text was
+    encoded again, a JSON string that no longer held an object)."""
+    if isinstance(arguments, str):
+        try:
+            if isinstance(json.loads(arguments), dict):
+                return arguments
+        except ValueError:
+            pass
+        return json.dumps(arguments)
+    return json.dumps(arguments or {})
+
+
 def genai_to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """GenAI semantic-convention messages back to OpenAI chat messages.
 
@@ -194,7 +208,7 @@ def genai_to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "type": "function",
                         "function": {
                             "name": part.get("name", ""),
-                            "arguments": json.dumps(part.get("arguments") or {}),
+                            "arguments": _arguments_text(part.get("arguments")),
                         },
                     }
                 )

@@ -361,3 +361,26 @@ def test_an_answer_whose_tool_arguments_are_not_an_object_is_left_out_and_counte
     assert built.counts["with_completion"] == 1
     (row,) = built.train + built.eval
     assert "_raw" not in json.dumps(row)
+
+
+def test_arguments_sent_as_json_text_and_answers_cut_short() -> None:
+    """The conventions let a tool call's arguments be the JSON text a model wrote: it was
+    encoded again, a JSON string that held no object, and the answer was refused as
+    invalid (its prompt history rendered as _raw). And an answer cut at max_tokens
+    became a completion: trained on, the model learns to stop mid-answer."""
+    as_text = llm(1, 10, answer="x", task="t1")
+    part = {"type": "tool_call", "id": "c1", "name": "get_weather",
+            "arguments": '{"city": "Paris"}'}  # fmt: skip
+    as_text.attributes[sc.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
+        [{"role": "assistant", "parts": [part], "finish_reason": "tool_calls"}]
+    )
+    cut = llm(2, 20, answer="It is sunny in Pa", task="t2")
+    cut.attributes[sc.GEN_AI_OUTPUT_MESSAGES] = json.dumps([{"role": "assistant",
+        "parts": [{"type": "text", "content": "It is sunny in Pa"}], "finish_reason": "length"}])  # fmt: skip  # noqa: E501
+    spans = [as_text, cut, episode(1, 0, reward_event("r", 1.0, primary=True), task="t1"),
+             episode(2, 0, reward_event("r", 1.0, primary=True), task="t2")]  # fmt: skip
+    built = build(DatasetSpec(trusted_producers=("*",), eval_fraction=0.0), table(*spans))
+    assert (built.counts["invalid_tool_arguments"], built.counts["cut_short"]) == (0, 1)
+    (row,) = built.train
+    assert "_raw" not in row["completion"][0]["content"]
+    assert json.loads(row["completion"][0]["content"]) == {"tool": "get_weather", "city": "Paris"}

@@ -185,7 +185,11 @@ def build(
     report("making samples")
     samples: list[Sample] = []
     matched = with_completion = 0
-    refused: dict[str, int] = {"undecodable_messages": 0, "invalid_tool_arguments": 0}
+    refused: dict[str, int] = {
+        "undecodable_messages": 0,
+        "invalid_tool_arguments": 0,
+        "cut_short": 0,
+    }
     for call in kept:
         matched += 1
         value = credit.assign(call, rewards, name, spec.credit, spec.discount) if name else None

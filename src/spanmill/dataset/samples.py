@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from spanmill import messages as chat
 from spanmill.dataset.episodes import LLMCall
@@ -70,6 +70,10 @@ def _digest(value: Any) -> str:
     ).hexdigest()
 
 
+# An answer's finish reasons that mean it did not end where the model ended it.
+CUT_SHORT: Final = frozenset({"length", "content_filter"})
+
+
 def make_sample(
     call: LLMCall,
     reward: float | None,
@@ -82,16 +86,22 @@ def make_sample(
     ``refused`` counts, by reason, the calls left out for what they hold rather than
     for what they lack: ``undecodable_messages`` (message attributes that are not the
     conventions' JSON), ``invalid_tool_arguments`` (an answer's tool call whose
-    arguments are not a JSON object: a model would learn to write them so).
+    arguments are not a JSON object: a model would learn to write them so),
+    ``cut_short`` (an answer that ended at ``max_tokens`` or by a content filter).
     """
     if call.failed or not call.output_messages:
         return None
     try:
+        answered = _json_list(call.output_messages)
         inputs = chat.genai_to_openai(_json_list(call.input_messages))
-        outputs = chat.genai_to_openai(_json_list(call.output_messages))
+        outputs = chat.genai_to_openai(answered)
         system = chat.genai_to_openai(chat.system_messages(_json_list(call.system_instructions)))
     except (ValueError, AttributeError, TypeError):
         _count(refused, "undecodable_messages")
+        return None
+    if any(m.get("finish_reason") in CUT_SHORT for m in answered if isinstance(m, dict)):
+        # Cut at max_tokens or by a filter: trained on, the model learns to stop mid-answer.
+        _count(refused, "cut_short")
         return None
     if system and not any(m.get("role") == "system" for m in inputs):
         inputs = [
