@@ -61,9 +61,23 @@ def kfp_app() -> FastAPI:
         pipelineid: str = Query(...),
     ) -> dict[str, Any]:
         content = (await uploadfile.read()).decode()
-        app.state.pipelines[pipelineid]["versions"].append(content)
-        return {"pipeline_id": pipelineid, "pipeline_version_id": uuid.uuid4().hex,
-                "display_name": name, "created_at": "2026-01-01T00:00:00Z"}  # fmt: skip
+        pipeline = app.state.pipelines[pipelineid]
+        pipeline["versions"].append(content)
+        version = {"pipeline_id": pipelineid, "pipeline_version_id": uuid.uuid4().hex,
+                   "display_name": name,
+                   "created_at": f"2026-01-01T00:00:{len(pipeline['versions']):02d}Z"}  # fmt: skip
+        pipeline.setdefault("version_records", []).append(version)
+        return version
+
+    @app.get("/apis/v2beta1/pipelines/{pipeline_id}/versions")
+    def list_versions(
+        pipeline_id: str, page_size: int = Query(10), sort_by: str = Query("")
+    ) -> dict[str, Any]:
+        versions = list(app.state.pipelines[pipeline_id].get("version_records", []))
+        key, _, order = sort_by.partition(" ")
+        if key:
+            versions.sort(key=lambda v: v[key], reverse=order == "desc")
+        return {"pipeline_versions": versions[:page_size] or None, "total_size": len(versions)}
 
     @app.get("/apis/v2beta1/experiments")
     def list_experiments(filter: str | None = Query(None)) -> dict[str, Any]:
@@ -83,5 +97,22 @@ def kfp_app() -> FastAPI:
         body["recurring_run_id"] = uuid.uuid4().hex
         app.state.recurring.append(body)
         return body
+
+    @app.get("/apis/v2beta1/recurringruns")
+    def list_recurring(
+        experiment_id: str | None = Query(None), filter: str | None = Query(None)
+    ) -> dict[str, Any]:
+        found = [r for r in app.state.recurring
+                 if experiment_id in (None, r.get("experiment_id"))]  # fmt: skip
+        if filter:
+            predicate = json.loads(filter)["predicates"][0]
+            wanted = predicate.get("string_value", predicate.get("stringValue"))
+            found = [r for r in found if r["display_name"] == wanted]
+        return {"recurringRuns": found or None, "total_size": len(found)}
+
+    @app.delete("/apis/v2beta1/recurringruns/{run_id}")
+    def delete_recurring(run_id: str) -> dict[str, Any]:
+        app.state.recurring = [r for r in app.state.recurring if r["recurring_run_id"] != run_id]
+        return {}
 
     return app

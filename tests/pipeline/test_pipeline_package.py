@@ -150,6 +150,16 @@ def test_upload_creates_then_versions_and_schedule(  # type: ignore[no-untyped-d
         assert recurring["pipeline_version_reference"]["pipeline_version_id"] == second.version_id
         assert recurring["runtime_config"]["parameters"] == {"max_steps": 30}
         assert "Bearer test-token-value" in app.state.auth
+        # Without a version id (KFP wants one: the command as documented failed), the
+        # latest; scheduled again after an upload, the nightly run moves onto the new
+        # version, where two recurring runs of one name overlapped.
+        third = upload(url, DEFAULT_PACKAGE)
+        again = schedule(url, pipeline_id=first.pipeline_id, version_id=None,
+                         cron="0 0 3 * * *")  # fmt: skip
+        (recurring,) = app.state.recurring
+        assert recurring["recurring_run_id"] == again != run_id
+        assert recurring["pipeline_version_reference"]["pipeline_version_id"] == third.version_id
+        assert recurring["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * *"
         with pytest.raises(KubeflowError, match="6 fields"):
             schedule(url, pipeline_id="p", version_id=None, cron="0 2 * * *")
     with pytest.raises(KubeflowError, match="no compiled pipeline"):

@@ -114,7 +114,7 @@ def upload(
 def schedule(
     endpoint: str = typer.Option(..., help="Kubeflow Pipelines API."),
     pipeline_id: str = typer.Option(..., help="Pipeline id (printed by upload)."),
-    version_id: str = typer.Option(None, help="Version id (default: the pipeline's default)."),
+    version_id: str = typer.Option(None, help="Version id (default: the pipeline's latest)."),
     cron: str = typer.Option("0 0 2 * * *", help="6-field cron, seconds first."),
     name: str = typer.Option("flywheel-nightly", help="Recurring run name."),
     experiment: str = typer.Option("spanmill", help="Kubeflow experiment."),
@@ -122,7 +122,8 @@ def schedule(
     sa_token: bool = _SA_TOKEN,
     token_file: Path = _TOKEN_FILE,
 ) -> None:
-    """Create a recurring run of the flywheel."""
+    """Create a recurring run of the flywheel, replacing one of the same name (run it
+    again after an upload to move the nightly run onto the new version)."""
     from spanmill.pipeline.kubeflow import schedule as create
 
     run_id = create(

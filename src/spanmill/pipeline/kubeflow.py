@@ -13,6 +13,7 @@ file; that file is read again for every request, so a rotated token is used at o
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -185,7 +186,12 @@ def schedule(
     token: str | None = None,
     token_file: Path | None = None,
 ) -> str:
-    """Create a recurring run (6-field cron, e.g. '0 0 2 * * *') and return its id."""
+    """Create a recurring run (6-field cron, e.g. '0 0 2 * * *') and return its id.
+
+    Without ``version_id``, of the pipeline's latest version (KFP wants both ids). A
+    recurring run of the same name in the experiment is replaced: scheduling again after
+    an upload moves the nightly run onto the new version, where two would overlap.
+    """
     if len(cron.split()) != 6:
         raise KubeflowError(
             f"cron {cron!r} must have 6 fields (seconds first), e.g. '0 0 2 * * *' for 02:00"
@@ -193,6 +199,15 @@ def schedule(
     kfp_client = client(endpoint, token, token_file)
     try:
         experiment_id = kfp_client.create_experiment(experiment).experiment_id
+        if version_id is None:
+            version_id = _latest_version(kfp_client, pipeline_id)
+        named = json.dumps({"predicates": [
+            {"operation": "EQUALS", "key": "display_name", "stringValue": job_name}]})  # fmt: skip
+        listed = kfp_client.list_recurring_runs(
+            experiment_id=experiment_id, filter=named, page_size=100
+        )
+        for previous in listed.recurring_runs or []:
+            kfp_client.delete_recurring_run(previous.recurring_run_id)
         run = kfp_client.create_recurring_run(
             experiment_id=experiment_id,
             job_name=job_name,
@@ -206,3 +221,11 @@ def schedule(
     except Exception as exc:
         raise KubeflowError(f"scheduling on {endpoint} failed: {exc}") from None
     return str(run.recurring_run_id)
+
+
+def _latest_version(kfp_client: Any, pipeline_id: str) -> str:
+    listed = kfp_client.list_pipeline_versions(pipeline_id, page_size=1, sort_by="created_at desc")
+    versions = listed.pipeline_versions or []
+    if not versions:
+        raise KubeflowError(f"pipeline {pipeline_id} has no version to schedule: upload one")
+    return str(versions[0].pipeline_version_id)
