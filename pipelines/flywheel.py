@@ -12,8 +12,9 @@ comes from there, and one a person sets wins. The training step asks for `gpus`
 GPUs on the GPU node pool (node selector and toleration) and trains with one
 process per GPU, or hands the run to the Kubeflow Trainer (`trainer=trainjob`,
 spanmill.train.trainjob) for several nodes; steps retry on transient
-failures, and caching is off for steps that read moving state (the span window,
-the champion).
+failures, each has a deadline (``TIMEOUT_S``), and no step's output is reused from
+an earlier run (each reads moving state: the span window, the champion, the
+cluster's settings).
 """
 
 from typing import Any
@@ -27,6 +28,10 @@ from components.train_lora import train_lora
 from components.train_rl import train_rl
 from spanmill.pipeline import cluster
 
+# The longest each step's pod may run (its active deadline): a hung step ends, where it
+# held the recurring run (one at a time) and every nightly trigger after it was skipped.
+# Training waits for a TrainJob up to its own deadline (24 h by default) and some more.
+TIMEOUT_S = {"dataset": 4 * 3600, "train": 26 * 3600, "evaluate": 6 * 3600, "register": 3600}
 GPU_POOL_LABEL = ("spanmill.io/pool", "gpu")
 GPU_TAINT = ("nvidia.com/gpu", "Exists", "NoSchedule")
 
@@ -106,6 +111,7 @@ def flywheel(
         reward=reward, trusted_producers=trusted_producers,
     )  # fmt: skip
     data.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
+    kubernetes.set_timeout(data, TIMEOUT_S["dataset"])
     _cluster(data)
 
     def supervised(method: str) -> dsl.PipelineTask:
@@ -122,6 +128,10 @@ def flywheel(
         trained.set_accelerator_type(gpu_type).set_accelerator_limit(gpus)
         trained.set_cpu_limit("8").set_memory_limit("32G")
         trained.set_retry(num_retries=1, backoff_duration="60s")
+        # Its cache key is its parameters and the dataset artifact's name, not the
+        # ConfigMap's settings (the base model, the TrainJob's): never reused.
+        trained.set_caching_options(False)
+        kubernetes.set_timeout(trained, TIMEOUT_S["train"])
         _on_gpu_pool(trained)
         trainjob = {key: key for key in cluster.TRAINJOB_SETTINGS}
         kubernetes.use_config_map_as_env(
@@ -141,6 +151,7 @@ def flywheel(
         rl.set_accelerator_type(gpu_type).set_accelerator_limit(1)
         rl.set_cpu_limit("8").set_memory_limit("32G")
         rl.set_caching_options(False)  # it samples fresh episodes
+        kubernetes.set_timeout(rl, TIMEOUT_S["train"])
         _on_gpu_pool(rl)
         return rl
 
@@ -154,6 +165,7 @@ def flywheel(
             model_repository=model_repository, flavour=flavour, tracking_uri=tracking_uri,
         )  # fmt: skip
         judged.set_caching_options(False)
+        kubernetes.set_timeout(judged, TIMEOUT_S["evaluate"])
         _cluster(judged)
         for secret, keys in cluster.JUDGE_SECRETS.items():
             kubernetes.use_secret_as_env(judged, secret, keys, optional=True)
@@ -164,7 +176,11 @@ def flywheel(
                 base_model=base_model, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                 tracking_uri=tracking_uri,
             )  # fmt: skip
-            registered.set_caching_options(False)
+            # A registration retried finishes what the failed try began (one version a
+            # run, by its id): an MLflow blip no longer throws the night's training away.
+            registered.set_caching_options(False).set_retry(num_retries=3,
+                                                            backoff_duration="60s")  # fmt: skip
+            kubernetes.set_timeout(registered, TIMEOUT_S["register"])
             _cluster(registered)
 
     # train_method: sft or dpo (the dataset's mode must match), grpo from the base model,

@@ -256,3 +256,22 @@ def test_upload_signs_with_the_service_account_token_only_when_asked(  # type: i
         with pytest.raises(KubeflowError, match="use one of them"):
             upload(url, DEFAULT_PACKAGE, token_file=token)
         assert app.state.auth == []
+
+
+def test_every_step_has_a_deadline_no_step_is_reused_and_registration_retries() -> None:
+    """No step had a deadline: one hung step held the recurring run (one at a time) and
+    every nightly trigger after it was skipped. Training was the one step KFP could reuse
+    from an earlier run, by a key blind to the cluster's settings. A registration that
+    failed on an MLflow blip threw the night's training away, though built to be retried."""
+    spec, platform = yaml.safe_load_all(DEFAULT_PACKAGE.read_text())
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(executors) == set(spec["deploymentSpec"]["executors"])
+    deadlines = {name: int(e["activeDeadlineSeconds"]) for name, e in executors.items()}
+    assert all(0 < seconds <= 26 * 3600 for seconds in deadlines.values()), deadlines
+    tasks = _tasks(spec)
+    assert tasks and all(
+        task.get("cachingOptions", {}).get("enableCache") is not True for task in tasks.values()
+    )
+    for name, task in tasks.items():
+        if name.startswith("register-model"):
+            assert task["retryPolicy"]["maxRetryCount"] == 3, name
