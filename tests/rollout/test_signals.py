@@ -201,6 +201,26 @@ def test_span_store_health_joins_rewards_to_the_version_that_answered(tmp_path: 
     assert signals.health("other", 2, since=since, baseline=None).requests == 0
 
 
+def test_span_store_health_judges_the_calls_that_ended_in_the_step(tmp_path: Path) -> None:
+    """A call's span is stored when it ends: read by start time, a step never saw its
+    slow calls (they began before it), and a version failing by timeouts was judged on
+    its fast answers alone, and promoted."""
+    now = time.time_ns()
+    step = now - 60 * 10**9
+    slow = [_call(i, "2", start=step - 290 * 10**9, error=True, seconds=300.0)
+            for i in range(5)]  # began before the step, timed out in it  # fmt: skip
+    fast = [_call(i, "2", start=step + i * 10**9) for i in range(5, 10)]
+    gone = [_call(10, "2", start=step - 400 * 10**9, seconds=1.0)]  # ended before the step
+    hourly = HourlyColumns()
+    for offset, span in enumerate(slow + fast + gone):
+        hourly.append(SpanParts.from_span(span), "spans", 0, offset, 0, 1)
+    StoreWriter(str(tmp_path)).write_batch(
+        BatchId("spans", 0, 0, 10, "00000000000000ad"), hourly.tables()
+    )
+    health = SpanStoreSignals(str(tmp_path)).health("calc", 2, since=step / 1e9, baseline=None)
+    assert (health.requests, health.errors) == (10, 5)
+
+
 def test_span_store_errors_are_the_models_as_the_gateways_counts_are(tmp_path: Path) -> None:
     """A failed call's span carries the status it was answered with (error.type): a
     client's bad request or departure is not the version's error, a full queue is its

@@ -191,6 +191,10 @@ def histogram_quantile(q: float, buckets: Mapping[str, float]) -> float | None:
 # -- span store ----------------------------------------------------------------------
 
 
+# How long before a step a call it judges may have started: longer than a call may take.
+CALL_LOOKBACK_S = 900.0
+
+
 class SpanStoreSignals:
     def __init__(
         self,
@@ -227,6 +231,7 @@ class SpanStoreSignals:
                        date_diff('microsecond', start_time, end_time) / 1e6 AS seconds
                 FROM llm_calls()
                 WHERE request_model = '{route}' AND model_version IS NOT NULL
+                  AND epoch_ns(end_time) >= {int(since * 1e9)}
                   -- RL rollouts (spanmill.traffic=training) say nothing of a served version.
                   AND coalesce(attributes, '') NOT LIKE '%"{sc.SPANMILL_TRAFFIC}":"training"%'
             ),
@@ -264,7 +269,11 @@ class SpanStoreSignals:
                 (SELECT count(*) FROM mine_rewards) AS rewards
         """
         try:
-            row = self.store.query(sql, start=int(since * 1e9)).to_pylist()[0]
+            # A call's span is stored when it ends: the calls that ended since, whenever
+            # they started (a step's slowest calls began before it, and read by their
+            # start they were never judged at all: a version failing by timeouts passed).
+            start = int((since - CALL_LOOKBACK_S) * 1e9)
+            row = self.store.query(sql, start=start).to_pylist()[0]
         except StoreError as exc:
             raise SignalError(str(exc)) from None
         return Health(
