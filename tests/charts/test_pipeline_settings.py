@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helm_render import CHART, Rendered, env_of, parse, template
+from helm_render import CHART, Rendered, env_of, merged_values, parse, template
 
 from spanmill.config import (
     CollectorSettings,
@@ -18,6 +18,7 @@ from spanmill.config import (
     TritonSettings,
     load_settings,
 )
+from spanmill.evaluate.settings import EvalSettings, GatePolicy
 from spanmill.pipeline import cluster
 from spanmill.pipeline.build import DEFAULT_PACKAGE
 from spanmill.train import TrainSettings
@@ -66,6 +67,11 @@ def test_every_step_loads_its_settings_from_the_cluster(rendered: Rendered) -> N
             assert "://" in load_settings(TrainSettings).base_model or "/" in (
                 load_settings(TrainSettings).base_model
             )
+            # The chart's gate, not a laptop's defaults: what passes is rolled out.
+            gate = load_settings(EvalSettings).gate
+            values = merged_values(rendered.name)["pipelineSettings"]["gate"]
+            assert gate.min_items == values["minItems"] > GatePolicy().min_items, name
+            assert gate.require_significant is values["requireSignificant"] is True, name
         assert env["MLFLOW_TRACKING_PASSWORD"] == "not-a-real-password"
 
 

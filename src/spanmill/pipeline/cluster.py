@@ -49,6 +49,13 @@ SETTINGS: tuple[str, ...] = (
     "SPANMILL_SERVING_VLLM_MAX_MODEL_LEN",
     "SPANMILL_SERVING_VLLM_MAX_LORA_RANK",
     "SPANMILL_SERVING_VLLM_TENSOR_PARALLEL_SIZE",
+    # The gate's policy beside the run's margin and metric (EvalSettings.gate): how many
+    # items, a significant difference, how far other rates may fall. Without these keys
+    # a cluster's runs gated on the defaults, whatever the team had chosen.
+    "SPANMILL_EVAL_GATE__MIN_ITEMS",
+    "SPANMILL_EVAL_GATE__REQUIRE_SIGNIFICANT",
+    "SPANMILL_EVAL_GATE__REGRESSION_TOLERANCE",
+    "SPANMILL_EVAL_GATE__FORMAT_TOLERANCE",
     # Kafka, for RL training: its rollouts go to the rollout topic and are read back.
     "SPANMILL_KAFKA_BOOTSTRAP_SERVERS",
     "SPANMILL_KAFKA_SECURITY_PROTOCOL",
