@@ -224,6 +224,49 @@ def test_preference_pairs_attempts_at_one_task() -> None:
     assert built.counts["task_groups"] == 2 and built.counts["pairs"] == 1
 
 
+def test_copies_rewarded_apart_count_by_their_mean() -> None:
+    """The same answer to the same task rewarded 0 once and 1 once, beside another
+    answer rewarded 0: the first copy alone counted, so the pair the copies made was
+    never built, and min_reward dropped the answer that passed once."""
+    spans = []
+    for trace, (value, answer) in enumerate([(0.0, "X"), (1.0, "X"), (0.0, "Y")], start=1):
+        reward = reward_event("success", value, primary=True)
+        spans += [episode(trace, trace * 10, reward, task="a"),
+                  llm(trace, trace * 10 + 1, answer=answer, task="a")]  # fmt: skip
+    paired = build(DatasetSpec(mode="preference", eval_fraction=0), table(*spans))
+    (pair,) = paired.train
+    assert (pair["chosen"][0]["content"], pair["rejected"][0]["content"]) == ("X", "Y")
+    assert (pair["chosen_reward"], pair["rejected_reward"]) == (0.5, 0.0)
+    assert paired.counts["duplicates_rewarded_apart"] == 1
+    kept = build(DatasetSpec(min_reward=0.5, eval_fraction=0), table(*spans))
+    assert [(r["completion"][0]["content"], r["reward"]) for r in kept.train] == [("X", 0.5)]
+
+
+def test_a_conversations_turns_stay_in_one_split() -> None:
+    """One trace a turn, no task id: split by episode, a conversation's second turn
+    (whose prompt holds the first turn's question and answer) landed in eval while the
+    first trained, or the other way round."""
+    spans = []
+    for conversation in range(20):
+        first, second = 2 * conversation + 1, 2 * conversation + 2
+        question = {"role": "user", "content": f"q{conversation}"}
+        answer = {"role": "assistant", "content": f"a{conversation}"}
+        for trace, prompt, reply in ((first, [SYSTEM, question], f"a{conversation}"),
+                                     (second, [SYSTEM, question, answer,
+                                               {"role": "user", "content": "and?"}],
+                                      f"b{conversation}")):  # fmt: skip
+            call = llm(trace, trace * 10 + 1, answer=reply, prompt=prompt, task=None)
+            call.attributes[sc.GEN_AI_CONVERSATION_ID] = f"c{conversation}"
+            spans += [episode(trace, trace * 10, reward_event("r", 1.0, primary=True)), call]
+    for span in spans:
+        span.attributes.pop(sc.SPANMILL_TASK_ID, None)
+    built = build(DatasetSpec(eval_fraction=0.3, seed=1), table(*spans))
+    held = {r["completion"][0]["content"][1:] for r in built.eval}
+    trained = {r["completion"][0]["content"][1:] for r in built.train}
+    assert held and trained and not held & trained
+    assert len(built.train) + len(built.eval) == 40
+
+
 def test_rl_mode_groups_by_task() -> None:
     spans = []
     for trace, (task, value) in enumerate([("a", 1.0), ("a", 0.0), ("b", 0.5)], start=1):

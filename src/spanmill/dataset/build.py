@@ -15,9 +15,11 @@ or unmatched (its ids name no call read; it stays in the store).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
+import statistics
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -80,6 +82,14 @@ def split_of(group: str, eval_fraction: float, seed: int = 0) -> str:
 
 def _group(sample: Sample) -> str:
     return sample.call.task_id or sample.call.episode_id
+
+
+def _kept_whole(sample: Sample) -> str:
+    """What an SFT sample's split keeps whole: its conversation (a later turn's prompt
+    holds the earlier turns' prompts and answers: split apart, an eval prompt held a
+    train completion verbatim), else its task, else its episode."""
+    conversation = sample.call.conversation_id
+    return f"conversation:{conversation}" if conversation else _group(sample)
 
 
 def _keep(spec: DatasetSpec, call: LLMCall) -> bool:
@@ -208,13 +218,7 @@ def build(
         samples = [s for s in samples if s.tokens <= spec.max_tokens]
     counts["within_max_tokens"] = len(samples)
     if spec.dedupe:
-        seen: set[str] = set()
-        unique = []
-        for sample in samples:
-            if sample.key not in seen:
-                seen.add(sample.key)
-                unique.append(sample)
-        samples = unique
+        samples, counts["duplicates_rewarded_apart"] = _deduplicated(samples)
     counts["deduplicated"] = len(samples)
 
     report(f"building {spec.mode} rows")
@@ -254,6 +258,25 @@ def build(
     )
 
 
+def _deduplicated(samples: list[Sample]) -> tuple[list[Sample], int]:
+    """One sample of each (prompt, completion), in the order first seen, whose reward is
+    the mean of its copies'; and how many were rewarded apart. The first copy's reward
+    alone decided before: a passing copy could be dropped for a failing one (then
+    filtered out by min_reward), and a preference pair never made."""
+    copies: dict[str, list[Sample]] = {}
+    for sample in samples:
+        copies.setdefault(sample.key, []).append(sample)
+    unique, apart = [], 0
+    for group in copies.values():
+        first = group[0]
+        rewards = [s.reward for s in group if s.reward is not None]
+        if len(set(rewards)) > 1:
+            apart += 1
+            first = dataclasses.replace(first, reward=statistics.fmean(rewards))
+        unique.append(first)
+    return unique, apart
+
+
 def _untrusted(table: pa.Table, trust: Trust) -> Counter[str]:
     """The spans of ``table`` that ``trust`` leaves out, by producer."""
     left_out = table.filter(pc.invert(trust.mask(table["resource_attributes"])))
@@ -291,7 +314,7 @@ def _sft(
             continue
         row = {"prompt": s.prompt, "completion": s.completion, "weight": weight,
                "reward": reward, **s.lineage()}  # fmt: skip
-        rows.append((_group(s), row))
+        rows.append((_kept_whole(s), row))
     counts["sft_kept"] = len(rows)
     return rows
 

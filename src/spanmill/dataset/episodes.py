@@ -42,6 +42,7 @@ COLUMNS = (
     "model",
     "model_version",
     "task_id",
+    "conversation_id",
     "response_id",
     "prompt_name",
     "prompt_version",
@@ -105,6 +106,7 @@ class LLMCall:
     prompt_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
     training: bool = False  # an RL rollout's call (spanmill.traffic=training)
+    conversation_id: str | None = None  # gen_ai.conversation.id: a chat's turns share it
 
 
 @dataclass
@@ -327,6 +329,7 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
     # whole, and a dataset of the agent has the agent's calls.
     episode_tasks = _by_episode(table, "task_id")
     episode_agents = _by_episode(table, "agent_name")
+    episode_conversations = _by_episode(table, "conversation_id")
     calls = [
         LLMCall(
             trace_id=columns["trace_id"][i],
@@ -351,6 +354,8 @@ def read_llm_calls(table: pa.Table) -> list[LLMCall]:
             prompt_token_ids=tokens["prompt_token_ids"][i],
             completion_logprobs=tokens["completion_logprobs"][i],
             training=_is_training(columns["attributes"][i]),
+            conversation_id=columns["conversation_id"][i]
+            or episode_conversations.get(columns["episode_id"][i]),
         )
         for i in range(llm.num_rows)
     ]
