@@ -282,6 +282,11 @@ def test_gateway_reads_the_routing_configmap(rendered: Rendered) -> None:
         with pytest.MonkeyPatch.context() as env:  # read as the controller reads it
             env.setenv("SPANMILL_ROLLOUT_INITIAL_ROUTES", written)
             assert RolloutSettings().initial_routes == initial
+        # A version routed away is unloaded once every gateway has the new routes: a
+        # mounted ConfigMap reaches them after the kubelet's update, a minute or two.
+        drain = float(controller["SPANMILL_ROLLOUT_DRAIN_S"]["value"])
+        wanted = values["rollout"]["policy"]["drainSeconds"]
+        assert drain == (wanted if watch else max(120, wanted)) and drain >= 30
     else:  # no controller: the chart's table is the table
         assert RoutingTable.parse(config_map["data"][key], "routing ConfigMap") == initial
     # Upgrades must not reset the controller's routes: helm keeps the ConfigMap.
