@@ -173,3 +173,27 @@ def test_reference_rows_follow_the_layout(small_dataset: Path) -> None:
     data = load_training_data(small_dataset)
     assert (data.mode, data.train.rows, data.eval.rows if data.eval else 0) == ("sft", 48, 8)
     assert not data.train.task_ids & (data.eval.task_ids if data.eval else frozenset())
+
+
+def test_rows_longer_than_max_length_are_left_out_and_counted(smollm2_dir: Path) -> None:
+    """TRL cuts a row longer than max_length to fit, keeping its start: the completion
+    lost its end and end-of-turn (the model learns to stop mid-answer), and nothing
+    counted it. Such rows are left out, as the chat template renders them."""
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    from spanmill.train.trainer import within_length
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    short = [{"role": "user", "content": "2 + 2?"}]
+    long = [{"role": "user", "content": "Add these up: " + " + ".join(["7"] * 300)}]
+    answer = [{"role": "assistant", "content": "4"}]
+    sft = pa.table({"prompt": [short, long, short], "completion": [answer, answer, answer]})
+    kept, over = within_length(sft, tokenizer, 128)
+    assert (kept.num_rows, over) == (2, 1)
+    assert kept.column("prompt").to_pylist() == [short, short]
+    rambling = [{"role": "assistant", "content": "x " * 400}]
+    pairs = pa.table({"prompt": [short, short], "chosen": [answer, answer],
+                      "rejected": [answer, rambling]})  # fmt: skip
+    assert within_length(pairs, tokenizer, 128)[1] == 1  # the longer answer decides
+    assert within_length(sft, tokenizer, 4096) == (sft, 0)

@@ -23,6 +23,7 @@ writes files.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
 import shutil
@@ -39,9 +40,16 @@ from spanmill.errors import ModelError
 from spanmill.models import resolve_model
 from spanmill.precision import ServingDtype
 from spanmill.train.data import TrainingData, load_training_data
-from spanmill.train.errors import CheckpointMismatchError, DatasetError, TrainError
+from spanmill.train.errors import (
+    CheckpointMismatchError,
+    DatasetError,
+    EmptyDatasetError,
+    TrainError,
+)
 from spanmill.train.settings import TrainSettings
 from spanmill.train.tracking import FiniteLoss, MetricsCallback, RunTracker, loss_curve_png
+
+log = logging.getLogger(__name__)
 
 MANIFEST_FILE = TRAIN_MANIFEST_FILE  # beside the adapter: the TrainManifest
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -259,6 +267,23 @@ def _last_checkpoint(checkpoints: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
 
 
+def within_length(table: Any, tokenizer: Any, max_length: int) -> tuple[Any, int]:
+    """The rows of a training table that fit ``max_length`` tokens as the chat template
+    renders them (prompt and completion; prompt and the longer of chosen and rejected),
+    and how many did not. TRL cuts a longer row to fit, keeping its start: a completion
+    lost its end (and its end-of-turn), and a preference pair could become one answer."""
+    answers = [name for name in ("completion", "chosen", "rejected") if name in table.column_names]
+    prompts = table.column("prompt").to_pylist()
+    kept = []
+    for index, prompt in enumerate(prompts):
+        rendered = [prompt + table.column(name)[index].as_py() for name in answers]
+        texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in rendered]
+        longest = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+        kept.append(longest <= max_length)
+    over = kept.count(False)
+    return (table.filter(kept) if over else table), over
+
+
 def _run(
     plan: _Plan,
     output_dir: Path,
@@ -281,8 +306,22 @@ def _run(
         plan.base_model, dtype=torch.bfloat16 if bf16 else torch.float32
     )
     lora = lora_config(settings)
-    train_set = Dataset(plan.data.train.table)
-    eval_set = Dataset(plan.data.eval.table) if plan.data.eval and settings.eval_loss else None
+    train_table, over = within_length(plan.data.train.table, tokenizer, settings.max_length)
+    eval_table = plan.data.eval.table if plan.data.eval else None
+    if eval_table is not None:
+        eval_table, _ = within_length(eval_table, tokenizer, settings.max_length)
+    if over:
+        log.warning("%d of %d training rows are longer than max_length (%d tokens) as the "
+                    "chat template renders them, and are left out: cut to fit, an answer "
+                    "loses its end", over, plan.data.train.table.num_rows,
+                    settings.max_length)  # fmt: skip
+    if train_table.num_rows == 0:
+        raise EmptyDatasetError(
+            f"every training row is longer than max_length ({settings.max_length} tokens): "
+            "raise max_length, or build the dataset with a lower max_tokens"
+        )
+    train_set = Dataset(train_table)
+    eval_set = Dataset(eval_table) if eval_table is not None and settings.eval_loss else None
     metrics_callback = MetricsCallback(tracker)
     common: dict[str, Any] = {
         "output_dir": str(plan.checkpoints),
