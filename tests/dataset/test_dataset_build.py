@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from time import time_ns
 
 import pytest
 from dataset_traces import SYSTEM, episode, genai, llm, reward_event, table, tid, tool
@@ -427,3 +428,25 @@ def test_arguments_sent_as_json_text_and_answers_cut_short() -> None:
     (row,) = built.train
     assert "_raw" not in row["completion"][0]["content"]
     assert json.loads(row["completion"][0]["content"]) == {"tool": "get_weather", "city": "Paris"}
+
+
+def test_a_window_before_now_moves_with_each_build() -> None:
+    """A recurring run's window was fixed text: it read the same hours, or the whole
+    retained store, night after night. "-24h" is resolved when the build is asked for."""
+    from datetime import UTC, datetime, timedelta
+
+    spec = DatasetSpec(since="-24h", until="-30m")
+    now = datetime.now(UTC)
+    since, until = datetime.fromisoformat(str(spec.since)), datetime.fromisoformat(str(spec.until))
+    assert abs((now - since) - timedelta(hours=24)) < timedelta(seconds=5)
+    assert abs((now - until) - timedelta(minutes=30)) < timedelta(seconds=5)
+    assert DatasetSpec(since="-7d").since != "-7d"
+    assert DatasetSpec(since="2026-01-01T00:00:00Z").since == "2026-01-01T00:00:00Z"
+    # A recent span is inside the last day's window, an old one is not.
+    now_ns = time_ns()
+    spans = [episode(1, now_ns - 10**9, reward_event("r", 1.0, primary=True)),
+             llm(1, now_ns - 10**9, answer="recent"),
+             episode(2, now_ns - 3 * 86_400 * 10**9, reward_event("r", 1.0, primary=True)),
+             llm(2, now_ns - 3 * 86_400 * 10**9, answer="old")]  # fmt: skip
+    built = build(DatasetSpec(since="-24h", eval_fraction=0.0), table(*spans))
+    assert [r["completion"][0]["content"] for r in built.train] == ["recent"]

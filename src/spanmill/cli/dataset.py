@@ -23,8 +23,12 @@ def dataset() -> None:
 def build(
     out: Path = typer.Option(..., help="Folder for train.parquet, eval.parquet and card.json."),
     mode: str = typer.Option("sft", help="sft, preference or rl."),
-    since: str = typer.Option(None, help="Window start, ISO 8601 (inclusive)."),
-    until: str = typer.Option(None, help="Window end, ISO 8601 (exclusive)."),
+    since: str = typer.Option(
+        None, help="Window start, ISO 8601 or a time before now (-24h, -7d), inclusive."
+    ),
+    until: str = typer.Option(
+        None, help="Window end, ISO 8601 or a time before now (-1h), exclusive."
+    ),
     feedback_horizon_hours: float = typer.Option(
         72.0, help="Read rewards (late feedback) until this many hours after --until."
     ),

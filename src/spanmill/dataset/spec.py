@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spanmill.dataset.layout import Mode
 
 CreditRule = Literal["episode", "per_call", "discounted"]
+# A time before now: "-24h", "-7d", "-90m", "-30s".
+_AGO = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 SftWeighting = Literal["uniform", "reward"]
 
 
@@ -18,7 +23,8 @@ class DatasetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: Mode = "sft"
-    # Span window, ISO 8601 or nanoseconds; half-open [since, until).
+    # Span window, ISO 8601, nanoseconds, or a time before now ("-24h": a recurring run's
+    # window moves with it, resolved once, when the build is asked for); [since, until).
     since: str | int | None = None
     until: str | int | None = None
     # Feedback comes after its calls: rewards are read until this long after `until`.
@@ -58,6 +64,17 @@ class DatasetSpec(BaseModel):
     dedupe: bool = True
     eval_fraction: float = Field(0.1, ge=0, lt=1)
     seed: int = 0
+
+    @field_validator("since", "until", mode="before")
+    @classmethod
+    def _resolve_ago(cls, value: object) -> object:
+        """``-24h`` and the like as the ISO time they name now; other values as given.
+        A nightly run's window was fixed text: it read the same hours, or the whole
+        retained store, night after night."""
+        if isinstance(value, str) and (match := _AGO.match(value.strip())):
+            ago = timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+            return (datetime.now(UTC) - ago).isoformat()
+        return value
 
     @model_validator(mode="after")
     def _coherent(self) -> DatasetSpec:
