@@ -223,3 +223,17 @@ def test_state_survives_json() -> None:
     state = state.model_copy(update={"retiring": {4: 9.5}})
     again = AgentState.model_validate_json(state.model_dump_json())
     assert again == state
+
+
+def test_a_version_gone_takes_its_retries_and_reload_count_with_it() -> None:
+    """Kept for good, a rolled-back or retired version's retry time and reload failures
+    grew the one annotation every agent's state shares (a re-staged version started
+    from its old count, rejected after one more try)."""
+    state = decide.begin_deploy(decide.serve(AgentState(agent="a"), 1, 0.0, POLICY), 2, 1.0)
+    state, _ = decide.engine_reload_failed(state, 2, 2.0, 60.0)
+    state = decide.deploy_failed(state, 7, 2.0, 60.0)
+    assert state.retry_at.keys() == {2, 7} and state.reload_failures == {2: 1}
+    back = decide.roll_back(state, 3.0, POLICY, had_traffic=False)
+    assert back.retry_at.keys() == {7} and back.reload_failures == {}
+    gone = decide.retired(back, 7, 4.0)
+    assert gone.retry_at == {} and gone.reload_failures == {}

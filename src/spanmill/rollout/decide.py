@@ -295,9 +295,19 @@ def roll_back(
     pending = dict(state.unrecorded_rollbacks)
     if unrecorded is not None and state.challenger is not None:
         pending[state.challenger] = unrecorded
+    # Its retries and reload count go with it (they were kept for good, in the one
+    # annotation every agent's state shares).
+    retry_at, failures = _forget(state, state.challenger)
     return transition(state, Phase.STABLE, now, challenger=None, step=0, step_started_at=None,
-                      baseline=None, retiring=retiring,
-                      unrecorded_rollbacks=pending)  # fmt: skip
+                      baseline=None, retiring=retiring, unrecorded_rollbacks=pending,
+                      retry_at=retry_at, reload_failures=failures)  # fmt: skip
+
+
+def _forget(state: AgentState, version: int | None) -> tuple[dict[int, float], dict[int, int]]:
+    """The state's retry times and reload counts without ``version``'s."""
+    retry_at = {v: t for v, t in state.retry_at.items() if v != version}
+    failures = {v: n for v, n in state.reload_failures.items() if v != version}
+    return retry_at, failures
 
 
 def recorded(state: AgentState, version: int, now: float) -> AgentState:
@@ -314,7 +324,9 @@ def due(state: AgentState, now: float) -> list[int]:
 
 def retired(state: AgentState, version: int, now: float) -> AgentState:
     retiring = {v: t for v, t in state.retiring.items() if v != version}
-    return transition(state, state.phase, now, retiring=retiring)
+    retry_at, failures = _forget(state, version)
+    return transition(state, state.phase, now, retiring=retiring, retry_at=retry_at,
+                      reload_failures=failures)  # fmt: skip
 
 
 # Tries of a challenger whose vLLM engine does not reload before it is rolled back.
