@@ -450,3 +450,20 @@ def test_a_window_before_now_moves_with_each_build() -> None:
              llm(2, now_ns - 3 * 86_400 * 10**9, answer="old")]  # fmt: skip
     built = build(DatasetSpec(since="-24h", eval_fraction=0.0), table(*spans))
     assert [r["completion"][0]["content"] for r in built.train] == ["recent"]
+
+
+def test_a_prompt_with_an_image_is_left_out_and_counted() -> None:
+    """Only text parts were kept: a question about a picture trained the model to
+    describe an image it never receives."""
+    pictured = llm(1, 10, answer="A cat on a mat.", task="t1")
+    pictured.attributes[sc.GEN_AI_INPUT_MESSAGES] = json.dumps([{"role": "user", "parts": [
+        {"type": "text", "content": "What is in this picture?"},
+        {"type": "blob", "modality": "image", "mime_type": "image/png", "content": "iVBOR"}]}])  # fmt: skip  # noqa: E501
+    thinking = llm(2, 20, answer="4", task="t2")
+    thinking.attributes[sc.GEN_AI_OUTPUT_MESSAGES] = json.dumps([{"role": "assistant", "parts": [
+        {"type": "reasoning", "content": "2 and 2"}, {"type": "text", "content": "4"}]}])  # fmt: skip  # noqa: E501
+    spans = [pictured, thinking, episode(1, 0, reward_event("r", 1.0, primary=True), task="t1"),
+             episode(2, 0, reward_event("r", 1.0, primary=True), task="t2")]  # fmt: skip
+    built = build(DatasetSpec(eval_fraction=0.0), table(*spans))
+    assert built.counts["unsupported_parts"] == 1
+    assert [r["completion"][0]["content"] for r in built.train] == ["4"]

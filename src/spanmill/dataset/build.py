@@ -199,6 +199,7 @@ def build(
         "undecodable_messages": 0,
         "invalid_tool_arguments": 0,
         "cut_short": 0,
+        "unsupported_parts": 0,
     }
     for call in kept:
         matched += 1

@@ -70,6 +70,20 @@ def _digest(value: Any) -> str:
     ).hexdigest()
 
 
+# Message parts a sample renders (a reasoning part is left out of what is trained on).
+RENDERED_PARTS: Final = frozenset({"text", "tool_call", "tool_call_response", "reasoning"})
+
+
+def _unsupported_parts(inputs: str | None, answered: list[Any]) -> bool:
+    messages = [*_json_list(inputs), *answered]
+    return any(
+        isinstance(part, dict) and part.get("type") not in RENDERED_PARTS
+        for message in messages
+        if isinstance(message, dict)
+        for part in message.get("parts") or ()
+    )
+
+
 # An answer's finish reasons that mean it did not end where the model ended it.
 CUT_SHORT: Final = frozenset({"length", "content_filter"})
 
@@ -87,7 +101,8 @@ def make_sample(
     for what they lack: ``undecodable_messages`` (message attributes that are not the
     conventions' JSON), ``invalid_tool_arguments`` (an answer's tool call whose
     arguments are not a JSON object: a model would learn to write them so),
-    ``cut_short`` (an answer that ended at ``max_tokens`` or by a content filter).
+    ``cut_short`` (an answer that ended at ``max_tokens`` or by a content filter),
+    ``unsupported_parts`` (an image, audio or file part the sample cannot render).
     """
     if call.failed or not call.output_messages:
         return None
@@ -98,6 +113,11 @@ def make_sample(
         system = chat.genai_to_openai(chat.system_messages(_json_list(call.system_instructions)))
     except (ValueError, AttributeError, TypeError):
         _count(refused, "undecodable_messages")
+        return None
+    if _unsupported_parts(call.input_messages, answered):
+        # An image, audio or file the model saw: the prompt would keep its text alone,
+        # and the model learn to answer about what it was never shown.
+        _count(refused, "unsupported_parts")
         return None
     if any(m.get("finish_reason") in CUT_SHORT for m in answered if isinstance(m, dict)):
         # Cut at max_tokens or by a filter: trained on, the model learns to stop mid-answer.
