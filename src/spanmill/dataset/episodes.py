@@ -122,9 +122,8 @@ class Rewards:
     linked_by_episode: dict[str, dict[str, dict[str, float]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(dict))
     )
-    primary_names: Counter[str] = field(default_factory=Counter)
-    names: Counter[str] = field(default_factory=Counter)
-    # The same, by the episode each reward reaches: which rewards a subset of calls has.
+    # How often each name is given, and marked primary, by the episode it reaches: which
+    # rewards a subset of calls has.
     names_by_episode: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     primary_by_episode: dict[str, Counter[str]] = field(
         default_factory=lambda: defaultdict(Counter)
@@ -135,6 +134,11 @@ class Rewards:
     # Stored scores that are not finite (stores written before a reward had to be):
     # left out, and counted in the dataset card.
     not_finite: int = 0
+
+    @property
+    def names(self) -> Counter[str]:
+        """Every reward name seen, and how often."""
+        return sum(self.names_by_episode.values(), Counter())
 
     def episode_value(self, episode: str, name: str) -> float | None:
         """The episode's reward ``name``: its own, else the one linked to a call where only
@@ -156,12 +160,11 @@ class Rewards:
         """The reward to optimise: the one asked for, else the one marked primary; among
         the rewards of ``episodes`` where given (the calls a dataset keeps: another
         agent's rewards in the same window must not decide this one's)."""
-        names, primaries = self.names, self.primary_names
-        if episodes is not None:
-            names, primaries = Counter(), Counter()
-            for episode in set(episodes):
-                names.update(self.names_by_episode.get(episode, Counter()))
-                primaries.update(self.primary_by_episode.get(episode, Counter()))
+        names: Counter[str] = Counter()
+        primaries: Counter[str] = Counter()
+        for episode in self.names_by_episode if episodes is None else set(episodes):
+            names.update(self.names_by_episode.get(episode, Counter()))
+            primaries.update(self.primary_by_episode.get(episode, Counter()))
         if requested is not None:
             if names and requested not in names:
                 raise DatasetError(
@@ -204,10 +207,8 @@ def read_rewards(table: pa.Table) -> Rewards:
         if not math.isfinite(value):
             rewards.not_finite += 1
             continue
-        rewards.names[name] += 1
         rewards.names_by_episode[episode][name] += 1
         if primary:
-            rewards.primary_names[name] += 1
             rewards.primary_by_episode[episode][name] += 1
         if response_id is not None:
             rewards.by_response[response_id][name] = value

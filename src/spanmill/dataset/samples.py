@@ -74,8 +74,7 @@ def _digest(value: Any) -> str:
 RENDERED_PARTS: Final = frozenset({"text", "tool_call", "tool_call_response", "reasoning"})
 
 
-def _unsupported_parts(inputs: str | None, answered: list[Any]) -> bool:
-    messages = [*_json_list(inputs), *answered]
+def _unsupported_parts(messages: list[Any]) -> bool:
     return any(
         isinstance(part, dict) and part.get("type") not in RENDERED_PARTS
         for message in messages
@@ -107,14 +106,14 @@ def make_sample(
     if call.failed or not call.output_messages:
         return None
     try:
-        answered = _json_list(call.output_messages)
-        inputs = chat.genai_to_openai(_json_list(call.input_messages))
+        asked, answered = _json_list(call.input_messages), _json_list(call.output_messages)
+        inputs = chat.genai_to_openai(asked)
         outputs = chat.genai_to_openai(answered)
         system = chat.genai_to_openai(chat.system_messages(_json_list(call.system_instructions)))
     except (ValueError, AttributeError, TypeError):
         _count(refused, "undecodable_messages")
         return None
-    if _unsupported_parts(call.input_messages, answered):
+    if _unsupported_parts([*asked, *answered]):
         # An image, audio or file the model saw: the prompt would keep its text alone,
         # and the model learn to answer about what it was never shown.
         _count(refused, "unsupported_parts")

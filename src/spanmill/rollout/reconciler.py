@@ -251,16 +251,9 @@ class Reconciler:
         is only checked again, which takes one request.
         """
         now = self.clock()
-        if now < st.retry_at.get(version, 0.0):
-            return st
-        try:
-            self._deployed(agent, version)
-        except DeployError as exc:
-            keeping = f"version {st.champion} keeps serving" if st.champion else "nothing serves"
-            self._decide(agent, "error", version,
-                         f"the champion alias names it but it cannot be served ({exc}); "
-                         f"{keeping}; retrying in {self.retry_after_s:.0f}s")  # fmt: skip
-            return decide.deploy_failed(st, version, now, self.retry_after_s)
+        waiting = self._into_service(agent, st, version, "the champion alias names it")
+        if waiting is not None:
+            return waiting
         previous = st.champion
         st = decide.serve(st, version, now, self.policy)
         replaced = (
@@ -269,6 +262,25 @@ class Reconciler:
         self._decide(agent, "serve", version, f"the champion alias names it{replaced}",
                      weight=None, status="promoted")  # fmt: skip
         return st
+
+    def _into_service(
+        self, agent: str, st: AgentState, version: int, why: str
+    ) -> AgentState | None:
+        """Deploy ``version`` (or, already loaded, check it again with one request) before
+        it takes all traffic: None once it serves; else the state to keep, which tries it
+        again after ``retry_after_s``, the failure said."""
+        now = self.clock()
+        if now < st.retry_at.get(version, 0.0):
+            return st
+        try:
+            self._deployed(agent, version)
+        except DeployError as exc:
+            keeping = f"version {st.champion} keeps serving" if st.champion else "nothing serves"
+            self._decide(agent, "error", version,
+                         f"{why} but it cannot be served ({exc}); {keeping}; retrying in "
+                         f"{self.retry_after_s:.0f}s")  # fmt: skip
+            return decide.deploy_failed(st, version, now, self.retry_after_s)
+        return None
 
     def _restore(self, agent: str, st: AgentState, version: int) -> AgentState:
         """Triton lost the champion (a restart): load it again; its files stay whatever
@@ -436,20 +448,11 @@ class Reconciler:
         was interrupted before its state was saved)."""
         version = st.challenger
         assert version is not None
-        now = self.clock()
-        if now < st.retry_at.get(version, 0.0):
-            return st
-        # Deployed (or, loaded for its canary, checked again) before it takes all traffic:
-        # moved while it was still being deployed, it was routed every request while no
+        # Moved while it was still being deployed, it was routed every request while no
         # pod held it.
-        try:
-            self._deployed(agent, version)
-        except DeployError as exc:
-            self._decide(agent, "error", version,
-                         f"the champion alias was moved onto it but it cannot be served "
-                         f"({exc}); version {st.champion} keeps serving; retrying in "
-                         f"{self.retry_after_s:.0f}s")  # fmt: skip
-            return decide.deploy_failed(st, version, now, self.retry_after_s)
+        waiting = self._into_service(agent, st, version, "the champion alias was moved onto it")
+        if waiting is not None:
+            return waiting
         challenger_alias = self.registry.aliases(agent).get(names.CHALLENGER)
         if challenger_alias == version:
             self.registry.delete_alias(agent, names.CHALLENGER)

@@ -272,12 +272,14 @@ def within_length(table: Any, tokenizer: Any, max_length: int) -> tuple[Any, int
     renders them (prompt and completion; prompt and the longer of chosen and rejected),
     and how many did not. TRL cuts a longer row to fit, keeping its start: a completion
     lost its end (and its end-of-turn), and a preference pair could become one answer."""
-    answers = [name for name in ("completion", "chosen", "rejected") if name in table.column_names]
-    prompts = table.column("prompt").to_pylist()
+    answers = [
+        table.column(name).to_pylist()
+        for name in ("completion", "chosen", "rejected")
+        if name in table.column_names
+    ]
     kept = []
-    for index, prompt in enumerate(prompts):
-        rendered = [prompt + table.column(name)[index].as_py() for name in answers]
-        texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in rendered]
+    for prompt, *replies in zip(table.column("prompt").to_pylist(), *answers, strict=True):
+        texts = [tokenizer.apply_chat_template(prompt + r, tokenize=False) for r in replies]
         longest = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
         kept.append(longest <= max_length)
     over = kept.count(False)
