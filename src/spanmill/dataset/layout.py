@@ -28,7 +28,8 @@ Columns by mode:
 Lineage columns: sample_id, task_id, episode_id, trace_id, response_id, agent,
 model, model_version, and request: the call's stop sequences, token limit and
 offered tools as JSON (null when its record has none), so that evaluation can
-replay the call as it was made.
+replay the call as it was made, and training renders the tools into the prompt
+(:data:`spanmill.train.data.TOOLS_COLUMN`).
 """
 
 from __future__ import annotations

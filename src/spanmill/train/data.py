@@ -8,6 +8,7 @@ split, missing columns, a message list that is not a chat.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +34,12 @@ TRAINER_COLUMNS: dict[str, tuple[str, ...]] = {
     "rl": ("prompt", "completion", "reward"),
 }
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
+# The tools each call was offered, as JSON text (null for none), taken from its
+# ``request``: TRL renders a row's ``tools`` into its prompt with the chat template, as
+# serving renders a call's (spanmill.serving.generation.render_prompt). Without them a
+# template that writes tools into the prompt (Qwen's, Llama's) trains on prompts the
+# model is never served.
+TOOLS_COLUMN = "tools"
 
 
 @dataclass(frozen=True)
@@ -172,11 +179,38 @@ def _checked_split(name: str, table: pa.Table, path: Path, mode: Mode) -> Split:
             )
     return Split(
         name,
-        table.select(list(TRAINER_COLUMNS[mode])),
+        table.select(list(TRAINER_COLUMNS[mode])).append_column(
+            TOOLS_COLUMN, pa.array(_offered_tools(table, path), pa.string())
+        ),
         task_ids=_distinct(table, "task_id"),
         agents=_distinct(table, "agent"),
         full=table,
     )
+
+
+def _offered_tools(table: pa.Table, path: Path) -> list[str | None]:
+    """Each row's offered tools as JSON text, from its ``request`` column (absent in a
+    dataset written by hand: no tools)."""
+    if "request" not in table.column_names:
+        return [None] * table.num_rows
+    offered: list[str | None] = []
+    for row, request in enumerate(table.column("request").to_pylist()):
+        tools = None
+        if request:
+            try:
+                tools = json.loads(request).get("tools")
+            except (ValueError, AttributeError):
+                raise DatasetError(
+                    f"{path}, row {row}, column request: not a JSON object: {request[:200]!r}"
+                ) from None
+        if tools is not None and not isinstance(tools, list):
+            raise DatasetError(
+                f"{path}, row {row}, column request: tools must be a list, "
+                f"got {type(tools).__name__}"
+            )
+        # An empty list is no tools: some templates write their tool preamble for [].
+        offered.append(json.dumps(tools) if tools else None)
+    return offered
 
 
 def _distinct(table: pa.Table, column: str) -> frozenset[str]:

@@ -39,7 +39,7 @@ from spanmill.contracts import CARD_FILE, TRAIN_MANIFEST_FILE, TrainManifest
 from spanmill.errors import ModelError
 from spanmill.models import resolve_model
 from spanmill.precision import ServingDtype
-from spanmill.train.data import TrainingData, load_training_data
+from spanmill.train.data import TOOLS_COLUMN, TrainingData, load_training_data
 from spanmill.train.errors import (
     CheckpointMismatchError,
     DatasetError,
@@ -277,9 +277,20 @@ def within_length(table: Any, tokenizer: Any, max_length: int) -> tuple[Any, int
         for name in ("completion", "chosen", "rejected")
         if name in table.column_names
     ]
+    offered = (
+        table.column(TOOLS_COLUMN).to_pylist()
+        if TOOLS_COLUMN in table.column_names
+        else [None] * table.num_rows
+    )
     kept = []
-    for prompt, *replies in zip(table.column("prompt").to_pylist(), *answers, strict=True):
-        texts = [tokenizer.apply_chat_template(prompt + r, tokenize=False) for r in replies]
+    rows = zip(table.column("prompt").to_pylist(), offered, *answers, strict=True)
+    for prompt, tools, *replies in rows:
+        texts = [
+            tokenizer.apply_chat_template(
+                prompt + r, tools=json.loads(tools) if tools else None, tokenize=False
+            )
+            for r in replies
+        ]
         longest = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
         kept.append(longest <= max_length)
     over = kept.count(False)
