@@ -109,6 +109,28 @@ def test_weights_must_be_usable(tmp_path: Path, small_dataset: Path, tiny_model_
         train(folder, tmp_path / "out", settings(tiny_model_dir, packing=True))
 
 
+def test_reward_weights_are_scaled_to_a_mean_of_one(tmp_path: Path, small_dataset: Path) -> None:
+    """A weight is how much a sample counts against the others: rewards of 0 to 100
+    took steps a hundred times those of 0 to 1. The same rewards on two scales train
+    alike; the dataset's own columns (``full``) keep what was written."""
+    rows = pq.read_table(small_dataset / TRAIN_FILE).to_pylist()
+    for i, row in enumerate(rows):
+        row["weight"] = float(i % 4)  # 0, 1, 2, 3: mean 1.5
+    small = load_training_data(copy_with_train(small_dataset, tmp_path / "small",
+                                               pa.Table.from_pylist(rows)))  # fmt: skip
+    for row in rows:
+        row["weight"] *= 100
+    large = load_training_data(copy_with_train(small_dataset, tmp_path / "large",
+                                               pa.Table.from_pylist(rows)))  # fmt: skip
+    weights = small.train.table.column("weight").to_pylist()
+    assert small.weighted
+    assert sum(weights) / len(weights) == pytest.approx(1.0)
+    assert weights[:4] == pytest.approx([0, 1 / 1.5, 2 / 1.5, 3 / 1.5])
+    assert large.train.table.column("weight").to_pylist() == pytest.approx(weights)
+    assert large.train.full is not None
+    assert large.train.full.column("weight").to_pylist()[:4] == [0, 100, 200, 300]
+
+
 def test_fp16_without_a_gpu_is_refused(
     tmp_path: Path, small_dataset: Path, tiny_model_dir: Path
 ) -> None:

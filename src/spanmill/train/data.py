@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -100,6 +100,8 @@ def load_training_data(folder: Path) -> TrainingData:
     if mode == "sft":
         weights = train.table.column("weight").to_pylist()
         weighted = len(set(weights)) > 1
+        if weighted:
+            train = _mean_weight_one(train)
     return TrainingData(
         folder=folder,
         mode=mode,
@@ -186,6 +188,18 @@ def _checked_split(name: str, table: pa.Table, path: Path, mode: Mode) -> Split:
         agents=_distinct(table, "agent"),
         full=table,
     )
+
+
+def _mean_weight_one(split: Split) -> Split:
+    """The split with its weights scaled to a mean of 1: a weight says how much a sample
+    counts against the others, and the learning rate means the same whatever the scale
+    of the reward the weights came from (rewards of 0 to 100 took steps a hundred times
+    those of 0 to 1, and 0.2 on average a fifth)."""
+    column = split.table.column("weight")
+    scale = split.table.num_rows / sum(column.to_pylist())
+    scaled = pa.array([w * scale for w in column.to_pylist()], pa.float64())
+    table = split.table.set_column(split.table.column_names.index("weight"), "weight", scaled)
+    return replace(split, table=table)
 
 
 def _offered_tools(table: pa.Table, path: Path) -> list[str | None]:

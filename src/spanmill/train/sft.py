@@ -4,8 +4,9 @@ TRL prepares the data (chat template, completion mask, truncation, packing) and
 runs the loop; two things change, both in the loss.
 
 Sample weights. With varying ``weight`` values, each sample's token losses are
-scaled by its weight (reward-weighted SFT). The weights travel from the dataset
-to the loss in the batch, next to the tokens.
+scaled by its weight (reward-weighted SFT), the weights scaled to a mean of 1 over
+the training split (:func:`spanmill.train.data.load_training_data`). The weights
+travel from the dataset to the loss in the batch, next to the tokens.
 
 Logits where a label is scored, on CPUs. TRL's fused LM head scores only the
 completion positions on a GPU (Triton kernels); elsewhere it scores every
