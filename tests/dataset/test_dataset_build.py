@@ -268,6 +268,39 @@ def test_a_conversations_turns_stay_in_one_split() -> None:
     assert len(built.train) + len(built.eval) == 40
 
 
+def test_a_prompt_asked_in_training_is_not_held_out() -> None:
+    """Production traffic asks one question many times, in different tasks or none: a
+    prompt in both splits measured recall of a training answer as held-out success.
+    A held-out row whose prompt a training row holds leaves the held-out split,
+    counted; its group's other rows stay, and no task is in both splits."""
+    spans = []
+
+    def attempt(task: str, question: str) -> None:
+        trace = len(spans) // 2 + 1
+        prompt = [SYSTEM, {"role": "user", "content": question}]
+        spans.extend([
+            episode(trace, trace * 10, reward_event("r", 1.0, primary=True), task=task),
+            llm(trace, trace * 10 + 1, answer=f"a{trace}", prompt=prompt, task=task),
+        ])  # fmt: skip
+
+    for question in range(30):
+        for n in range(3):  # three tasks ask each question, each answered apart
+            attempt(f"task-{question}-{n}", f"what is {question}?")
+        attempt(f"own-{question}", f"a question only task {question} asks")
+    built = build(DatasetSpec(eval_fraction=0.4, seed=3), table(*spans))
+
+    def questions(rows: list[dict]) -> set[str]:
+        return {r["prompt"][-1]["content"] for r in rows}
+
+    assert questions(built.train) and questions(built.eval)
+    assert not questions(built.train) & questions(built.eval)
+    assert not {r["task_id"] for r in built.train} & {r["task_id"] for r in built.eval}
+    assert {f"own-{q}" for q in range(30)} <= {r["task_id"] for r in built.train + built.eval}
+    left_out = built.counts["eval_prompts_in_train"]
+    assert left_out > 0
+    assert len(built.train) + len(built.eval) + left_out == 120
+
+
 def test_rl_mode_groups_by_task() -> None:
     spans = []
     for trace, (task, value) in enumerate([("a", 1.0), ("a", 0.0), ("b", 0.5)], start=1):
@@ -300,8 +333,9 @@ def test_no_task_in_both_splits(
     with ``sdk.episode(task_id=...)`` records it; its calls are of that task all the same."""
     spans = []
     for trace, task in enumerate(tasks * 2, start=1):  # two attempts at every task
+        question = [SYSTEM, {"role": "user", "content": f"question of {task}"}]
         spans += [episode(trace, trace * 10, reward_event("success", 1.0, primary=True), task=task),
-                  llm(trace, trace * 10 + 1, answer=f"a{trace}",
+                  llm(trace, trace * 10 + 1, answer=f"a{trace}", prompt=question,
                       task=task if calls_say_it else None)]  # fmt: skip
     built = build(DatasetSpec(eval_fraction=fraction, seed=seed), table(*spans))
     train = {r["task_id"] for r in built.train}

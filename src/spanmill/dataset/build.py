@@ -4,7 +4,8 @@ Steps, each counted in the card: LLM calls in the window; those matching the
 service/agent/model filters; those with a completion; with a reward; within the
 length limit; after deduplication; then the mode's own step (threshold or
 weights, pairing, or grouping); then the split by a hash of the task id, so one
-task never lands in both splits.
+task never lands in both splits; then held-out rows whose prompt a training row holds
+leave the held-out split (``eval_prompts_in_train``).
 
 Two windows: calls are taken from ``[since, until)``, rewards from
 ``[since, until + feedback_horizon_hours)``, because feedback on a call may come
@@ -78,6 +79,23 @@ def split_of(group: str, eval_fraction: float, seed: int = 0) -> str:
         return "train"
     digest = hashlib.sha256(f"{seed}:{group}".encode()).digest()
     return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction else "train"
+
+
+def _unseen(
+    evaluation: list[dict[str, Any]], train: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], int]:
+    """The held-out rows whose prompt no training row holds, and how many did. One
+    question asked in several tasks, or by several users, landed in both splits, and
+    held-out success measured recall of a training answer. Such rows leave the
+    held-out split rather than join their groups' splits: a prompt every conversation
+    opens with would have drawn every conversation into one split."""
+
+    def key(row: dict[str, Any]) -> str:
+        return json.dumps(row["prompt"], sort_keys=True, ensure_ascii=False)
+
+    trained = {key(row) for row in train}
+    unseen = [row for row in evaluation if key(row) not in trained]
+    return unseen, len(evaluation) - len(unseen)
 
 
 def _group(sample: Sample) -> str:
@@ -236,6 +254,7 @@ def build(
         (evaluation if split_of(group, spec.eval_fraction, spec.seed) == "eval" else train).append(
             row
         )
+    evaluation, counts["eval_prompts_in_train"] = _unseen(evaluation, train)
     train.sort(key=lambda r: r["sample_id"])
     evaluation.sort(key=lambda r: r["sample_id"])
     counts["train"] = len(train)
