@@ -28,6 +28,8 @@ def train_lora(
     trainjob_nodes: int = 2,
     trainjob_gpus_per_node: int = 1,
     gpu_resource: str = "nvidia.com/gpu",
+    pipeline_run_id: str = "",
+    task_name: str = "",
 ) -> None:
     from pathlib import Path
 
@@ -39,7 +41,8 @@ def train_lora(
         batch_size=batch_size, max_length=max_length, seed=seed, precision=precision,
         num_threads=num_threads, tracking_uri=tracking_uri, gpus=gpus, trainer=trainer,
         trainjob_nodes=trainjob_nodes, trainjob_gpus_per_node=trainjob_gpus_per_node,
-        gpu_resource=gpu_resource,
+        gpu_resource=gpu_resource, pipeline_run_id=pipeline_run_id,
+        task_name=task_name,
     )  # fmt: skip
     for name, value in result.items():
         if isinstance(value, int | float) and not isinstance(value, bool):

@@ -122,6 +122,9 @@ def flywheel(
             num_threads=num_threads, tracking_uri=tracking_uri, gpus=gpus, trainer=trainer,
             trainjob_nodes=trainjob_nodes, trainjob_gpus_per_node=trainjob_gpus_per_node,
             gpu_resource=gpu_type,
+            # What names the step across its tries: a retried run may give it other paths.
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
         )  # fmt: skip
         # One training process per GPU of the pod (0: the CPU); with trainer=trainjob the pod
         # only waits for the Kubeflow Trainer and asks for none (gpus=0).

@@ -275,3 +275,15 @@ def test_every_step_has_a_deadline_no_step_is_reused_and_registration_retries() 
     for name, task in tasks.items():
         if name.startswith("register-model"):
             assert task["retryPolicy"]["maxRetryCount"] == 3, name
+
+
+def test_every_training_task_is_named_by_its_run_and_task() -> None:
+    """A retried run may give the training step other paths: its TrainJob is named from
+    the run's id and the task's name, which KFP fills in (spanmill.train.trainjob.job_name)."""
+    spec, _ = yaml.safe_load_all(DEFAULT_PACKAGE.read_text())
+    trainings = {n: t for n, t in _tasks(spec).items() if n.startswith("train-lora")}
+    assert trainings
+    for name, task in trainings.items():
+        given = task["inputs"]["parameters"]
+        assert given["pipeline_run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+        assert given["task_name"]["runtimeValue"]["constant"] == "{{$.pipeline_task_name}}", name

@@ -413,6 +413,43 @@ def test_a_failed_trainjob_fails_the_step_and_a_retry_replaces_it(
     assert (out / "adapter_config.json").is_file()
 
 
+def test_a_retry_with_other_paths_waits_for_the_same_trainjob(
+    tmp_path: Path, small_dataset: Path, kube_api: Any
+) -> None:
+    """A retried Kubeflow run may hand the step another output folder: named from the
+    folder, the retry started a second TrainJob beside the first, still running on the
+    GPUs. Named from the run and the task, it waits for the first."""
+    staging = tmp_path / "staging"
+    key = "run-0c1d/train-lora"
+    first_out, retry_out = tmp_path / "try-1" / "model", tmp_path / "try-2" / "model"
+    name = job_name(first_out, key)
+    assert name == job_name(retry_out, key) != job_name(retry_out)
+    run = {
+        "nodes": 2, "gpus_per_node": 1, "config_maps": {}, "secrets": {},
+        "api_client": kube_api, "key": key,
+    }  # fmt: skip
+    # The first try's pod is lost while its TrainJob runs (here: it stops waiting).
+    brief = TrainJobSettings(
+        namespace=NAMESPACE, staging_url=f"file://{staging}", poll_s=0.1, wait_s=1
+    )
+    with pytest.raises(TrainError):
+        train_on_trainer(small_dataset, first_out, TrainSettings(), job=brief, **run)
+
+    def succeed(trainjob: dict[str, Any]) -> tuple[str, str]:
+        _fake_output(staging, trainjob["metadata"]["name"])
+        return "Complete", "done"
+
+    job = TrainJobSettings(
+        namespace=NAMESPACE, staging_url=f"file://{staging}", poll_s=0.1, wait_s=30
+    )
+    with FakeTrainer(kube_api, succeed) as trainer:
+        result = train_on_trainer(small_dataset, retry_out, TrainSettings(), job=job, **run)
+    assert [t["metadata"]["name"] for t in trainer.seen] == [name]
+    assert result.output_dir == retry_out and (retry_out / "adapter_config.json").is_file()
+    listed = _objects(kube_api).list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+    assert [t["metadata"]["name"] for t in listed.get("items", [])] == []  # deleted once done
+
+
 def test_an_unknown_kind_or_a_missing_permission_is_named(
     tmp_path: Path, small_dataset: Path
 ) -> None:

@@ -94,13 +94,17 @@ def train_step(
     trainjob_nodes: int = 2,
     trainjob_gpus_per_node: int = 1,
     gpu_resource: str = "nvidia.com/gpu",
+    pipeline_run_id: str = "",
+    task_name: str = "",
 ) -> dict[str, Any]:
     """Train a LoRA adapter into ``out_dir``; returns the training metrics.
 
     ``trainer`` "pod" trains here, one process per GPU of the ``gpus`` this pod was
     given (:mod:`spanmill.train.launch`); "trainjob" hands the same run to the
     Kubeflow Trainer, ``trainjob_nodes`` nodes of ``trainjob_gpus_per_node`` GPUs,
-    and waits for it (:mod:`spanmill.train.trainjob`). Either way rank 0 alone logs
+    and waits for it (:mod:`spanmill.train.trainjob`), named from the pipeline's
+    ``pipeline_run_id`` and ``task_name`` where given, so that every try of the step finds the
+    same TrainJob. Either way rank 0 alone logs
     to MLflow and writes the adapter, and the result is that of a single process.
     """
     from spanmill.errors import ConfigError
@@ -147,6 +151,7 @@ def train_step(
             job=load_settings(TrainJobSettings),
             config_maps={cluster.CONFIGMAP: cluster.SETTINGS},
             secrets=cluster.SECRETS,
+            key=f"{pipeline_run_id}/{task_name}" if pipeline_run_id else "",
         )
     else:
         result = launch(dataset_dir, out_dir, settings, plan_processes(gpus, visible_gpus()))

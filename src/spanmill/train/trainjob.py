@@ -20,7 +20,9 @@ waits for it:
    reads its status conditions every ``poll_s``: ``Complete`` ends the wait,
    ``Failed`` raises with the Trainer's reason. A TrainJob of the same name that
    already exists, from an earlier try of the same step, is waited on again, or
-   replaced when it had failed. The name comes from the step's output folder.
+   replaced when it had failed. The name comes from the pipeline run's id and the
+   step's task name (the output folder outside a pipeline): a retry of the run may
+   give the step another folder.
 4. On each node :func:`run_node` copies the dataset down, prepares the base model
    once, and runs the training worker under torchrun, which takes the node count,
    node rank, processes per node and rendezvous address from the ``PET_*``
@@ -72,9 +74,15 @@ NODE_COMMAND = ("python", "-m", "spanmill.train.trainjob")
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def job_name(output_dir: Path) -> str:
-    """The TrainJob's name: the same for every try of one step, short enough for its pods."""
-    digest = hashlib.sha256(str(Path(output_dir).resolve()).encode()).hexdigest()[:10]
+def job_name(output_dir: Path, key: str = "") -> str:
+    """The TrainJob's name: the same for every try of one step, short enough for its pods.
+
+    ``key`` names the step across its tries (a pipeline's run id and task name): a retry
+    of a Kubeflow run may hand the step another output folder, and a name taken from
+    the folder started a second TrainJob beside the first. Without a key, the folder.
+    """
+    source = key or str(Path(output_dir).resolve())
+    digest = hashlib.sha256(source.encode()).hexdigest()[:10]
     return f"spanmill-train-{digest}"
 
 
@@ -292,8 +300,10 @@ def train_on_trainer(
     config_maps: Mapping[str, Sequence[str]],
     secrets: Mapping[str, Mapping[str, str]],
     api_client: Any = None,
+    key: str = "",
 ) -> TrainResult:
-    """Train on ``nodes`` nodes of ``gpus_per_node`` GPUs through a TrainJob; see the module doc."""
+    """Train on ``nodes`` nodes of ``gpus_per_node`` GPUs through a TrainJob; see the module
+    doc. ``key``: what names the step across its tries (:func:`job_name`)."""
     if not job.staging_url:
         raise TrainError(
             "trainer=trainjob needs SPANMILL_TRAINJOB_STAGING_URL, the object store folder "
@@ -301,7 +311,7 @@ def train_on_trainer(
             "trainer.enabled sets it)"
         )
     _check_base_model_is_shared(settings.base_model)
-    name = job_name(output_dir)
+    name = job_name(output_dir, key)
     namespace = job.namespace or _own_namespace()
     staging = f"{job.staging_url.rstrip('/')}/{name}"
     manifest = render_trainjob(
