@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from helm_render import KUBE_VERSION, Rendered, manifest_validator
 
+from pipelines.flywheel import TIMEOUT_S
 from spanmill.config import load_settings
 from spanmill.pipeline import cluster
 from spanmill.train import TrainSettings
@@ -89,6 +90,9 @@ def test_the_step_loads_its_settings_and_its_trainjob_fits_the_runtime(
     job = load_settings(TrainJobSettings)
     assert job.staging_url == "s3://spanmill/trainjobs"
     assert (job.cpu_per_node, job.memory_per_node) == ("8", "64Gi")
+    # The step gives up, and says so, before its pod's own deadline ends it unexplained.
+    assert (job.deadline_s, job.wait_s) == (86400, 90000)
+    assert job.wait_s <= TIMEOUT_S["train"] and TrainJobSettings().wait_s <= TIMEOUT_S["train"]
 
     runtime = _runtime(rendered)
     trainjob = render_trainjob(
@@ -127,3 +131,15 @@ def test_trainer_resources_are_validated_against_the_vendored_crds(render_set: A
     joined = "\n".join(report.errors)
     assert "'torchh' was unexpected" in joined and "'imagePullPolcy' was unexpected" in joined
     assert "'name' is a required property" in joined
+
+
+def test_the_wait_may_not_pass_the_steps_deadline() -> None:
+    """The schema's bound is the training step's deadline in the compiled pipeline."""
+    import json
+    from pathlib import Path
+
+    schema = json.loads(
+        (Path(__file__).resolve().parents[2] / "charts/spanmill/values.schema.json").read_text()
+    )
+    wait = schema["properties"]["trainer"]["properties"]["waitSeconds"]
+    assert wait["maximum"] == TIMEOUT_S["train"]

@@ -219,8 +219,9 @@ class TrainJobSettings(BaseSettings):
         86400, gt=0, description="Seconds the TrainJob may run (its activeDeadlineSeconds)."
     )
     wait_s: float = Field(
-        172800.0,
+        90000.0,
         gt=0,
         description="Seconds the step waits for the TrainJob to end, queueing included, "
-        "before it gives up and leaves the TrainJob in place.",
+        "before it gives up and leaves the TrainJob in place: within the step's own deadline "
+        "in a pipeline (26 hours), so that the step, not its pod's end, says why it stopped.",
     )
