@@ -102,10 +102,10 @@ def train_step(
     ``trainer`` "pod" trains here, one process per GPU of the ``gpus`` this pod was
     given (:mod:`spanmill.train.launch`); "trainjob" hands the same run to the
     Kubeflow Trainer, ``trainjob_nodes`` nodes of ``trainjob_gpus_per_node`` GPUs,
-    and waits for it (:mod:`spanmill.train.trainjob`), named from the pipeline's
-    ``pipeline_run_id`` and ``task_name`` where given, so that every try of the step finds the
-    same TrainJob. Either way rank 0 alone logs
-    to MLflow and writes the adapter, and the result is that of a single process.
+    and waits for it (:mod:`spanmill.train.trainjob`), named from ``pipeline_run_id``
+    and ``task_name`` where given, so that every try of the step finds the same
+    TrainJob. Either way rank 0 alone logs to MLflow and writes the adapter, and the
+    result is that of a single process.
     """
     from spanmill.errors import ConfigError
     from spanmill.train import TrainSettings
