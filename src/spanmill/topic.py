@@ -69,16 +69,13 @@ def span_producer(
     *,
     delivery_timeout_s: float,
     linger_ms: int = 5,
-    batch_bytes: int = 16_384,
     max_block_s: float = 10.0,
 ) -> Any:
     """A producer for the span topic.
 
     ``delivery_timeout_s`` is how long a record may wait for Kafka, retried, before
     its send fails: an outage shorter than that loses nothing. ``max_block_s`` bounds
-    how long a send may block on a full buffer or a broker not yet reached. Records
-    wait up to ``linger_ms`` for others to share a request to the broker, up to
-    ``batch_bytes`` a partition (kafka-python's default).
+    how long a send may block on a full buffer or a broker not yet reached.
     """
     from kafka import KafkaProducer
 
@@ -92,7 +89,6 @@ def span_producer(
         enable_idempotence=True,
         compression_type=COMPRESSION,
         linger_ms=linger_ms,
-        batch_size=batch_bytes,
         max_request_size=kafka.max_message_bytes + RECORD_OVERHEAD_BYTES,
         max_block_ms=block_ms,
         bootstrap_timeout_ms=block_ms,

@@ -36,13 +36,6 @@ QUEUE_WAIT_S = 5.0
 _FEEDBACK_S = 30.0
 # How long an LLM span may wait for Kafka, unsent, before it is dropped.
 OUTAGE_S = 300.0
-# LLM spans wait up to this long for others to share a request to Kafka: nobody waits
-# on them, and a request a span (one every few milliseconds at a hundred calls a
-# second) cost the producer's thread about 0.8 ms of CPU a call, taken from serving.
-LLM_LINGER_MS = 100
-LLM_BATCH_BYTES = 256 * 1024
-# Feedback's sender waits for Kafka's answer: its spans linger little.
-FEEDBACK_LINGER_MS = 20
 
 Outcome = list[BaseException | None]
 
@@ -186,28 +179,21 @@ class SpanEmitter:
         log.warning("span not delivered to Kafka: %s", exc)
         self._drop("too_large" if isinstance(exc, SpanTooLarge) else "kafka_error")
 
-    def _connect(
-        self, client_id: str, delivery_timeout_s: float, linger_ms: int, batch_bytes: int
-    ) -> Any:
+    def _connect(self, client_id: str, delivery_timeout_s: float) -> Any:
         return span_topic.span_producer(
             self.kafka,
             client_id,
             delivery_timeout_s=delivery_timeout_s,
-            linger_ms=linger_ms,
-            batch_bytes=batch_bytes,
+            linger_ms=20,
             max_block_s=5.0,
         )
 
     def _connect_both(self) -> None:
         """The LLM spans' producer, which waits out an outage, and the feedback's, whose
         caller waits for the answer: its delivery timeout bounds that wait."""
-        self._producer = self._connect(
-            "spanmill-gateway", self.outage_s, LLM_LINGER_MS, LLM_BATCH_BYTES
-        )
+        self._producer = self._connect("spanmill-gateway", self.outage_s)
         try:
-            self._feedback_producer = self._connect(
-                "spanmill-gateway-feedback", _FEEDBACK_S, FEEDBACK_LINGER_MS, 16_384
-            )
+            self._feedback_producer = self._connect("spanmill-gateway-feedback", _FEEDBACK_S)
         except BaseException:
             self._producer.close(timeout=0)
             self._producer = None
