@@ -38,7 +38,7 @@ from spanmill.dataset.episodes import (
     read_llm_calls,
     read_rewards,
 )
-from spanmill.dataset.samples import Sample, make_sample
+from spanmill.dataset.samples import Sample, digest, make_sample
 from spanmill.dataset.spec import DatasetSpec
 from spanmill.producers import Trust, producer_of
 from spanmill.store.reader import to_unix_nanos
@@ -89,12 +89,8 @@ def _unseen(
     held-out success measured recall of a training answer. Such rows leave the
     held-out split rather than join their groups' splits: a prompt every conversation
     opens with would have drawn every conversation into one split."""
-
-    def key(row: dict[str, Any]) -> str:
-        return json.dumps(row["prompt"], sort_keys=True, ensure_ascii=False)
-
-    trained = {key(row) for row in train}
-    unseen = [row for row in evaluation if key(row) not in trained]
+    trained = {digest(row["prompt"]) for row in train}
+    unseen = [row for row in evaluation if digest(row["prompt"]) not in trained]
     return unseen, len(evaluation) - len(unseen)
 
 

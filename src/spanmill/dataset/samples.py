@@ -64,7 +64,8 @@ def _object_arguments(call: dict[str, Any]) -> bool:
         return False
 
 
-def _digest(value: Any) -> str:
+def digest(value: Any) -> str:
+    """The identity of messages (a prompt, or a prompt and its answer) by their content."""
     return hashlib.blake2b(
         json.dumps(value, sort_keys=True, ensure_ascii=False).encode(), digest_size=16
     ).hexdigest()
@@ -154,6 +155,6 @@ def make_sample(
         completion=completion,
         reward=reward,
         tokens=prompt_tokens + completion_tokens,
-        key=_digest([prompt, completion]),
-        prompt_key=_digest(prompt),
+        key=digest([prompt, completion]),
+        prompt_key=digest(prompt),
     )
