@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from spanmill.contracts import EVAL_FILE, TRAIN_FILE, ContractError, DatasetCard
@@ -196,8 +197,7 @@ def _mean_weight_one(split: Split) -> Split:
     of the reward the weights came from (rewards of 0 to 100 took steps a hundred times
     those of 0 to 1, and 0.2 on average a fifth)."""
     column = split.table.column("weight")
-    scale = split.table.num_rows / sum(column.to_pylist())
-    scaled = pa.array([w * scale for w in column.to_pylist()], pa.float64())
+    scaled = pc.multiply(column, split.table.num_rows / pc.sum(column).as_py())
     table = split.table.set_column(split.table.column_names.index("weight"), "weight", scaled)
     return replace(split, table=table)
 
