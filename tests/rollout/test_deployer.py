@@ -64,6 +64,9 @@ class Repository:
     def origin(self, model: str, version: int) -> str:
         return ORIGIN
 
+    def unfinished(self, model: str, version: int) -> bool:
+        return False
+
 
 ORIGIN = "models:/calculator/1"
 

@@ -16,6 +16,7 @@ from spanmill.rollout.materialize import (
     ModelRepository,
     ServingOptions,
     materialize,
+    origin_of,
     read_engine,
     remove_from_engine,
 )
@@ -245,3 +246,86 @@ def test_the_vllm_engine_is_written_as_the_serving_settings_say(
     assert (args["gpu_memory_utilization"], args["max_model_len"]) == (0.4, 8192)
     assert (args["max_lora_rank"], args["tensor_parallel_size"]) == (128, 2)
     assert args["dtype"] == "float16"
+
+
+class _Registry:
+    """MLflow's versions of the agent, as the deployer reads them: echo versions."""
+
+    def version(self, agent: str, version: int) -> RegisteredVersion:
+        return registered(version, Lineage(kind="echo"), agent=agent)
+
+    def download(self, agent: str, version: int, destination: Path) -> Path:
+        raise AssertionError("an echo version has nothing to download")
+
+
+class _Fleet:
+    """One Triton server reading the repository: a load fails on a version not whole."""
+
+    def __init__(self, repository: ModelRepository) -> None:
+        self.repository = repository
+        self.loaded: dict[int, str] = {}
+
+    def members(self) -> list[_Fleet]:
+        return [self]
+
+    def describe(self) -> str:
+        return "Triton pod a"
+
+    def versions(self, model: str) -> dict[int, str]:
+        return dict(self.loaded)
+
+    def reasons(self, model: str) -> dict[int, str]:
+        return {}
+
+    def load(self, model: str) -> None:
+        from spanmill.rollout.materialize import WRITING
+        from spanmill.rollout.triton import TritonError
+
+        for version in self.repository.versions(model):
+            found = self.repository._fs.find(self.repository._path(model, str(version)))
+            names = {path.rsplit("/", 1)[-1] for path in found}
+            if not {"model.py", "spanmill-serving.json", ORIGIN} <= names or WRITING in names:
+                raise TritonError(f"version {version} of {model} is not whole: {sorted(names)}")
+            self.loaded[version] = "READY"
+
+    def smoke(self, model: str, version: int, **options: object) -> None:
+        pass
+
+
+def test_an_upload_cut_short_is_written_again_by_the_next_deploy(
+    s3: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A controller killed (or deposed) mid-upload to an object store leaves half a
+    # version: the next deploy must write it again, where it refused the folder for good
+    # as one someone else put there. A folder someone else put there is still refused.
+    from object_store import s3_bucket
+
+    from spanmill.rollout.deployer import Deployer, DeployError
+
+    repository = ModelRepository(s3_bucket(dict(s3)), dict(s3))
+    fs = repository._fs
+    put = fs.put
+
+    def killed(lpath: object, rpath: object, *args: object, **kwargs: object) -> None:
+        if isinstance(lpath, list) and isinstance(rpath, list):  # the version's files
+            put(lpath[:1], rpath[:1], *args, **kwargs)
+            raise KeyboardInterrupt  # not an Exception: nothing cleans up, as after a kill
+        put(lpath, rpath, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fs, "put", killed)
+        with pytest.raises(KeyboardInterrupt):
+            materialize(registered(1, Lineage(kind="echo")), _Registry(), repository,
+                        ServingOptions())  # fmt: skip
+    assert repository.has("calc", 1) and repository.unfinished("calc", 1)
+
+    fleet = _Fleet(repository)
+    Deployer(_Registry(), fleet, repository).deploy("calc", 1)  # type: ignore[arg-type]
+    assert fleet.loaded == {1: "READY"}
+    assert not repository.unfinished("calc", 1)
+    assert repository.origin("calc", 1) == origin_of(_Registry().version("calc", 1))
+    # A version folder someone else put there, without the mark: refused, as before.
+    fs.pipe_file(repository._path("calc", "2", "model.py"), b"print('not ours')")
+    assert repository.has("calc", 2) and not repository.unfinished("calc", 2)
+    with pytest.raises(DeployError, match="was not written from MLflow version 2"):
+        Deployer(_Registry(), fleet, repository).deploy("calc", 2)  # type: ignore[arg-type]

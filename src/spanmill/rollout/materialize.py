@@ -3,7 +3,10 @@
 MLflow version N of an agent becomes Triton version N of the agent's model, in
 the configured flavour. A version is written to a staging folder first and moved
 into the repository whole, so Triton never sees half a version, and a controller
-killed mid-write leaves nothing behind that a later load would trip on.
+killed mid-write leaves nothing behind that a later load would trip on. An object
+store has no move: there a version's upload is marked (:data:`WRITING`) from its
+first object to its last, and the next deploy writes a version that still holds the
+mark again (see :meth:`ModelRepository.unfinished`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ Flavour = Literal["python", "vllm"]
 # Written into every version folder: which registered version it was made from, so a
 # folder put there by other means is never taken for the registered version.
 ORIGIN = "spanmill-registered.json"
+# In a version folder on an object store while it is uploaded: put first, removed last.
+WRITING = "spanmill-writing"
 # In a vLLM engine's folder: the registered versions it serves, by LoRA name.
 SERVED = "spanmill-served.json"
 
@@ -171,10 +176,27 @@ class ModelRepository:
                 tmp.replace(current)
             return
         remote = self._path(model, str(version))
-        # Into an existing folder, a put would nest the staged one inside it.
         self.remove_folder(model, str(version))
-        self._fs.put(str(staged_version), remote, recursive=True)
+        # The mark goes first and leaves last: a controller killed part way leaves it,
+        # and the next deploy writes the version again (a folder without it is someone
+        # else's, or whole). Its files one by one, to their own paths: into an existing
+        # folder, a put of the folder would nest the staged one inside it.
+        marker = self._path(model, str(version), WRITING)
+        self._fs.pipe_file(marker, b"")
+        files = sorted(p for p in staged_version.rglob("*") if not p.is_dir())
+        targets = [f"{remote}/{p.relative_to(staged_version).as_posix()}" for p in files]
+        self._fs.put([str(p) for p in files], targets)
         self._fs.put(str(config), self._path(model, "config.pbtxt"))
+        self._fs.rm(marker)
+
+    def unfinished(self, model: str, version: int) -> bool:
+        """Whether ``version``'s folder is an upload cut short (it still holds its
+        :data:`WRITING` mark). A local folder is moved in whole: never."""
+        if self.local:
+            return False
+        marker = self._path(model, str(version), WRITING)
+        self._fs.invalidate_cache(self._path(model, str(version)))
+        return bool(self._fs.exists(marker))
 
     def remove(self, model: str, version: int) -> None:
         self.remove_folder(model, str(version))
