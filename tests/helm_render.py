@@ -72,11 +72,13 @@ class Rendered:
             for container in spec.get("initContainers", []) + spec["containers"]:
                 yield f"{name}/{container['name']}", container, spec
 
-    def container(self, deployment: str) -> dict[str, Any]:
-        spec = self.get("Deployment", deployment)["spec"]["template"]["spec"]
-        assert len(spec["containers"]) == 1
-        container: dict[str, Any] = spec["containers"][0]
-        return container
+    def container(self, deployment: str, name: str | None = None) -> dict[str, Any]:
+        """The container ``name`` of a Deployment's pod; by default its own, the first (a
+        container beside it, such as a serving Triton's readiness, comes after)."""
+        containers = self.get("Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+        found: list[dict[str, Any]] = [c for c in containers if name in (None, c["name"])]
+        assert found, f"{deployment} has no container {name}"
+        return found[0]
 
 
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -23,10 +23,10 @@ from helm_render import (
     template,
 )
 
-import spanmill
 from spanmill.config import RolloutSettings
 from spanmill.gateway.configmap import ROUTES_KEY
 from spanmill.gateway.routing import RoutingTable
+from spanmill.serving.readiness import READY_PATH
 
 FULLNAME = "spanmill"
 ROUTES = f"{FULLNAME}-routing"
@@ -183,28 +183,38 @@ def test_triton_on_gpu_nodes_when_it_has_gpus(render_set: Any) -> None:
 
 
 def test_triton_readiness_and_model_repository(render_set: Any) -> None:
+    for value_set in ("defaults", "gpu-cluster"):  # the python flavour, then the vllm one
+        rendered = render_set(value_set)
+        triton = rendered.container(f"{FULLNAME}-triton")
+        # Triton's own readiness in its container, and beside it a container of the
+        # controller's image that says whether it holds every routed version
+        # (spanmill.serving.readiness), judged on the routing ConfigMap mounted as a folder
+        # the kubelet keeps current: both flavours alike (the vLLM image has no spanmill).
+        assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        readiness = rendered.container(f"{FULLNAME}-triton", "readiness")
+        assert readiness["image"].rsplit(":", 1)[0].endswith("/rollout")
+        command = readiness["command"] + readiness["args"]
+        assert command[:3] == ["spanmill", "triton", "ready"] and "--serve" in command
+        port = int(command[command.index("--serve") + 1])
+        (declared,) = readiness["ports"]
+        assert declared["containerPort"] == port
+        assert readiness["readinessProbe"]["httpGet"] == {"path": READY_PATH,
+                                                           "port": declared["name"]}  # fmt: skip
+        probe = subprocess.run(
+            [sys.executable, "-m", *command, "--help"], capture_output=True, text=True,
+            timeout=120, check=False,
+        )  # fmt: skip
+        assert probe.returncode == 0 and "--routing-file" in probe.stdout, probe.stderr
+        routing_file = Path(command[command.index("--routing-file") + 1])
+        assert command[command.index("--url") + 1] == "127.0.0.1:8000"
+        mount = next(m for m in readiness["volumeMounts"] if m["name"] == "routing")
+        assert routing_file.parent == Path(mount["mountPath"]) and "subPath" not in mount
+        assert routing_file.name == ROUTES_KEY
+        pod = rendered.get("Deployment", f"{FULLNAME}-triton")["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "routing")
+        assert volume["configMap"] == {"name": ROUTES, "optional": True}
     defaults = render_set("defaults")
     triton = defaults.container(f"{FULLNAME}-triton")
-    # Ready once up and holding every routed version (spanmill.serving.readiness), judged
-    # on the routing ConfigMap mounted as a folder the kubelet keeps current.
-    command = triton["readinessProbe"]["exec"]["command"]
-    # Through python3 -m: the image has spanmill on PYTHONPATH, its command off PATH
-    # (pip --target). Run as the probe runs it, with no spanmill command on PATH.
-    assert command[:5] == ["python3", "-m", "spanmill", "triton", "ready"]
-    probe = subprocess.run(
-        [sys.executable, *command[1:5], "--help"], capture_output=True, text=True,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(spanmill.__file__).parents[1])},
-        timeout=120, check=False,
-    )  # fmt: skip
-    assert probe.returncode == 0 and "--routing-file" in probe.stdout, probe.stderr
-    routing_file = Path(command[command.index("--routing-file") + 1])
-    assert command[command.index("--url") + 1] == "127.0.0.1:8000"
-    mount = next(m for m in triton["volumeMounts"] if m["name"] == "routing")
-    assert routing_file.parent == Path(mount["mountPath"]) and "subPath" not in mount
-    assert routing_file.name == ROUTES_KEY
-    pod = defaults.get("Deployment", f"{FULLNAME}-triton")["spec"]["template"]["spec"]
-    volume = next(v for v in pod["volumes"] if v["name"] == "routing")
-    assert volume["configMap"] == {"name": ROUTES, "optional": True}
     # A custom S3 endpoint goes between s3:// and the bucket, as tritonserver expects.
     assert "--model-repository=s3://minio.minio.svc:9000/spanmill/models" in triton["args"]
     gateway = env_of(defaults.container(f"{FULLNAME}-gateway"))

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from rollout_helpers import controller, new_agent, rollout_settings
 from triton_state import loaded_model
@@ -26,7 +28,7 @@ from spanmill.registry import CHALLENGER, Lineage, names
 from spanmill.rollout.fleet import SERVICE_NAME_LABEL, EndpointSliceFleet
 from spanmill.rollout.schemas import AgentState, Phase
 from spanmill.rollout.triton import TritonControl
-from spanmill.serving.readiness import ReadinessError, check
+from spanmill.serving.readiness import ReadinessError, check, server
 from spanmill.stack.ports import free_port
 from spanmill.stack.services import RunningService, TritonServer
 
@@ -154,10 +156,17 @@ def test_every_pod_holds_each_version_and_a_new_pod_gets_them_before_it_is_ready
         assert loaded(pods[pod], agent) == {v1: "READY", v2: "READY"}, pod
         check(pods[pod], canary)
 
-    # A fourth pod starts: listed, not ready, and its readiness says what it lacks.
+    # A fourth pod starts: listed, not ready, and its readiness says what it lacks, as the
+    # container beside it answers the pod's probe (spanmill triton ready --serve).
     register(kube, "triton-d", pods["triton-d"], ready=False)
     with pytest.raises(ReadinessError, match=f"{model} version {v1}: the model is not loaded"):
         check(pods["triton-d"], canary)
+    probe = server(pods["triton-d"], routes, free_port(), host="127.0.0.1")
+    threading.Thread(target=probe.serve_forever, daemon=True).start()
+    ready_url = f"http://127.0.0.1:{probe.server_address[1]}/ready"
+    answer = httpx.get(ready_url, timeout=30)
+    assert answer.status_code == 503, answer.text
+    assert f"{model} version {v1}: the model is not loaded" in answer.text
 
     # Meanwhile a call the Service sends there is tried once more on a fresh connection,
     # which reaches a pod that holds the version.
@@ -185,6 +194,10 @@ def test_every_pod_holds_each_version_and_a_new_pod_gets_them_before_it_is_ready
     assert not [d for d in made if d.action in ("error", "rollback")], made
     assert loaded(pods["triton-d"], agent) == {v1: "READY", v2: "READY"}
     check(pods["triton-d"], canary)
+    answer = httpx.get(ready_url, timeout=30)
+    assert answer.status_code == 200 and f"revision {canary.revision}" in answer.text
+    probe.shutdown()
+    probe.server_close()
 
     # Rolled back: the challenger leaves every pod. A probe reading a table that still
     # routes to it (the kubelet's copy lags the ConfigMap) keeps every pod ready.

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import typer
 
-from spanmill.cli.console import console, err_console, handle_errors
-from spanmill.errors import ConfigError
+from spanmill.cli.console import console, handle_errors
 
 app = typer.Typer(help="Commands run beside a Triton server.", no_args_is_help=True)
 
@@ -20,21 +19,26 @@ def ready(
     ),
     url: str = typer.Option("127.0.0.1:8000", help="Triton's HTTP endpoint."),
     timeout: float = typer.Option(3.0, help="Seconds to wait for each answer from Triton."),
+    serve: int = typer.Option(
+        0,
+        help="Answer GET /ready on this port (200 ready, 503 not) until stopped, where "
+        "0 checks once and exits.",
+        min=0,
+        max=65535,
+    ),
 ) -> None:
     """Exit 0 when Triton is ready and holds every version the routing table sends to.
 
-    The Triton pods' readiness probe: a replica takes traffic only once the rollout
-    controller has loaded the routed versions onto it (spanmill.serving.readiness).
+    What the Triton pods' readiness probe asks (with --serve, in a container beside
+    Triton): a replica takes traffic only once the rollout controller has loaded the
+    routed versions onto it (spanmill.serving.readiness).
     """
-    from spanmill.serving.readiness import check, read_routes
+    from spanmill.serving import readiness
 
-    try:
-        table = read_routes(routing_file)
-    except ConfigError as exc:
-        # A bad edit of the table must not take every replica out of service.
-        err_console.print(f"ignoring the routing table: {exc}", highlight=False)
-        from spanmill.gateway.routing import RoutingTable
+    if serve:
+        from spanmill.logs import configure_logging
 
-        table = RoutingTable()
-    check(url, table, timeout_s=timeout)
-    console.print(f"ready for routing revision {table.revision}", highlight=False)
+        configure_logging()
+        readiness.serve(url, routing_file, serve, timeout_s=timeout)
+        return
+    console.print(readiness.judge(url, routing_file, timeout_s=timeout), highlight=False)

@@ -1,11 +1,14 @@
 """A Triton replica's readiness: up, and holding every version the routing table sends to.
 
-Run in each Triton pod as its readiness probe (``spanmill triton ready``), reading
-the routing ConfigMap mounted as a file. A new replica starts with nothing loaded;
-the rollout controller finds it through the headless Service's EndpointSlices and
-loads the routed versions onto it (see :mod:`spanmill.rollout.fleet`), and only
-then does the replica count as ready, so the gateway's Service never sends it a
-request it would answer with "unknown model".
+Served in each Triton pod by a container of its own beside Triton (``spanmill triton
+ready --serve PORT``, :func:`serve`), whose readiness probe asks it, reading the
+routing ConfigMap mounted as a file: one check for both flavours (the vLLM image
+carries no spanmill), answered by a process that stays up, where a probe that ran a
+command started Python and imported spanmill every ten seconds. A new replica starts
+with nothing loaded; the rollout controller finds it through the headless Service's
+EndpointSlices and loads the routed versions onto it (see
+:mod:`spanmill.rollout.fleet`), and only then does the replica count as ready, so the
+gateway's Service never sends it a request it would answer with "unknown model".
 
 The mounted file follows the ConfigMap after the kubelet's sync (up to a minute or
 two), so it may still route to a version the controller has since rolled back and
@@ -22,12 +25,20 @@ so a version is required only where this replica can still hold it:
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
 from collections.abc import Iterable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from spanmill.errors import ConfigError, SpanmillError
 from spanmill.gateway.routing import RoutingTable
+
+log = logging.getLogger(__name__)
+
+READY_PATH = "/ready"
 
 
 class ReadinessError(SpanmillError):
@@ -122,3 +133,82 @@ def check(url: str, table: RoutingTable, *, timeout_s: float = 3.0) -> None:
         raise ReadinessError(
             f"not ready for routing revision {table.revision}: " + "; ".join(missing)
         )
+
+
+def judge(url: str, routing_file: Path, *, timeout_s: float = 3.0) -> str:
+    """Raise ReadinessError unless the server at ``url`` is ready for the table in
+    ``routing_file``; what it is ready for. A table that cannot be read is reported and
+    otherwise ignored: a bad edit of it must not take every replica out of service."""
+    try:
+        table = read_routes(routing_file)
+        note = ""
+    except ConfigError as exc:
+        table, note = RoutingTable(), f" (ignoring the routing table: {exc})"
+    try:
+        check(url, table, timeout_s=timeout_s)
+    except ReadinessError as exc:
+        raise ReadinessError(f"{exc}{note}") from None
+    return f"ready for routing revision {table.revision}{note}"
+
+
+def server(
+    url: str, routing_file: Path, port: int, *, host: str = "0.0.0.0", timeout_s: float = 3.0
+) -> ThreadingHTTPServer:
+    """An HTTP server answering ``GET /ready`` with 200 where :func:`judge` finds the
+    server at ``url`` ready, else 503 and what it lacks; the pod's readiness probe asks
+    it. Each request judges afresh (the mounted table changes under it); a change of
+    answer is logged."""
+    last: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def changed(status: int, text: str) -> None:
+        with lock:
+            if last.get("status") == status:
+                return
+            last["status"] = status
+        log.log(logging.INFO if status == 200 else logging.WARNING, "%s", text)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] != READY_PATH:
+                self._answer(404, f"only {READY_PATH} is served here")
+                return
+            try:
+                status, text = 200, judge(url, routing_file, timeout_s=timeout_s)
+            except ReadinessError as exc:
+                status, text = 503, str(exc)
+            changed(status, text)
+            self._answer(status, text)
+
+        def _answer(self, status: int, text: str) -> None:
+            body = (text + "\n").encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # a probe every few seconds is not news; a change of answer is
+
+    return ThreadingHTTPServer((host, port), Handler)
+
+
+def serve(
+    url: str, routing_file: Path, port: int, *, host: str = "0.0.0.0", timeout_s: float = 3.0
+) -> None:
+    """Serve :func:`server` until SIGTERM or SIGINT."""
+    httpd = server(url, routing_file, port, host=host, timeout_s=timeout_s)
+    stopping = threading.Event()
+
+    def stop(signum: int, frame: object) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            # shutdown() waits for serve_forever, which runs on this thread: from another.
+            threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    log.info("answering readiness of Triton at %s on %s:%d%s", url, host, port, READY_PATH)
+    with httpd:
+        httpd.serve_forever(poll_interval=0.5)
