@@ -1,5 +1,8 @@
 """The flywheel: spans -> dataset -> LoRA -> evaluation -> (gate) -> registry.
 
+Its first step checks the run's parameters together (``check_run``): a combination
+that cannot work fails in seconds, naming each, not at training after the dataset.
+
 Every parameter is one a person can set from the Kubeflow UI. Only a challenger
 that passes the gate is registered as ``challenger``; the rollout controller, the
 one writer of what Triton serves, then deploys it, gives it traffic step by step,
@@ -22,6 +25,7 @@ from typing import Any
 from kfp import dsl, kubernetes
 
 from components.build_dataset import build_dataset
+from components.check_run import check_run
 from components.evaluate import evaluate
 from components.register_model import register_model
 from components.train_lora import train_lora
@@ -31,7 +35,13 @@ from spanmill.pipeline import cluster
 # The longest each step's pod may run (its active deadline): a hung step ends, where it
 # held the recurring run (one at a time) and every nightly trigger after it was skipped.
 # Training waits for a TrainJob up to its own deadline (24 h by default) and some more.
-TIMEOUT_S = {"dataset": 4 * 3600, "train": 26 * 3600, "evaluate": 6 * 3600, "register": 3600}
+TIMEOUT_S = {
+    "check": 600,
+    "dataset": 4 * 3600,
+    "train": 26 * 3600,
+    "evaluate": 6 * 3600,
+    "register": 3600,
+}
 GPU_POOL_LABEL = ("spanmill.io/pool", "gpu")
 GPU_TAINT = ("nvidia.com/gpu", "Exists", "NoSchedule")
 
@@ -104,12 +114,23 @@ def flywheel(
     rl_learning_rate: float = 1e-4,
     rl_beta: float = 0.0,
 ) -> None:
+    # Parameters that cannot work together fail here, in seconds, not hours in.
+    checked = check_run(
+        dataset_mode=dataset_mode, train_method=train_method, lora_r=lora_r, gpus=gpus,
+        trainer=trainer, trainjob_nodes=trainjob_nodes,
+        trainjob_gpus_per_node=trainjob_gpus_per_node,
+    )  # fmt: skip
+    checked.set_caching_options(False)  # it reads the cluster's serving settings
+    checked.set_cpu_limit("1").set_memory_limit("1G")
+    kubernetes.set_timeout(checked, TIMEOUT_S["check"])
+    _cluster(checked)
     data = build_dataset(
         agent=agent, store_url=store_url, since=since, until=until, mode=dataset_mode,
         min_reward=min_reward, drop_examples=drop_examples, max_tokens=max_tokens,
         eval_fraction=eval_fraction, credit=credit, feedback_horizon_hours=feedback_horizon_hours,
         reward=reward, trusted_producers=trusted_producers,
     )  # fmt: skip
+    data.after(checked)
     data.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")
     kubernetes.set_timeout(data, TIMEOUT_S["dataset"])
     _cluster(data)
@@ -150,6 +171,7 @@ def flywheel(
             num_threads=num_threads, tracking_uri=tracking_uri,
             **({"init_model": init.outputs["model"]} if init is not None else {}),
         )  # fmt: skip
+        rl.after(checked)
         # The policy generates and trains in one process on one GPU (spanmill.train.rl).
         rl.set_accelerator_type(gpu_type).set_accelerator_limit(1)
         rl.set_cpu_limit("8").set_memory_limit("32G")

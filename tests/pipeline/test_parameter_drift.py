@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 import components.build_dataset
+import components.check_run
 import components.evaluate
 import components.register_model
 import components.train_lora
@@ -26,6 +27,7 @@ from spanmill.train import TrainSettings
 
 COMPONENTS: dict[str, tuple[Any, Callable[..., Any]]] = {
     "build_dataset": (components.build_dataset.build_dataset, steps.build_dataset_step),
+    "check_run": (components.check_run.check_run, steps.check_run_step),
     "train_lora": (components.train_lora.train_lora, steps.train_step),
     "train_rl": (components.train_rl.train_rl, steps.train_rl_step),
     "evaluate": (components.evaluate.evaluate, steps.evaluate_step),

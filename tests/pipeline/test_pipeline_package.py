@@ -84,7 +84,7 @@ def test_compiled_yaml_loads_and_carries_cluster_settings() -> None:
     for name in trainers:
         assert k8s[name]["nodeSelector"]["labels"] == {"spanmill.io/pool": "gpu"}
         assert k8s[name]["tolerations"][0]["key"] == "nvidia.com/gpu"
-    steps = ["exec-build-dataset", *trainers] + [
+    steps = ["exec-check-run", "exec-build-dataset", *trainers] + [
         f"exec-{step}{suffix}"
         for step in ("evaluate", "register-model")
         for suffix in ("", "-2", "-3")

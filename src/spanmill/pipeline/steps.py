@@ -111,14 +111,9 @@ def train_step(
     from spanmill.train import TrainSettings
     from spanmill.train.launch import launch, plan_processes, visible_gpus
 
-    if trainer not in ("pod", "trainjob"):
-        raise ConfigError(f"trainer must be pod or trainjob, not {trainer!r}")
-    if trainer == "trainjob" and gpus:
-        raise ConfigError(
-            f"trainer=trainjob trains on the TrainJob's {trainjob_nodes} node(s) of "
-            f"{trainjob_gpus_per_node} GPU(s); set gpus to 0, so that this step's pod, which "
-            "only waits, holds no GPU the TrainJob may need"
-        )
+    problems = _trainer_problems(trainer, gpus, trainjob_nodes, trainjob_gpus_per_node)
+    if problems:
+        raise ConfigError(problems[0])
     settings = load_settings(
         TrainSettings,
         # max_steps 0: the settings' own (the environment's, else one epoch).
@@ -298,13 +293,85 @@ def _servable(lora_r: int) -> None:
     """Refuse, before any training, an adapter rank the serving engine could not load."""
     from spanmill.errors import ConfigError
 
+    problem = _rank_problem(lora_r)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _rank_problem(lora_r: int) -> str | None:
     serving = load_settings(ServingSettings)
     if serving.flavour == "vllm" and lora_r > serving.vllm_max_lora_rank:
-        raise ConfigError(
+        return (
             f"lora_r {lora_r} is above the vLLM engine's max_lora_rank "
             f"{serving.vllm_max_lora_rank}: the adapter could not be served; lower lora_r or "
             "raise SPANMILL_SERVING_VLLM_MAX_LORA_RANK (the chart's triton.vllm.maxLoraRank)"
         )
+    return None
+
+
+def _trainer_problems(
+    trainer: str, gpus: int, trainjob_nodes: int, trainjob_gpus_per_node: int
+) -> list[str]:
+    if trainer not in ("pod", "trainjob"):
+        return [f"trainer must be pod or trainjob, not {trainer!r}"]
+    if trainer == "trainjob" and gpus:
+        return [
+            f"trainer=trainjob trains on the TrainJob's {trainjob_nodes} node(s) of "
+            f"{trainjob_gpus_per_node} GPU(s); set gpus to 0, so that the training step's pod, "
+            "which only waits, holds no GPU the TrainJob may need"
+        ]
+    return []
+
+
+# What each train_method of the flywheel trains on: the dataset mode its supervised part
+# needs (None: GRPO alone, which samples its own episodes and reads the dataset only to
+# evaluate).
+TRAIN_METHODS: dict[str, str | None] = {
+    "sft": "sft", "dpo": "preference", "grpo": None, "sft+grpo": "sft",
+}  # fmt: skip
+
+
+def check_run_step(
+    *,
+    dataset_mode: str = "sft",
+    train_method: str = "sft",
+    lora_r: int = 16,
+    gpus: int = 1,
+    trainer: str = "pod",
+    trainjob_nodes: int = 2,
+    trainjob_gpus_per_node: int = 1,
+) -> str:
+    """Refuse, before anything is built or trained, a run whose parameters cannot work
+    together, naming every such parameter at once; what the run will do.
+
+    Each later step checks its own parameters too (for runs outside the pipeline); here
+    a combination that would fail hours in (training after the dataset build) fails in
+    seconds: a train_method whose dataset_mode does not match, trainer=trainjob with GPUs
+    for a pod that only waits, an adapter rank the serving engine cannot load.
+    """
+    from spanmill.errors import ConfigError
+
+    problems: list[str] = []
+    if train_method not in TRAIN_METHODS:
+        problems.append(f"train_method must be one of {', '.join(TRAIN_METHODS)}, "
+                        f"not {train_method!r}")  # fmt: skip
+    needed = TRAIN_METHODS.get(train_method)
+    if needed is not None:
+        if dataset_mode != needed:
+            problems.append(
+                f"train_method {train_method} trains on a {needed} dataset, and dataset_mode "
+                f"is {dataset_mode!r}: set it to {needed}"
+            )
+        problems += _trainer_problems(trainer, gpus, trainjob_nodes, trainjob_gpus_per_node)
+        rank = _rank_problem(lora_r)
+        if rank:
+            problems.append(rank)
+    if problems:
+        raise ConfigError("this run's parameters cannot work together: " + "; ".join(problems))
+    where = f"a TrainJob of {trainjob_nodes} node(s)" if trainer == "trainjob" else f"{gpus} GPU(s)"
+    return f"{train_method} on a {dataset_mode} dataset" + (
+        f", trained on {where}" if needed is not None else ""
+    )
 
 
 def _given(**values: Any) -> dict[str, Any]:
