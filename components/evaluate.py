@@ -27,6 +27,8 @@ def evaluate(
     model_repository: str = "",
     flavour: str = "",
     tracking_uri: str = "",
+    pipeline_run_id: str = "",
+    task_name: str = "",
 ) -> bool:
     """The gate's decision: promote the challenger or not.
 
@@ -47,7 +49,7 @@ def evaluate(
         margin=margin, instances=instances, evaluators=evaluators, gate_metric=gate_metric,
         judge_url=judge_url, judge_model=judge_model, num_threads=num_threads,
         triton_url=triton_url, model_repository=model_repository, flavour=flavour,
-        tracking_uri=tracking_uri,
+        tracking_uri=tracking_uri, pipeline_run_id=pipeline_run_id, task_name=task_name,
     )  # fmt: skip
     for name, value in result.get("metrics", {}).items():
         if isinstance(value, int | float) and not isinstance(value, bool):

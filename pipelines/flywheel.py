@@ -188,8 +188,12 @@ def flywheel(
             evaluators=evaluators, gate_metric=gate_metric, judge_url=judge_url,
             judge_model=judge_model, num_threads=num_threads, triton_url=triton_url,
             model_repository=model_repository, flavour=flavour, tracking_uri=tracking_uri,
+            # What names the step across its tries: a retry removes what a killed try staged.
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
         )  # fmt: skip
-        judged.set_caching_options(False)
+        # Retried once: a Triton or MLflow blip no longer throws the night's training away.
+        judged.set_caching_options(False).set_retry(num_retries=1, backoff_duration="60s")
         kubernetes.set_timeout(judged, TIMEOUT_S["evaluate"])
         _cluster(judged)
         for secret, keys in cluster.JUDGE_SECRETS.items():

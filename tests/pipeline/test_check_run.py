@@ -50,6 +50,7 @@ def test_the_check_is_the_flywheels_first_step() -> None:
     for name, task in others.items():
         assert "check-run" in task.get("dependentTasks", []), name
 
+
 def test_a_run_that_cannot_work_fails_in_the_check_before_any_dataset(tmp_path: Path) -> None:
     # Through kfp's local runner, as `spanmill pipeline run` runs the compiled package.
     with pytest.raises(RuntimeError, match=r"Inner task failed: .*check-run"):

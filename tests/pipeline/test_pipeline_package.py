@@ -275,6 +275,13 @@ def test_every_step_has_a_deadline_no_step_is_reused_and_registration_retries() 
     for name, task in tasks.items():
         if name.startswith("register-model"):
             assert task["retryPolicy"]["maxRetryCount"] == 3, name
+        if name.startswith("evaluate"):
+            # Retried once, named by its run and task across its tries: a retry removes
+            # what its killed try left staged in Triton (spanmill.evaluate.served).
+            assert task["retryPolicy"]["maxRetryCount"] == 1, name
+            given = task["inputs"]["parameters"]
+            assert given["pipeline_run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+            assert given["task_name"]["runtimeValue"]["constant"] == "{{$.pipeline_task_name}}"
 
 
 def test_every_training_task_is_named_by_its_run_and_task() -> None:

@@ -355,7 +355,15 @@ def serve_models(
             # challenger on another, whatever the comparison said.
             same_engine(champion.base_model or "", staged["challenger"])
         served = stack.enter_context(
-            staged_candidates(server, repository, agent, staged, options, triton_url=server.url)
+            staged_candidates(
+                server,
+                repository,
+                agent,
+                staged,
+                options,
+                triton_url=server.url,
+                owner=settings.owner,
+            )
         )
         measured = champion or replace(served["champion"], registered=version)
         yield {"champion": measured, "challenger": served["challenger"]}

@@ -5,9 +5,16 @@ champion is the agent's registered version where Triton serves it, and the
 challenger, not registered yet, is staged as a version of the agent's *candidate*
 Triton model (:func:`names.triton_candidate_model`), so the agent's own model keeps
 holding registered versions only; so is a champion no serving pod holds. A candidate
-version is removed again when the evaluation ends, whatever its outcome (and one left
-by an evaluation that was killed, a day later, by the next). It is staged
+version is removed again when the evaluation ends, whatever its outcome. It is staged
 on one server, the evaluation's own Triton or one serving pod, never on every pod.
+
+A version an evaluation that was killed left behind is removed by the next one to
+stage a candidate of the agent: each version holds a record (:data:`RECORD`) its
+evaluation renews every minute while it runs, and one not renewed for ten minutes
+is a leftover, as is one whose record names the staging evaluation itself (a retry
+of the same pipeline task, whose first try was killed). Before, a leftover stayed a
+day, loaded beside every later candidate: in the vLLM flavour an engine holding half
+the GPU, which no later engine fit beside.
 
 In the vLLM flavour the candidates of one evaluation are LoRA adapters of one engine
 (a version of the candidate model), each asked for by name: a GPU holds one engine,
@@ -19,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import shutil
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -130,9 +140,14 @@ def _tokenizers() -> Tokenizers:
     return Tokenizers()
 
 
-# A candidate version older than this is a leftover of an evaluation that was killed
-# before it removed it (its number is when it was staged, in milliseconds).
-LEFTOVER_AFTER_S = 24 * 3600.0
+# In each candidate version: who staged it, and when it last said it still runs.
+RECORD = "spanmill-evaluation.json"
+# How often a running evaluation renews its record, and how long one not renewed is kept.
+HEARTBEAT_S = 60.0
+LEFTOVER_AFTER_S = 10 * HEARTBEAT_S
+# A version without a record (written before records were) older than this is a leftover
+# (its number is when it was staged, in milliseconds).
+UNRECORDED_LEFTOVER_AFTER_S = 24 * 3600.0
 
 
 def candidate_version(taken: list[int]) -> int:
@@ -141,20 +156,59 @@ def candidate_version(taken: list[int]) -> int:
     return max(time.time_ns() // 1_000_000, max(taken, default=0) + 1)
 
 
-def _new_candidate_version(triton: TritonFleet, repository: ModelRepository, model: str) -> int:
+def _new_candidate_version(
+    triton: TritonFleet, repository: ModelRepository, model: str, owner: str | None
+) -> int:
     """A version number for a candidate of ``model``, once the leftovers of evaluations
     killed before they removed theirs are gone (with ``version_policy: all``, each load of
-    the candidate model would load them again)."""
+    the candidate model would load them again): see the module's docstring."""
     taken = repository.versions(model)
-    oldest = (time.time() - LEFTOVER_AFTER_S) * 1000
-    for version in [v for v in taken if v < oldest]:
-        log.warning("removing %s version %d, left by an evaluation that did not end", model,
-                    version)  # fmt: skip
+    now = time.time()
+    for version in taken:
+        record = repository.read_json(model, str(version), RECORD)
+        if record is None:
+            gone = version < (now - UNRECORDED_LEFTOVER_AFTER_S) * 1000
+            why = "left by an evaluation that did not end"
+        elif owner is not None and record.get("owner") == owner:
+            gone, why = True, f"left by an earlier try of this evaluation ({owner})"
+        else:
+            beat = record.get("beat")
+            silent = now - beat if isinstance(beat, int | float) else float("inf")
+            gone = silent > LEFTOVER_AFTER_S
+            why = f"left by an evaluation silent for {silent:.0f}s ({record.get('owner')})"
+        if not gone:
+            continue
+        log.warning("removing %s version %d, %s", model, version, why)
         try:
             drop_version(triton, repository, model, version)
         except SpanmillError as exc:
             log.warning("removing %s version %d: %s", model, version, exc)
     return candidate_version(taken)
+
+
+class _Heartbeat:
+    """Renews a staged version's :data:`RECORD` every :data:`HEARTBEAT_S` until stopped."""
+
+    def __init__(self, repository: ModelRepository, model: str, version: int,
+                 record: dict[str, Any]) -> None:  # fmt: skip
+        self.repository, self.parts, self.record = repository, (model, str(version), RECORD), record
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="spanmill-candidate-heartbeat",
+                                       daemon=True)  # fmt: skip
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(HEARTBEAT_S):
+            try:
+                self.repository.write_json({**self.record, "beat": time.time()}, *self.parts)
+            except Exception as exc:  # the next beat tries again; ten missed, it is a leftover
+                log.warning("renewing %s: %s", "/".join(self.parts), exc)
+
+    def stop(self) -> None:
+        """Stopped, its last write done: a beat after the version's removal would leave a
+        folder Triton reads as a version."""
+        self.stopping.set()
+        self.thread.join()
 
 
 @dataclass(frozen=True)
@@ -193,13 +247,15 @@ def staged_candidates(
     options: ServingOptions,
     *,
     triton_url: str,
+    owner: str | None = None,
 ) -> Iterator[dict[str, ServedModel]]:
     """Each of ``candidates`` served, by its name, for the duration of the block: a
     version of its own each in the Python flavour, adapters of one engine in the vLLM
-    flavour."""
+    flavour. ``owner``: who stages them (a pipeline run's id and task), in their
+    records."""
     if options.flavour == "vllm":
         with staged_engine(triton, repository, agent, candidates, options,
-                           triton_url=triton_url) as served:  # fmt: skip
+                           triton_url=triton_url, owner=owner) as served:  # fmt: skip
             yield served
         return
     with ExitStack() as stack:
@@ -213,6 +269,7 @@ def staged_candidates(
                     candidate.adapter,
                     replace(options, copy_base=True) if candidate.copy_base else options,
                     triton_url=triton_url,
+                    owner=owner,
                 )
             )
             for name, candidate in candidates.items()
@@ -228,17 +285,24 @@ def _staged(
     smoke: Callable[[TritonControl, int], None],
     *,
     what: str,
+    owner: str | None = None,
 ) -> Iterator[int]:
     """A new version of the candidate ``model`` for the duration of the block: ``write``
     puts it in a staging repository (its root, the version), the version is installed,
-    then loaded onto every server of ``triton`` (the evaluation's requests may reach any
-    of them) and checked there by ``smoke``; removed from the repository and from
-    Triton afterwards, whatever the outcome."""
-    version = _new_candidate_version(triton, repository, model)
+    with its :data:`RECORD` (``owner``: who stages it), then loaded onto every server of
+    ``triton`` (the evaluation's requests may reach any of them) and checked there by
+    ``smoke``; removed from the repository and from Triton afterwards, whatever the
+    outcome."""
+    version = _new_candidate_version(triton, repository, model, owner)
+    record = {"owner": owner, "host": socket.gethostname(), "staged": time.time()}
     with repository.staging() as scratch:
         stage = Path(scratch) / "repository"
         write(stage, version)
+        (stage / model / str(version) / RECORD).write_text(
+            json.dumps({**record, "beat": time.time()})
+        )
         repository.install(stage / model, model, version)
+    heartbeat = _Heartbeat(repository, model, version, record)
     try:
         try:
             for server in triton.members():
@@ -249,6 +313,7 @@ def _staged(
         log.info("%s staged as %s version %d", what, model, version)
         yield version
     finally:
+        heartbeat.stop()
         try:
             drop_version(triton, repository, model, version)
         except SpanmillError as exc:
@@ -265,6 +330,7 @@ def staged_engine(
     *,
     triton_url: str,
     smoke_timeout_s: float = 300.0,
+    owner: str | None = None,
 ) -> Iterator[dict[str, ServedModel]]:
     """``candidates`` as LoRA adapters of one vLLM engine on their common base model, a
     version of the agent's candidate model, each asked for by its name (None for the base
@@ -305,7 +371,7 @@ def staged_engine(
                          timeout_s=smoke_timeout_s)  # fmt: skip
 
     what = f"{', '.join(candidates)} (adapters of one engine)"
-    with _staged(triton, repository, model, write, smoke, what=what) as version:
+    with _staged(triton, repository, model, write, smoke, what=what, owner=owner) as version:
         yield {
             name: ServedModel(triton_url, model, version, flavour="vllm", engine=version,
                               lora_name=name if name in loras else None, base_model=base)
@@ -324,6 +390,7 @@ def staged_candidate(
     *,
     triton_url: str,
     smoke_timeout_s: float = 300.0,
+    owner: str | None = None,
 ) -> Iterator[ServedModel]:
     """``adapter`` on ``base_model`` (or the base alone) served as a candidate version, for
     the duration of the block; removed from the repository and from Triton afterwards.
@@ -349,5 +416,6 @@ def staged_candidate(
     def smoke(server: TritonControl, version: int) -> None:
         server.smoke(model, version, timeout_s=smoke_timeout_s)
 
-    with _staged(triton, repository, model, write, smoke, what="a candidate") as version:
+    with _staged(triton, repository, model, write, smoke, what="a candidate",
+                 owner=owner) as version:  # fmt: skip
         yield ServedModel(triton_url, model, version)

@@ -112,6 +112,12 @@ class EvalSettings(BaseSettings):
         # The chart's ConfigMap holds the key whether or not it runs such a Triton.
         return value.strip() or None if value is not None else None
 
+    owner: str | None = Field(
+        None,
+        description="Who stages the candidates (a pipeline run's id and task), written in "
+        "their records: a retry of the same evaluation removes what its killed try left.",
+    )
+
     bootstrap_resamples: int = Field(2000, ge=100)
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     seed: int = 0

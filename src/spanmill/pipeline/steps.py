@@ -232,14 +232,18 @@ def evaluate_step(
     triton_url: str = "",
     model_repository: str = "",
     flavour: str = "",
+    pipeline_run_id: str = "",
+    task_name: str = "",
 ) -> dict[str, Any]:
     """Judge the challenger against the agent's champion, both served by Triton.
 
     The champion is whatever the ``champion`` alias points at in MLflow, as
     Triton serves it; the challenger is staged in Triton for the evaluation's
-    length. No model is loaded in this step's own process. The judge's key, when
-    it needs one, comes from ``SPANMILL_EVAL_JUDGE_API_KEY`` (a Secret on a
-    cluster). Returns the evaluation's metrics.json content.
+    length, its record naming ``pipeline_run_id`` and ``task_name`` where given, so
+    that a retry of this step removes what a killed try left staged. No model is
+    loaded in this step's own process. The judge's key, when it needs one, comes from
+    ``SPANMILL_EVAL_JUDGE_API_KEY`` (a Secret on a cluster). Returns the evaluation's
+    metrics.json content.
     """
     from spanmill.evaluate import EvalSettings, evaluate
 
@@ -253,6 +257,8 @@ def evaluate_step(
         "mlflow": _mlflow(tracking_uri),
         "triton": _triton(triton_url, model_repository),
     }
+    if pipeline_run_id:
+        given["owner"] = f"{pipeline_run_id}/{task_name}"
     if judge_url:
         given["judge_url"] = judge_url
     if judge_model:

@@ -236,6 +236,19 @@ class ModelRepository:
             return None
         return data if isinstance(data, dict) else None
 
+    def write_json(self, data: dict[str, Any], *parts: str) -> None:
+        """Keep a JSON object at ``parts``, in place of what was there (a reader sees the
+        old object or the new one, never part of one)."""
+        path = self._path(*parts)
+        text = json.dumps(data)
+        if self.local:
+            target = Path(path)
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_text(text)
+            tmp.replace(target)
+            return
+        self._fs.pipe_file(path, text.encode())
+
     def origin(self, model: str, version: int) -> dict[str, Any] | None:
         """What :data:`ORIGIN` says about a version folder; None when it has none."""
         return self.read_json(model, str(version), ORIGIN)
