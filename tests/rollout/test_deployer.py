@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from spanmill.rollout.deployer import Deployer, DeployError, PodDeployError
-from spanmill.rollout.triton import TritonError
+from spanmill.rollout.triton import TritonError, TritonUnreachable
 
 AGENT = "calculator"
 
@@ -31,6 +31,9 @@ class Server:
     def load(self, model: str) -> None:
         self.loads += 1
         self.loaded = True
+
+    def unload(self, model: str) -> None:
+        self.loaded = False
 
     def reasons(self, model: str) -> dict[int, str]:
         return {}
@@ -67,6 +70,15 @@ class Repository:
     def unfinished(self, model: str, version: int) -> bool:
         return False
 
+    def __init__(self) -> None:
+        self.removed: list[int] = []
+
+    def remove(self, model: str, version: int) -> None:
+        self.removed.append(version)
+
+    def versions(self, model: str) -> list[int]:
+        return []
+
 
 ORIGIN = "models:/calculator/1"
 
@@ -76,8 +88,10 @@ def _origin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("spanmill.rollout.deployer.origin_of", lambda registered: ORIGIN)
 
 
-def deploy(servers: list[Server]) -> float:
-    deployer = Deployer(Registry(), Fleet(servers), Repository())  # type: ignore[arg-type]
+def deploy(servers: list[Server], repository: Repository | None = None, *,
+           leading: bool = True) -> float:  # fmt: skip
+    deployer = Deployer(Registry(), Fleet(servers), repository or Repository())  # type: ignore[arg-type]
+    deployer.fence = lambda: leading
     return deployer.deploy(AGENT, 1)
 
 
@@ -104,3 +118,38 @@ def test_every_server_is_checked_and_all_answering_is_a_deployment() -> None:
     servers = [Server(n, loaded=n == "a", answers=True) for n in ("a", "b", "c")]
     assert deploy(servers) >= 0
     assert [s.loads for s in servers] == [0, 1, 1]
+
+
+def test_a_pod_lost_while_it_loads_a_new_version_is_the_pods_fault() -> None:
+    # A version new to every pod; one pod dies mid-load (its connection is reset), the
+    # other loads it and answers. Nothing is said against the version: it serves on the
+    # other pod, and stays in the repository for the lost pod's return. Before, it was
+    # removed and rejected for good, as a version that does not load.
+    class Lost(Server):
+        def load(self, model: str) -> None:
+            self.loads += 1
+            raise TritonUnreachable(
+                f"cannot reach {self.describe()} (loading {model}): ConnectionResetError"
+            )
+
+        def reasons(self, model: str) -> dict[int, str]:
+            raise TritonUnreachable(f"cannot reach {self.describe()}")
+
+    servers = [Server("a", loaded=False, answers=True), Lost("b", loaded=False, answers=False)]
+    repository = Repository()
+    with pytest.raises(PodDeployError, match="loading calculator version 1 failed on Triton pod b"):
+        deploy(servers, repository)
+    assert servers[0].loaded and [s.loads for s in servers] == [1, 1]
+    assert repository.removed == []
+
+
+@pytest.mark.parametrize("leading", [True, False])
+def test_a_failed_deployments_clean_up_is_the_leaders(leading: bool) -> None:
+    # A new version loads everywhere and answers nowhere: the leader removes it again. A
+    # controller whose Lease went elsewhere during the deployment (minutes for a real
+    # model) leaves it: the new leader may be deploying that version meanwhile.
+    servers = [Server("a", loaded=False, answers=False), Server("b", loaded=False, answers=False)]
+    repository = Repository()
+    with pytest.raises(DeployError, match="checking calculator version 1 failed on Triton pod a"):
+        deploy(servers, repository, leading=leading)
+    assert repository.removed == ([1] if leading else [])

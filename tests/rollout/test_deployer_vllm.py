@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from spanmill.registry import Lineage, RegisteredVersion
+from spanmill.registry import Lineage, RegisteredVersion, names
 from spanmill.rollout.deployer import Deployer, DeployError, EngineReloadError
-from spanmill.rollout.materialize import ModelRepository, ServingOptions, add_to_engine
+from spanmill.rollout.materialize import ModelRepository, ServingOptions, add_to_engine, read_engine
 from spanmill.rollout.triton import TritonError, TritonUnreachable
 
 AGENT = "calc"
@@ -401,3 +401,43 @@ def test_a_controller_that_lost_its_lease_mid_deployment_records_nothing(
     state = reconciler.backend.state.agents[AGENT]
     assert state.phase == Phase.DEPLOYING  # saved before the deployment began, left so
     assert saved.agents[AGENT].phase == Phase.STABLE
+
+
+def test_a_controller_that_lost_its_lease_mid_pass_retires_nothing(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """A version due to go (rolled back, its grace over) stays loaded where the Lease went
+    to another replica during the pass: the leader may route to it. The leader retires it."""
+    from spanmill.rollout.schemas import Phase
+
+    _, repository, servers, deployer = setting
+    aliases, clock, reconciler = champion_served(setting)
+    clock[0] += 1.0
+    reconciler.tick()
+    state = reconciler.state(AGENT)
+    assert state is not None and state.phase == Phase.CANARY
+    aliases.roll_back_by_hand(2)
+    clock[0] += 1.0
+    reconciler.tick()
+    state = reconciler.state(AGENT)
+    assert state is not None and state.phase == Phase.STABLE and 2 in state.retiring
+    leading = [True]
+    reconciler.active = lambda: leading[0]
+    checking = deployer.ready
+
+    def check_and_lose_the_lease(agent: str, version: int) -> bool:
+        if agent == AGENT:
+            leading[0] = False
+        return checking(agent, version)
+
+    deployer.ready = check_and_lose_the_lease  # type: ignore[method-assign]
+    clock[0] += state.retiring[2] + 1.0
+    reconciler.tick()
+    engine = read_engine(repository, names.triton_model(AGENT))
+    assert engine is not None and 2 in engine.versions
+    assert all("calc-v2" in server.loras for server in servers)
+    leading[0] = True
+    deployer.ready = checking  # type: ignore[method-assign]
+    reconciler.tick()
+    engine = read_engine(repository, names.triton_model(AGENT))
+    assert engine is not None and 2 not in engine.versions

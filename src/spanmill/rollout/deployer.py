@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from spanmill.errors import SpanmillError
@@ -79,6 +80,10 @@ class Deployer:
         self.repository = repository
         self.options = options or ServingOptions()
         self.smoke_timeout_s = smoke_timeout_s
+        # Whether this controller still leads (the reconciler's Lease): a deployment that
+        # fails after the Lease went elsewhere leaves its clean-up to the new leader, which
+        # may be deploying the same version meanwhile.
+        self.fence: Callable[[], bool] = lambda: True
 
     @property
     def vllm(self) -> bool:
@@ -252,16 +257,23 @@ class Deployer:
             # No server could be asked: a restart or an outage, not the version's fault.
             # What was written stays, for the next try.
             raise ServingUnreachable(failures[0])
+        if unreachable == len(failures):
+            # Only servers that could not be asked failed (a pod lost mid-load), and others
+            # serve it: nothing against the version, new or not. It serves on those, and its
+            # files stay for the lost pod, which stays out of traffic until it takes it.
+            raise PodDeployError(failures[0])
         if new and self.vllm and not holding and self._engine_serves_on(agent, servers):
             # No server reloaded the engine with the version, and each serves the engine
             # it held (Triton keeps a model whose reload fails): its adapter files are read
             # only at its first request, so the failure says nothing against the version
             # (a GPU still holding a draining engine, a slow start). Out of the record
             # again, with nothing to reload, and to be tried again.
-            try:
-                remove_from_engine(self.repository, agent, version, self.options)
-            except SpanmillError as exc:
-                log.warning("%s version %d: taking it out of the engine: %s", agent, version, exc)
+            if self._leading(agent, version):
+                try:
+                    remove_from_engine(self.repository, agent, version, self.options)
+                except SpanmillError as exc:
+                    log.warning("%s version %d: taking it out of the engine: %s", agent, version,
+                                exc)  # fmt: skip
             raise EngineReloadError(failures[0])
         if new:
             self._clean_up(agent, version)
@@ -311,7 +323,16 @@ class Deployer:
             log.info("%s version %d added to its vLLM engine in %.1fs", agent, version, seconds)
         return seconds
 
+    def _leading(self, agent: str, version: int) -> bool:
+        if self.fence():
+            return True
+        log.warning("%s version %d: no longer leading; what its failed deployment wrote is "
+                    "left to the leader", agent, version)  # fmt: skip
+        return False
+
     def _clean_up(self, agent: str, version: int) -> None:
+        if not self._leading(agent, version):
+            return
         try:
             self._drop(agent, version)
         except SpanmillError as cleanup:

@@ -97,6 +97,8 @@ class Reconciler:
         self._hold_logged: dict[str, float] = {}
         # Whether this replica may act now (leader election); always, without it.
         self.active: Callable[[], bool] = lambda: True
+        # The deployer's clean-ups after a failure are fenced by the same Lease.
+        self.deployer.fence = lambda: self.active()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -537,6 +539,8 @@ class Reconciler:
                 log.info("%s version %d: retired once the routes no longer send it traffic",
                          agent, version)  # fmt: skip
                 continue
+            if not self.active():  # a deposed leader unloads nothing the leader may route to
+                raise NotLeading(f"{agent}: no longer leading; version {version} stays loaded")
             self.deployer.retire(agent, version)
             st = decide.retired(st, version, now)
             try:
