@@ -26,6 +26,9 @@ SETTINGS: tuple[str, ...] = (
     # The base model training starts from when the run names none (TrainSettings): a
     # Hugging Face id or an object store folder, the same in every pod.
     "SPANMILL_TRAIN_BASE_MODEL",
+    # Where the training step copies its checkpoints, for a retry on a new pod to resume
+    # from (TrainSettings.checkpoint_store; empty: none).
+    "SPANMILL_TRAIN_CHECKPOINT_STORE",
     # The registry (MLflowSettings); the credentials come from a Secret.
     "SPANMILL_MLFLOW_TRACKING_URI",
     # Triton and its model repository (TritonSettings).

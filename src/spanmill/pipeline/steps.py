@@ -105,7 +105,9 @@ def train_step(
     and waits for it (:mod:`spanmill.train.trainjob`), named from ``pipeline_run_id``
     and ``task_name`` where given, so that every try of the step finds the same
     TrainJob. Either way rank 0 alone logs to MLflow and writes the adapter, and the
-    result is that of a single process.
+    result is that of a single process. Trained here, with a checkpoint store
+    (``SPANMILL_TRAIN_CHECKPOINT_STORE``), a retried step resumes from the checkpoints
+    its lost try copied there (:mod:`spanmill.train.mirror`).
     """
     from spanmill.errors import ConfigError
     from spanmill.train import TrainSettings
@@ -114,10 +116,12 @@ def train_step(
     problems = _trainer_problems(trainer, gpus, trainjob_nodes, trainjob_gpus_per_node)
     if problems:
         raise ConfigError(problems[0])
+    key = f"{pipeline_run_id}/{task_name}" if pipeline_run_id else ""
     settings = load_settings(
         TrainSettings,
-        # max_steps 0: the settings' own (the environment's, else one epoch).
-        **_given(base_model=base_model, max_steps=max_steps or None),
+        # max_steps 0: the settings' own (the environment's, else one epoch). The key names
+        # the run's checkpoints in the checkpoint store, the same for every try of the step.
+        **_given(base_model=base_model, max_steps=max_steps or None, run_key=key),
         method=method,
         lora_r=lora_r,
         lora_alpha=lora_alpha,
@@ -146,7 +150,7 @@ def train_step(
             job=load_settings(TrainJobSettings),
             config_maps={cluster.CONFIGMAP: cluster.SETTINGS},
             secrets=cluster.SECRETS,
-            key=f"{pipeline_run_id}/{task_name}" if pipeline_run_id else "",
+            key=key,
         )
     else:
         result = launch(dataset_dir, out_dir, settings, plan_processes(gpus, visible_gpus()))

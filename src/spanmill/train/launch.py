@@ -36,8 +36,9 @@ from pathlib import Path
 
 from spanmill.contracts import TrainManifest
 from spanmill.train.errors import TrainError
+from spanmill.train.mirror import mirror_url, restore
 from spanmill.train.settings import TrainSettings
-from spanmill.train.trainer import MERGED_DIRNAME, TrainResult, train
+from spanmill.train.trainer import CHECKPOINTS_DIRNAME, MERGED_DIRNAME, TrainResult, train
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +152,9 @@ def launch(
         logger.warning("%s", plan.note)
     if plan.in_process:
         return train(dataset_dir, output_dir, settings)
+    mirror = mirror_url(settings, output_dir)
+    if mirror is not None:  # before the processes, which all read the folder at once
+        restore(mirror, Path(output_dir) / CHECKPOINTS_DIRNAME)
     prepare_base_model(settings)
     command = torchrun_command(dataset_dir, output_dir, plan.processes)
     where = "the CPU" if not plan.on_gpu else f"{plan.processes} GPU(s)"

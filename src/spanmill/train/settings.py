@@ -101,6 +101,25 @@ class TrainSettings(BaseSettings):
     save_total_limit: int = Field(2, gt=0)
     resume: bool = Field(True, description="Continue from the output folder's last checkpoint.")
     keep_checkpoints: bool = Field(False, description="Keep checkpoints after a finished run.")
+    checkpoint_store: str | None = Field(
+        None,
+        description="A folder (local, or an object store's such as s3://bucket/checkpoints) "
+        "each checkpoint is copied into as it is saved, in a folder named from run_key: a run "
+        "started again elsewhere (a retried pipeline step, on a new pod) resumes from it "
+        "(spanmill.train.mirror). Unset: checkpoints are in the output folder alone.",
+    )
+    run_key: str | None = Field(
+        None,
+        description="What names this run across its tries (a pipeline run's id and task): "
+        "its folder in checkpoint_store. Unset: the output folder's path.",
+    )
+
+    @field_validator("checkpoint_store", "run_key")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        # The chart's ConfigMap holds the key whether or not a store is set.
+        return value.strip() or None if value is not None else None
+
     merge: bool = Field(False, description="Also save the base model with the adapter merged in.")
     eval_loss: bool = Field(True, description="Compute the loss on the eval split at the end.")
 
@@ -163,6 +182,8 @@ class TrainSettings(BaseSettings):
             exclude={
                 "resume",
                 "keep_checkpoints",
+                "checkpoint_store",
+                "run_key",
                 "merge",
                 "eval_loss",
                 "track",

@@ -13,6 +13,8 @@ the CLI and the pipeline component call. Folder in, folder out:
     Trainer checkpoints while the run lasts. A run started again on the same
     folder resumes from the last one (same dataset and settings only) and
     continues the same MLflow run; they are removed once the run has finished.
+    With ``settings.checkpoint_store`` each is also copied there as it is saved, and a
+    run started again elsewhere resumes from that copy (:mod:`spanmill.train.mirror`).
 
 Under torchrun or accelerate every process calls it (:mod:`spanmill.train.launch`
 starts one per GPU): the Trainer runs data parallel from the launcher's environment,
@@ -46,6 +48,7 @@ from spanmill.train.errors import (
     EmptyDatasetError,
     TrainError,
 )
+from spanmill.train.mirror import discard, mirror_callback, mirror_url, restore
 from spanmill.train.settings import TrainSettings
 from spanmill.train.tracking import FiniteLoss, MetricsCallback, RunTracker, loss_curve_png
 
@@ -127,8 +130,14 @@ def train(
     """
     settings = settings or TrainSettings()
     output_dir = Path(output_dir)
-    plan = _plan(Path(dataset_dir), output_dir, settings)
     main = _is_main_process()
+    mirror = mirror_url(settings, output_dir)
+    if mirror is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # Several processes read the folder at once: their launcher restores it first.
+        restore(mirror, output_dir / CHECKPOINTS_DIRNAME)
+    plan = _plan(Path(dataset_dir), output_dir, settings)
+    if mirror is not None and main:
+        callbacks = [*callbacks, mirror_callback(mirror, plan.checkpoints)]
     tracker: RunTracker | None = None
     if settings.track and main:
         tracker = RunTracker.open(
@@ -169,6 +178,8 @@ def train(
             tracker.finish("FINISHED")
         if not settings.keep_checkpoints:
             shutil.rmtree(plan.checkpoints, ignore_errors=True)
+            if mirror is not None:
+                discard(mirror)
     return result
 
 

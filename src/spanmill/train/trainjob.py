@@ -60,6 +60,7 @@ from spanmill.train.launch import (
     settings_env,
     torchrun_command,
 )
+from spanmill.train.mirror import mirror_url, restore
 from spanmill.train.settings import TrainJobSettings, TrainSettings
 from spanmill.train.trainer import CHECKPOINTS_DIRNAME, TrainResult
 
@@ -350,6 +351,9 @@ def run_node(
         dataset_dir = Path(scratch) / "dataset"
         output_dir = Path(scratch) / "output"
         copy_from(dataset_url, dataset_dir)
+        mirror = mirror_url(settings, output_dir)
+        if mirror is not None:  # a node started again resumes from the checkpoints' copy
+            restore(mirror, output_dir / CHECKPOINTS_DIRNAME)
         prepare_base_model(settings)
         command = torchrun_command(dataset_dir, output_dir, None)
         logger.info("node %d: %s", node_rank, " ".join(command))
