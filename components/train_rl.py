@@ -23,6 +23,8 @@ def train_rl(
     precision: str = "auto",
     num_threads: int = 0,
     tracking_uri: str = "",
+    pipeline_run_id: str = "",
+    task_name: str = "",
 ) -> None:
     from pathlib import Path
 
@@ -33,7 +35,7 @@ def train_rl(
         agent=agent, base_model=base_model, max_steps=max_steps, group_size=group_size,
         groups_per_step=groups_per_step, temperature=temperature, learning_rate=learning_rate,
         beta=beta, seed=seed, precision=precision, num_threads=num_threads,
-        tracking_uri=tracking_uri,
+        tracking_uri=tracking_uri, pipeline_run_id=pipeline_run_id, task_name=task_name,
     )  # fmt: skip
     for name, value in result.items():
         if isinstance(value, int | float) and not isinstance(value, bool):

@@ -169,6 +169,9 @@ def flywheel(
             groups_per_step=rl_groups_per_step, temperature=rl_temperature,
             learning_rate=rl_learning_rate, beta=rl_beta, precision=precision,
             num_threads=num_threads, tracking_uri=tracking_uri,
+            # What names the step across its tries: a retry resumes from its checkpoints.
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
             **({"init_model": init.outputs["model"]} if init is not None else {}),
         )  # fmt: skip
         rl.after(checked)
@@ -176,6 +179,7 @@ def flywheel(
         rl.set_accelerator_type(gpu_type).set_accelerator_limit(1)
         rl.set_cpu_limit("8").set_memory_limit("32G")
         rl.set_caching_options(False)  # it samples fresh episodes
+        rl.set_retry(num_retries=1, backoff_duration="60s")
         kubernetes.set_timeout(rl, TIMEOUT_S["train"])
         _on_gpu_pool(rl)
         return rl

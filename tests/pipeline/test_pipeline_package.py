@@ -288,7 +288,9 @@ def test_every_training_task_is_named_by_its_run_and_task() -> None:
     """A retried run may give the training step other paths: its TrainJob is named from
     the run's id and the task's name, which KFP fills in (spanmill.train.trainjob.job_name)."""
     spec, _ = yaml.safe_load_all(DEFAULT_PACKAGE.read_text())
-    trainings = {n: t for n, t in _tasks(spec).items() if n.startswith("train-lora")}
+    trainings = {n: t for n, t in _tasks(spec).items() if n.startswith("train-")}
+    assert {n.rsplit("-", 1)[0] if n[-1].isdigit() else n for n in trainings} == {
+        "train-lora", "train-rl"}  # fmt: skip
     assert trainings
     for name, task in trainings.items():
         given = task["inputs"]["parameters"]

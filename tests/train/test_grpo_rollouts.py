@@ -183,21 +183,26 @@ class Interrupted(Exception):
     pass
 
 
-def test_a_grpo_run_resumes_from_its_last_checkpoint(
+def test_a_grpo_run_resumes_from_its_last_checkpoint_on_another_machine(
     rollout_kafka: KafkaSettings, smollm2_dir: Path, tmp_path: Path
 ) -> None:
-    out = tmp_path / "grpo"
-    settings = _settings(smollm2_dir)
+    # Interrupted on one pod, started again on another with an empty output folder: the
+    # checkpoints copied to the store as they were saved are where it resumes from.
+    store = tmp_path / "store"
+    settings = _settings(smollm2_dir, checkpoint_store=f"file://{store}", run_key="run/rl")
+    first = tmp_path / "pod-a" / "grpo"
 
     def stop_after_first(step: int, stats: dict[str, float]) -> None:
         if step == 1:
             raise Interrupted
 
     with pytest.raises(Interrupted):
-        train_grpo(out, settings, rollout_kafka, on_step=stop_after_first)
-    assert (out / "checkpoints" / "step-1" / "state.json").is_file()
-    assert not (out / "adapter_config.json").exists()
+        train_grpo(first, settings, rollout_kafka, on_step=stop_after_first)
+    assert (first / "checkpoints" / "step-1" / "state.json").is_file()
+    assert not (first / "adapter_config.json").exists()
+    assert [p.name for p in store.glob("*/step-1.complete")] == ["step-1.complete"]
 
+    out = tmp_path / "pod-b" / "grpo"
     steps: list[int] = []
     result = train_grpo(out, settings, rollout_kafka, on_step=lambda s, _: steps.append(s))
     assert result.resumed_from_step == 1 and result.global_step == 2
@@ -208,6 +213,7 @@ def test_a_grpo_run_resumes_from_its_last_checkpoint(
     assert manifest["method"] == "grpo" and manifest["task"] == "calculator"
     assert (out / "adapter_config.json").is_file()
     assert not (out / "checkpoints").exists()  # removed once the run finished
+    assert list(store.iterdir()) == []  # and so is their copy
 
     with pytest.raises(TrainError, match="name the task"):
         train_grpo(tmp_path / "other", _settings(smollm2_dir, task=None), rollout_kafka)

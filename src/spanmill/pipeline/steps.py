@@ -174,12 +174,16 @@ def train_rl_step(
     num_threads: int = 0,
     experiment: str = "spanmill",
     tracking_uri: str = "",
+    pipeline_run_id: str = "",
+    task_name: str = "",
 ) -> dict[str, Any]:
     """GRPO on the agent's task into ``out_dir``, from the adapter in ``init_model_dir`` if any.
 
     The task is the agent's task plugin; rollouts go to and are read back from the
     rollout topic (``SPANMILL_KAFKA_*``, the chart's pipeline ConfigMap). Returns
-    the training metrics.
+    the training metrics. With a checkpoint store, a retried step resumes from the
+    checkpoints its lost try copied there, found by ``pipeline_run_id`` and
+    ``task_name`` (:mod:`spanmill.train.mirror`).
     """
     from spanmill.config import KafkaSettings
     from spanmill.errors import ConfigError
@@ -193,9 +197,10 @@ def train_rl_step(
             f"agent {agent!r} has no task plugin: GRPO samples episodes of a task's own "
             "code, with its verifier's rewards; train this agent with sft"
         )
+    key = f"{pipeline_run_id}/{task_name}" if pipeline_run_id else ""
     settings = load_settings(
         TrainSettings,
-        **_given(base_model=base_model),
+        **_given(base_model=base_model, run_key=key),
         method="grpo",
         task=task.name,
         init_adapter=str(init_model_dir) if init_model_dir is not None else None,

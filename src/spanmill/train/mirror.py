@@ -5,11 +5,12 @@ pod is lost (a preempted GPU node, an eviction, the step's deadline) and the pip
 retries the step on a new pod, that folder is gone, and hours of training start over.
 With ``TrainSettings.checkpoint_store`` set (an object store folder, the chart's
 ``SPANMILL_TRAIN_CHECKPOINT_STORE``), each checkpoint is copied there as soon as it is
-saved (:class:`MirrorCallback`), into a folder named from ``TrainSettings.run_key`` (a
-pipeline run's id and the step's task name, the same for every try); a run that finds
-no checkpoint in its output folder first copies them back (:func:`restore`), and then
-resumes as from its own, under the same checks (the same dataset and settings), in
-the same MLflow run. The copy goes once the run has finished (:func:`discard`).
+saved (:func:`mirror_callback`; GRPO's after each of its saves), into a folder named
+from ``TrainSettings.run_key`` (a pipeline run's id and the step's task name, the same
+for every try); a run that finds no checkpoint in its output folder first copies them
+back (:func:`restore`), and then resumes as from its own, under the same checks (the
+same dataset and settings), in the same MLflow run. The copy goes once the run has
+finished (:func:`discard`).
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ def _put(fs: Any, local: Path, target: str) -> None:
     fs.put_file(str(local), target)
 
 
-def restore(url: str, checkpoints: Path) -> int | None:
+def restore(url: str, checkpoints: Path, prefix: str = CHECKPOINT_PREFIX) -> int | None:
     """Copy the mirrored checkpoints into ``checkpoints`` where it holds none; the step of
     the last one copied, None when there was nothing to copy. A checkpoint whose copy was
     cut short (no :data:`COMPLETE` mark) is left out."""
-    if checkpoints.is_dir() and any(checkpoints.glob(f"{CHECKPOINT_PREFIX}*")):
+    if checkpoints.is_dir() and any(checkpoints.glob(f"{prefix}*")):
         return None  # this folder's own come first
     fs, root = _fs(url)
     fs.invalidate_cache(root)
@@ -72,7 +73,7 @@ def restore(url: str, checkpoints: Path) -> int | None:
         if not r.name.endswith(COMPLETE)
         and (len(r.parts) == 1 or r.parts[0] in complete)
     ]  # fmt: skip
-    steps = [s for s in (_step(name) for name in complete) if s is not None]
+    steps = [s for s in (_step(name, prefix) for name in complete) if s is not None]
     if not steps:
         return None
     try:
@@ -86,12 +87,12 @@ def restore(url: str, checkpoints: Path) -> int | None:
     return max(steps)
 
 
-def _step(name: str) -> int | None:
-    suffix = name.removeprefix(CHECKPOINT_PREFIX)
-    return int(suffix) if name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() else None
+def _step(name: str, prefix: str) -> int | None:
+    suffix = name.removeprefix(prefix)
+    return int(suffix) if name.startswith(prefix) and suffix.isdigit() else None
 
 
-def upload(checkpoints: Path, url: str) -> None:
+def upload(checkpoints: Path, url: str, prefix: str = CHECKPOINT_PREFIX) -> None:
     """Make ``url`` hold what ``checkpoints`` holds: the files beside the checkpoints (the
     run's state) and every checkpoint folder, each marked complete once all its files are
     there, the ones it no longer holds removed (the Trainer keeps the last few). A
@@ -103,6 +104,8 @@ def upload(checkpoints: Path, url: str) -> None:
     )
     local = {p.name for p in checkpoints.iterdir()}
     for path in sorted(checkpoints.iterdir()):
+        if path.name.startswith("."):
+            continue  # a checkpoint being written, or a file being replaced
         if path.is_file():
             _put(fs, path, f"{root}/{path.name}")
             continue
@@ -114,7 +117,7 @@ def upload(checkpoints: Path, url: str) -> None:
     # Marks first: a clean-up cut short leaves no mark on a folder it emptied.
     for name in sorted(present, key=lambda n: not n.endswith(COMPLETE)):
         folder = name.removesuffix(COMPLETE)
-        if folder.startswith(CHECKPOINT_PREFIX) and folder not in local:
+        if folder.startswith(prefix) and folder not in local:
             fs.rm(f"{root}/{name}", recursive=True)
 
 
@@ -128,6 +131,19 @@ def discard(url: str) -> None:
         log.warning("could not remove the checkpoints at %s: %s", url, exc)
 
 
+def copy_checkpoints(
+    checkpoints: Path, url: str, step: int, prefix: str = CHECKPOINT_PREFIX
+) -> None:
+    """:func:`upload`, after step ``step``'s save; a failure is logged and training goes
+    on (a retry then resumes from an older copy, or starts over)."""
+    try:
+        upload(checkpoints, url, prefix)
+    except OSError as exc:
+        log.warning("copying checkpoint %d to %s failed: %s", step, url, exc)
+    else:
+        log.info("checkpoint %d copied to %s", step, url)
+
+
 def mirror_callback(url: str, checkpoints: Path) -> Any:
     """A ``TrainerCallback`` that copies each checkpoint to ``url`` once it is saved (the
     main process alone)."""
@@ -135,15 +151,7 @@ def mirror_callback(url: str, checkpoints: Path) -> Any:
 
     class MirrorCallback(TrainerCallback):
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if not state.is_world_process_zero:
-                return
-            try:
-                upload(checkpoints, url)
-            except OSError as exc:
-                # Training goes on: a retry then resumes from an older copy, or starts over.
-                log.warning("copying checkpoint %d to %s failed: %s", state.global_step, url,
-                            exc)  # fmt: skip
-            else:
-                log.info("checkpoint %d copied to %s", state.global_step, url)
+            if state.is_world_process_zero:
+                copy_checkpoints(checkpoints, url, state.global_step)
 
     return MirrorCallback()

@@ -67,6 +67,7 @@ from spanmill.train.grpo import (
     grpo_loss,
     weighted_rewards,
 )
+from spanmill.train.mirror import copy_checkpoints, discard, mirror_url, restore
 from spanmill.train.rollouts import Trajectory
 from spanmill.train.settings import TrainSettings
 from spanmill.train.trainer import (
@@ -294,6 +295,16 @@ def train_grpo(
     steps = settings.max_steps or DEFAULT_STEPS
     output_dir = Path(output_dir)
     checkpoints = output_dir / CHECKPOINTS_DIRNAME
+    mirror = mirror_url(settings, output_dir)
+    if mirror is not None:  # a run started again elsewhere resumes from the copy
+        restore(mirror, checkpoints, STEP_PREFIX)
+        step_done = on_step
+
+        def on_step(step: int, stats: dict[str, float]) -> None:
+            copy_checkpoints(checkpoints, mirror, step, STEP_PREFIX)  # idle without a save
+            if step_done is not None:
+                step_done(step, stats)
+
     resume_from, run_id = _resume_point(checkpoints, settings)
     tracker = None
     if settings.track:
@@ -333,6 +344,8 @@ def train_grpo(
         tracker.finish("FINISHED")
     if not settings.keep_checkpoints:
         shutil.rmtree(checkpoints, ignore_errors=True)
+        if mirror is not None:
+            discard(mirror)
     return result
 
 
