@@ -301,7 +301,8 @@ def train_grpo(
         step_done = on_step
 
         def on_step(step: int, stats: dict[str, float]) -> None:
-            copy_checkpoints(checkpoints, mirror, step, STEP_PREFIX)  # idle without a save
+            # After a step that saved nothing, only the run state is sent again.
+            copy_checkpoints(checkpoints, mirror, step, STEP_PREFIX)
             if step_done is not None:
                 step_done(step, stats)
 
