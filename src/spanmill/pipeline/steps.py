@@ -113,10 +113,10 @@ def train_step(
     from spanmill.train import TrainSettings
     from spanmill.train.launch import launch, plan_processes, visible_gpus
 
-    problems = _trainer_problems(trainer, gpus, trainjob_nodes, trainjob_gpus_per_node)
-    if problems:
-        raise ConfigError(problems[0])
-    key = f"{pipeline_run_id}/{task_name}" if pipeline_run_id else ""
+    problem = _trainer_problem(trainer, gpus, trainjob_nodes, trainjob_gpus_per_node)
+    if problem:
+        raise ConfigError(problem)
+    key = _run_key(pipeline_run_id, task_name)
     settings = load_settings(
         TrainSettings,
         # max_steps 0: the settings' own (the environment's, else one epoch). The key names
@@ -197,7 +197,7 @@ def train_rl_step(
             f"agent {agent!r} has no task plugin: GRPO samples episodes of a task's own "
             "code, with its verifier's rewards; train this agent with sft"
         )
-    key = f"{pipeline_run_id}/{task_name}" if pipeline_run_id else ""
+    key = _run_key(pipeline_run_id, task_name)
     settings = load_settings(
         TrainSettings,
         **_given(base_model=base_model, run_key=key),
@@ -267,7 +267,7 @@ def evaluate_step(
         "triton": _triton(triton_url, model_repository),
     }
     if pipeline_run_id:
-        given["owner"] = f"{pipeline_run_id}/{task_name}"
+        given["owner"] = _run_key(pipeline_run_id, task_name)
     if judge_url:
         given["judge_url"] = judge_url
     if judge_model:
@@ -324,18 +324,24 @@ def _rank_problem(lora_r: int) -> str | None:
     return None
 
 
-def _trainer_problems(
+def _trainer_problem(
     trainer: str, gpus: int, trainjob_nodes: int, trainjob_gpus_per_node: int
-) -> list[str]:
+) -> str | None:
     if trainer not in ("pod", "trainjob"):
-        return [f"trainer must be pod or trainjob, not {trainer!r}"]
+        return f"trainer must be pod or trainjob, not {trainer!r}"
     if trainer == "trainjob" and gpus:
-        return [
+        return (
             f"trainer=trainjob trains on the TrainJob's {trainjob_nodes} node(s) of "
             f"{trainjob_gpus_per_node} GPU(s); set gpus to 0, so that the training step's pod, "
             "which only waits, holds no GPU the TrainJob may need"
-        ]
-    return []
+        )
+    return None
+
+
+def _run_key(pipeline_run_id: str, task_name: str) -> str:
+    """What names a step across its tries: its run's id and its task's name (KFP's
+    placeholders), the same on every try; empty outside a pipeline."""
+    return f"{pipeline_run_id}/{task_name}" if pipeline_run_id else ""
 
 
 # What each train_method of the flywheel trains on: the dataset mode its supervised part
@@ -377,10 +383,12 @@ def check_run_step(
                 f"train_method {train_method} trains on a {needed} dataset, and dataset_mode "
                 f"is {dataset_mode!r}: set it to {needed}"
             )
-        problems += _trainer_problems(trainer, gpus, trainjob_nodes, trainjob_gpus_per_node)
-        rank = _rank_problem(lora_r)
-        if rank:
-            problems.append(rank)
+        for problem in (
+            _trainer_problem(trainer, gpus, trainjob_nodes, trainjob_gpus_per_node),
+            _rank_problem(lora_r),
+        ):
+            if problem:
+                problems.append(problem)
     if problems:
         raise ConfigError("this run's parameters cannot work together: " + "; ".join(problems))
     where = f"a TrainJob of {trainjob_nodes} node(s)" if trainer == "trainjob" else f"{gpus} GPU(s)"

@@ -135,14 +135,14 @@ class Deployer:
         registered = self.registry.version(agent, version)
         if self.vllm:
             return self._deploy_to_engine(agent, version, registered, started)
-        if self.repository.has(model, version) and self.repository.unfinished(model, version):
-            # An upload cut short (a controller killed or deposed part way): written again.
-            log.warning("%s version %d: its upload to %s was cut short; writing it again",
-                        agent, version, self.repository.location)  # fmt: skip
-            self.repository.remove(model, version)
         if self.repository.has(model, version):
             found = self.repository.origin(model, version)
-            if found != origin_of(registered):
+            if self.repository.unfinished(model, version):
+                # An upload cut short (a controller killed or deposed part way): written again.
+                log.warning("%s version %d: its upload to %s was cut short; writing it again",
+                            agent, version, self.repository.location)  # fmt: skip
+                self.repository.remove(model, version)
+            elif found != origin_of(registered):
                 raise DeployError(
                     f"Triton version {version} of {model} in {self.repository.location} was not "
                     f"written from MLflow version {version} of {agent} (its {ORIGIN} says "

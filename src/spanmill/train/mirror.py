@@ -10,17 +10,17 @@ from ``TrainSettings.run_key`` (a pipeline run's id and the step's task name, th
 for every try); a run that finds no checkpoint in its output folder first copies them
 back (:func:`restore`), and then resumes as from its own, under the same checks (the
 same dataset and settings), in the same MLflow run. The copy goes once the run has
-finished (:func:`discard`).
+finished (:func:`spanmill.train.remote.remove`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from spanmill.train.errors import TrainError
+from spanmill.train.remote import get_files, open_url, put_file, run_digest
 from spanmill.train.settings import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -34,24 +34,8 @@ def mirror_url(settings: TrainSettings, output_dir: Path) -> str | None:
     """Where this run's checkpoints are copied; None without a checkpoint store."""
     if not settings.checkpoint_store:
         return None
-    key = settings.run_key or str(Path(output_dir).resolve())
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    digest = run_digest(output_dir, settings.run_key or "")[:16]
     return f"{settings.checkpoint_store.rstrip('/')}/{digest}"
-
-
-def _fs(url: str) -> tuple[Any, str]:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url)
-    return fs, root.rstrip("/")
-
-
-def _put(fs: Any, local: Path, target: str) -> None:
-    from fsspec.implementations.local import LocalFileSystem
-
-    if isinstance(fs, LocalFileSystem):  # object stores have no folders to make
-        fs.makedirs(str(PurePosixPath(target).parent), exist_ok=True)
-    fs.put_file(str(local), target)
 
 
 def restore(url: str, checkpoints: Path, prefix: str = CHECKPOINT_PREFIX) -> int | None:
@@ -60,7 +44,7 @@ def restore(url: str, checkpoints: Path, prefix: str = CHECKPOINT_PREFIX) -> int
     cut short (no :data:`COMPLETE` mark) is left out."""
     if checkpoints.is_dir() and any(checkpoints.glob(f"{prefix}*")):
         return None  # this folder's own come first
-    fs, root = _fs(url)
+    fs, root = open_url(url)
     fs.invalidate_cache(root)
     try:
         found = [str(p) for p in fs.find(root)] if fs.exists(root) else []
@@ -77,10 +61,7 @@ def restore(url: str, checkpoints: Path, prefix: str = CHECKPOINT_PREFIX) -> int
     if not steps:
         return None
     try:
-        for path in wanted:
-            target = checkpoints / Path(*path.parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(f"{root}/{path.as_posix()}", str(target))
+        get_files(fs, root, wanted, checkpoints)
     except OSError as exc:
         raise TrainError(f"cannot copy the checkpoints at {url}: {exc}") from None
     log.info("checkpoints up to step %d copied from %s into %s", max(steps), url, checkpoints)
@@ -97,7 +78,7 @@ def upload(checkpoints: Path, url: str, prefix: str = CHECKPOINT_PREFIX) -> None
     run's state) and every checkpoint folder, each marked complete once all its files are
     there, the ones it no longer holds removed (the Trainer keeps the last few). A
     checkpoint copied whole before is not copied again."""
-    fs, root = _fs(url)
+    fs, root = open_url(url)
     fs.invalidate_cache(root)
     present = (
         {PurePosixPath(p).name for p in fs.ls(root, detail=False)} if fs.exists(root) else set()
@@ -107,28 +88,18 @@ def upload(checkpoints: Path, url: str, prefix: str = CHECKPOINT_PREFIX) -> None
         if path.name.startswith("."):
             continue  # a checkpoint being written, or a file being replaced
         if path.is_file():
-            _put(fs, path, f"{root}/{path.name}")
+            put_file(fs, path, f"{root}/{path.name}")
             continue
         if path.name + COMPLETE in present:
             continue  # a checkpoint folder does not change once saved
         for file in sorted(p for p in path.rglob("*") if p.is_file()):
-            _put(fs, file, f"{root}/{file.relative_to(checkpoints).as_posix()}")
+            put_file(fs, file, f"{root}/{file.relative_to(checkpoints).as_posix()}")
         fs.pipe_file(f"{root}/{path.name}{COMPLETE}", b"")
     # Marks first: a clean-up cut short leaves no mark on a folder it emptied.
     for name in sorted(present, key=lambda n: not n.endswith(COMPLETE)):
         folder = name.removesuffix(COMPLETE)
         if folder.startswith(prefix) and folder not in local:
             fs.rm(f"{root}/{name}", recursive=True)
-
-
-def discard(url: str) -> None:
-    """Remove the copy of a finished run's checkpoints."""
-    fs, root = _fs(url)
-    try:
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
-    except OSError as exc:
-        log.warning("could not remove the checkpoints at %s: %s", url, exc)
 
 
 def copy_checkpoints(

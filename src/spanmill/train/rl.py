@@ -67,7 +67,8 @@ from spanmill.train.grpo import (
     grpo_loss,
     weighted_rewards,
 )
-from spanmill.train.mirror import copy_checkpoints, discard, mirror_url, restore
+from spanmill.train.mirror import copy_checkpoints, mirror_url, restore
+from spanmill.train.remote import remove
 from spanmill.train.rollouts import Trajectory
 from spanmill.train.settings import TrainSettings
 from spanmill.train.trainer import (
@@ -346,7 +347,7 @@ def train_grpo(
     if not settings.keep_checkpoints:
         shutil.rmtree(checkpoints, ignore_errors=True)
         if mirror is not None:
-            discard(mirror)
+            remove(mirror)
     return result
 
 

@@ -48,7 +48,8 @@ from spanmill.train.errors import (
     EmptyDatasetError,
     TrainError,
 )
-from spanmill.train.mirror import discard, mirror_callback, mirror_url, restore
+from spanmill.train.mirror import mirror_callback, mirror_url, restore
+from spanmill.train.remote import remove
 from spanmill.train.settings import TrainSettings
 from spanmill.train.tracking import FiniteLoss, MetricsCallback, RunTracker, loss_curve_png
 
@@ -179,7 +180,7 @@ def train(
         if not settings.keep_checkpoints:
             shutil.rmtree(plan.checkpoints, ignore_errors=True)
             if mirror is not None:
-                discard(mirror)
+                remove(mirror)
     return result
 
 

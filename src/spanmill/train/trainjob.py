@@ -41,7 +41,6 @@ queueing included. These come from :class:`~spanmill.train.settings.TrainJobSett
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 import sys
@@ -61,6 +60,7 @@ from spanmill.train.launch import (
     torchrun_command,
 )
 from spanmill.train.mirror import mirror_url, restore
+from spanmill.train.remote import get_files, open_url, put_file, remove, run_digest
 from spanmill.train.settings import TrainJobSettings, TrainSettings
 from spanmill.train.trainer import CHECKPOINTS_DIRNAME, TrainResult
 
@@ -82,9 +82,7 @@ def job_name(output_dir: Path, key: str = "") -> str:
     of a Kubeflow run may hand the step another output folder, and a name taken from
     the folder started a second TrainJob beside the first. Without a key, the folder.
     """
-    source = key or str(Path(output_dir).resolve())
-    digest = hashlib.sha256(source.encode()).hexdigest()[:10]
-    return f"spanmill-train-{digest}"
+    return f"spanmill-train-{run_digest(output_dir, key)[:10]}"
 
 
 def trainjob_env(
@@ -364,12 +362,7 @@ def run_node(
 
 def copy_to(local: Path, url: str) -> None:
     """Copy a folder's files (checkpoints left out) to ``url``, any fsspec URL."""
-    import fsspec
-    from fsspec.implementations.local import LocalFileSystem
-
-    fs, root = fsspec.core.url_to_fs(url)
-    # Object stores have no folders to make; a local folder (file://) needs its parents.
-    make_parents = isinstance(fs, LocalFileSystem)
+    fs, root = open_url(url)
     files = [
         p
         for p in sorted(local.rglob("*"))
@@ -379,40 +372,21 @@ def copy_to(local: Path, url: str) -> None:
         raise TrainError(f"{local} holds no files to copy to {url}")
     try:
         for path in files:
-            target = str(PurePosixPath(root) / path.relative_to(local).as_posix())
-            if make_parents:
-                fs.makedirs(str(PurePosixPath(target).parent), exist_ok=True)
-            fs.put_file(str(path), target)
+            put_file(fs, path, f"{root}/{path.relative_to(local).as_posix()}")
     except OSError as exc:
         raise TrainError(f"cannot copy {local} to {url}: {exc}") from None
 
 
 def copy_from(url: str, local: Path) -> None:
     """Copy every file under ``url`` into the folder ``local``."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url)
+    fs, root = open_url(url)
     try:
         found = [str(p) for p in fs.find(root)]
     except OSError as exc:
         raise TrainError(f"cannot list {url}: {exc}") from None
     if not found:
         raise TrainError(f"{url} holds no files; the TrainJob wrote no output there")
-    for path in found:
-        relative = PurePosixPath(path).relative_to(PurePosixPath(root))
-        target = local / Path(*relative.parts)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fs.get_file(path, str(target))
-
-
-def remove(url: str) -> None:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url)
-    try:
-        fs.rm(root, recursive=True)
-    except OSError as exc:
-        logger.warning("could not remove %s: %s", url, exc)
+    get_files(fs, root, [PurePosixPath(p).relative_to(PurePosixPath(root)) for p in found], local)
 
 
 def _check_base_model_is_shared(ref: str) -> None:
