@@ -492,13 +492,109 @@ static int scan(const uint8_t *p, const uint8_t *end, const Scan *s)
     return 0;
 }
 
+/* The four hex digits at p as a number; -1 if they are not. */
+static long hex4(const uint8_t *p, const uint8_t *end)
+{
+    long value = 0;
+    if (end - p < 4)
+        return -1;
+    for (int i = 0; i < 4; i++) {
+        int c = p[i], digit = c >= '0' && c <= '9'   ? c - '0'
+                              : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                              : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                     : -1;
+        if (digit < 0)
+            return -1;
+        value = value * 16 + digit;
+    }
+    return value;
+}
+
+static uint8_t *put_utf8(uint8_t *out, Py_UCS4 cp)
+{
+    if (cp < 0x80) {
+        *out++ = (uint8_t)cp;
+    } else if (cp < 0x800) {
+        *out++ = (uint8_t)(0xC0 | cp >> 6);
+        *out++ = (uint8_t)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        *out++ = (uint8_t)(0xE0 | cp >> 12);
+        *out++ = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
+        *out++ = (uint8_t)(0x80 | (cp & 0x3F));
+    } else {
+        *out++ = (uint8_t)(0xF0 | cp >> 18);
+        *out++ = (uint8_t)(0x80 | (cp >> 12 & 0x3F));
+        *out++ = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
+        *out++ = (uint8_t)(0x80 | (cp & 0x3F));
+    }
+    return out;
+}
+
+/* One JSON escape at p (just after its backslash) decoded to out; where p resumes. An
+ * escape JSON does not have is kept as written; a lone surrogate gives nothing, which
+ * can only join what it parts (a scan that finds more, never less). */
+static const uint8_t *unescape_one(const uint8_t *p, const uint8_t *end, uint8_t **out)
+{
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    const char *at = p < end && *p ? strchr(from, *p) : NULL;
+    if (at != NULL) {
+        *(*out)++ = (uint8_t)to[at - from];
+        return p + 1;
+    }
+    long cp = p < end && *p == 'u' ? hex4(p + 1, end) : -1;
+    if (cp < 0) {
+        *(*out)++ = '\\';
+        return p;
+    }
+    p += 5;
+    if (cp >= 0xD800 && cp <= 0xDBFF && end - p >= 6 && p[0] == '\\' && p[1] == 'u') {
+        long low = hex4(p + 2, end);
+        if (low >= 0xDC00 && low <= 0xDFFF) {
+            *out = put_utf8(*out, (Py_UCS4)(0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00)));
+            return p + 6;
+        }
+    }
+    if (cp < 0xD800 || cp > 0xDFFF)
+        *out = put_utf8(*out, (Py_UCS4)cp);
+    return p;
+}
+
+/* Whether the scan finds a gate or a digit run in `bytes` with its JSON escapes decoded
+ * (never longer than as written). A text too large to copy is taken as found. */
+static int scan_unescaped(Buf bytes, const Scan *scanning)
+{
+    uint8_t small[4096], *buffer = small;
+    size_t length = (size_t)(bytes.end - bytes.p);
+    if (length > sizeof small && (buffer = PyMem_RawMalloc(length)) == NULL)
+        return 1;
+    uint8_t *out = buffer;
+    const uint8_t *p = bytes.p;
+    while (p < bytes.end) {
+        const uint8_t *slash = memchr(p, '\\', (size_t)(bytes.end - p));
+        const uint8_t *stop = slash != NULL ? slash : bytes.end;
+        memcpy(out, p, (size_t)(stop - p));
+        out += stop - p;
+        p = slash != NULL ? unescape_one(slash + 1, bytes.end, &out) : bytes.end;
+    }
+    int found = scan(buffer, out, scanning);
+    if (buffer != small)
+        PyMem_RawFree(buffer);
+    return found;
+}
+
 /* Scan one text for the append_record() call's gates; `scanning` is NULL when it asked for
  * none. Each call has its own: Python code (a finalizer) may run, and let another thread
  * decode, while one is under way. */
 static void scan_text(Scan *scanning, Buf bytes)
 {
-    if (scanning != NULL && !scanning->found)
-        scanning->found = scan(bytes.p, bytes.end, scanning);
+    if (scanning == NULL || scanning->found)
+        return;
+    scanning->found = scan(bytes.p, bytes.end, scanning);
+    /* Redaction matches a JSON document's strings as decoded, and JSON may write what a
+     * rule needs as an escape ("\u0040" for "@"): such a text is scanned decoded too. */
+    if (!scanning->found && bytes.p < bytes.end && (*bytes.p == '[' || *bytes.p == '{')
+        && memchr(bytes.p, '\\', (size_t)(bytes.end - bytes.p)) != NULL)
+        scanning->found = scan_unescaped(bytes, scanning);
 }
 
 /* The kinds of AnyValue the fast path keeps; anything else is for the authority. */

@@ -76,6 +76,23 @@ def test_what_the_prefilter_passes_and_what_it_stops(tmp_path: Path) -> None:
     assert outcome.translations == {"openllmetry": 1}
 
 
+def test_escapes_in_a_protobuf_records_json_text_hide_nothing(tmp_path: Path) -> None:
+    """A message JSON that writes "@" as "\\u0040" in a record the native decoder reads
+    is redacted as the authority redacts it (the scan once passed it, stored as sent)."""
+    messages = (
+        '[{"role":"user","parts":[{"type":"text","content":'
+        '"mail bob\\u0040example.org, key sk\\u002d' + "a" * 24 + '"}]}]'
+    )
+    span = _span(0, **{sc.GEN_AI_INPUT_MESSAGES: messages, "args": '{"to":"ann\\u0040x.org"}'})
+    stored, outcome = _process(tmp_path, [encode_otlp_protobuf([span])])
+    attributes = stored[span.trace_id].attributes
+    assert json.loads(attributes[sc.GEN_AI_INPUT_MESSAGES])[0]["parts"][0]["content"] == (
+        "mail [REDACTED:email], key [REDACTED:api_key]"
+    )
+    assert json.loads(attributes["args"]) == {"to": "[REDACTED:email]"}
+    assert outcome.redactions == {"email": 2, "api_key": 1}
+
+
 @pytest.mark.parametrize("value", [b"\x00\x01\x02", b"AKIA" + b"A" * 16])
 def test_bytes_values_are_redacted_as_the_text_they_become(tmp_path: Path, value: bytes) -> None:
     """A bytes attribute is stored as base64, text the payload never held as such."""

@@ -250,6 +250,60 @@ def test_a_record_the_prefilter_passes_holds_nothing_to_redact(text: str, where:
         assert may_match(redactor, payload), (text, counts)
 
 
+def _json_text(text: str, escape: str) -> str:
+    """``text`` as the one string of a JSON array, each character that ``escape`` picks
+    written as a ``\\u`` escape (two for a character beyond the first plane)."""
+
+    def written(position: int, char: str) -> str:
+        picked = {
+            "none": char in '"\\' or char < " ",
+            "all": True,
+            "even": position % 2 == 0,
+            "non-ascii": not char.isascii(),
+        }[escape]
+        if not picked:
+            return char
+        units = char.encode("utf-16-be")
+        return "".join(f"\\u{units[i]:02x}{units[i + 1]:02x}" for i in range(0, len(units), 2))
+
+    return '["' + "".join(written(i, c) for i, c in enumerate(text)) + '"]'
+
+
+def test_a_json_text_is_scanned_as_decoded() -> None:
+    """Redaction matches a JSON document's strings as decoded: an address whose "@" is
+    written "\\u0040" in a message JSON is redacted on the native path as on the authority."""
+    redactor = Redactor()
+    for text, rule in (("bob@example.org", "email"), ("sk-" + "a" * 24, "api_key")):
+        document = _json_text(text, "all")
+        assert "@" not in document and "sk-" not in document
+        assert may_match(redactor, _payload(document, "attributes")), document
+        spans = decode_spans(_payload(document, "attributes"), None, 1 << 20)
+        counts: dict[str, int] = {}
+        redactor.apply(spans[0], counts)
+        assert counts == {rule: 1}
+    # Plain text that merely holds escapes is matched as written, so scanned as written.
+    assert not may_match(redactor, _payload("bob\\u0040example.org", "attributes"))
+    assert not may_match(redactor, _payload('["ids \\u0031 and \\ud83d\\ude00"]', "event"))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(PIECES), max_size=30).map("".join),
+    st.sampled_from(["none", "all", "even", "non-ascii"]),
+    st.sampled_from(["attributes", "resource_attributes", "array", "event", "link"]),
+)
+def test_a_json_text_the_prefilter_passes_holds_nothing_to_redact(
+    text: str, escape: str, where: str
+) -> None:
+    redactor = Redactor()
+    payload = _payload(_json_text(text, escape), where)
+    spans = decode_spans(payload, None, 1 << 20)
+    counts: dict[str, int] = {}
+    redactor.apply(spans[0], counts)
+    if counts:
+        assert may_match(redactor, payload), (text, escape, counts)
+
+
 def test_without_the_extension_every_record_goes_through_the_patterns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
