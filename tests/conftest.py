@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, AsyncExitStack, contextmanager
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ import httpx
 import pytest
 from kube_emulator import KubeAPI, VersionedEmulator
 
-from spanmill.stack.ports import free_port
+from spanmill.stack.ports import free_port, port_in_use
 from spanmill.stack.services import (
     KafkaBroker,
     MLflowServer,
@@ -54,10 +57,35 @@ class MLflowService:
         return self.running.url
 
 
-@dataclass(frozen=True)
+@dataclass
 class TritonService:
     running: RunningService
     model_repository: Path
+    server: TritonServer | None = None
+
+    def restart_if_dead(self) -> str | None:
+        """Start the session's server again, on the same ports and repository, if it has
+        exited; what happened (its exit status, the end of its log), or None if it runs."""
+        if self.server is None or self.running.process.alive():
+            return None
+        # Its stubs, if any outlived it, before it is reaped (its pid names their group).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.running.process.pid, signal.SIGKILL)
+        try:  # ours to reap: the child's status, and no zombie left
+            _, status = os.waitpid(self.running.process.pid, os.WNOHANG)
+            how = f"exit status {os.waitstatus_to_exitcode(status)}" if status else "no status"
+        except ChildProcessError:
+            how = "no status"
+        log = Path(self.running.log_path).read_text(errors="replace").splitlines()[-15:]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+            port_in_use(self.running.host, port) for port in self.running.ports.values()
+        ):  # held until the last of them is gone
+            time.sleep(0.1)
+        self.running = self.server.start()
+        return f"the session's tritonserver had exited ({how}); started again. Its log ended:\n" + (
+            "\n".join(log)
+        )
 
     @property
     def http_url(self) -> str:
@@ -66,6 +94,10 @@ class TritonService:
     @property
     def grpc_url(self) -> str:
         return f"{self.running.host}:{self.running.ports['grpc']}"
+
+
+class ServiceRestarted(UserWarning):
+    """A session service died during a test and was started again for the tests after."""
 
 
 # `make test` hands whole test files to two pytest-xdist workers (`--dist loadfile`,
@@ -146,11 +178,29 @@ def triton(services_dir: Path) -> Iterator[TritonService]:
     standin = server.install.backend_dir / "vllm"
     standin.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(Path(__file__).with_name("vllm_backend_standin.py"), standin / "model.py")
-    running = server.start()
+    service = TritonService(server.start(), repository, server)
+    _TRITON.append(service)
     try:
-        yield TritonService(running, repository)
+        yield service
     finally:
-        running.stop()
+        _TRITON.remove(service)
+        service.running.stop()
+
+
+# The session's Triton, once a test has asked for it. One server serves every test of a
+# worker: were it to die, every later test would fail with "connection refused".
+_TRITON: list[TritonService] = []
+
+
+@pytest.fixture(autouse=True)
+def _triton_outlives_each_test() -> Iterator[None]:
+    """After each test, the session's Triton runs: started again if it died, and the test
+    during which it died named in the warnings summary with the end of its log."""
+    yield
+    for service in _TRITON:
+        died = service.restart_if_dead()
+        if died is not None:
+            warnings.warn(died, ServiceRestarted, stacklevel=1)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -128,3 +131,32 @@ def test_triton_load_infer_unload_over_http_and_grpc(triton) -> None:  # type: i
     assert index[name]["state"] == "READY"
     http.unload_model(name)
     assert not http.is_model_ready(name)
+
+
+def test_the_sessions_triton_is_started_again_when_it_dies(triton) -> None:  # type: ignore[no-untyped-def]
+    """One tritonserver serves every test of a worker: killed (as a crash would), it is
+    started again on the same address, and what happened is said (conftest's
+    ``_triton_outlives_each_test`` does this after every test, into the warnings summary)."""
+    import tritonclient.http as httpclient
+
+    assert triton.restart_if_dead() is None  # running: left alone
+    url, dead = triton.http_url, triton.running.process
+    os.killpg(os.getpgid(dead.pid), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while dead.alive() and time.monotonic() < deadline:  # a zombie, as a crash leaves it
+        time.sleep(0.05)
+
+    said = triton.restart_if_dead()
+    # Its status, where no other reaper (subprocess's own) took it first.
+    assert said is not None and "had exited" in said and "started again" in said
+    assert "exit status -9" in said or "no status" in said
+    assert not dead.alive() and triton.running.process.alive()
+    assert triton.http_url == url
+    name = f"upper-{uuid.uuid4().hex[:8]}"
+    write_echo_model(triton.model_repository, name)
+    http = httpclient.InferenceServerClient(url)
+    http.load_model(name)
+    inp = httpclient.InferInput("TEXT", [1], "BYTES")
+    inp.set_data_from_numpy(np.array(["again"], dtype=object))
+    assert http.infer(name, [inp]).as_numpy("UPPER")[0] == b"AGAIN"
+    http.unload_model(name)
