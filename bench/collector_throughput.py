@@ -37,9 +37,10 @@ import psutil
 from spanmill import semconv as sc
 from spanmill.collector.decode import FAST_PATH
 from spanmill.collector.loop import fetch_options
-from spanmill.collector.sizing import available_cpus, layout
+from spanmill.collector.sizing import layout
 from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings
+from spanmill.cpus import available_cpus
 from spanmill.spans import Span, encode_otlp_protobuf
 from spanmill.stack.ports import free_port
 from spanmill.stack.services import KafkaBroker

@@ -163,7 +163,12 @@ class ServingSettings(BaseSettings):
         "In the vllm flavour, the engine's dtype (auto: vLLM's choice from the model; float16 "
         "on a GPU without bfloat16).",
     )
-    num_threads: int = Field(0, ge=0, description="torch threads per Python-backend instance.")
+    num_threads: int = Field(
+        0,
+        ge=0,
+        description="torch threads per Python-backend instance; 0: as many as the CPUs "
+        "it may use (its cgroup quota), or OMP_NUM_THREADS.",
+    )
     copy_base: bool = Field(
         False,
         description="Copy the base model's weights into each version folder: needed wherever "

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from spanmill.collector.loop import Collector
-from spanmill.collector.sizing import Layout, available_cpus, layout, settled, sized
+from spanmill.collector.sizing import Layout, layout, settled, sized
 from spanmill.config import CollectorSettings, load_settings
+from spanmill.cpus import available_cpus
 from spanmill.errors import ConfigError
 
 
@@ -47,34 +48,6 @@ def test_each_collector_in_the_group_takes_at_most_its_share_of_the_partitions(
     cpus: float, partitions: int | None, instances: int, expected: Layout
 ) -> None:
     assert layout(cpus, partitions, instances) == expected
-
-
-def _cgroup(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    return root
-
-
-def test_available_cpus_reads_the_cgroup_quota(tmp_path: Path) -> None:
-    import os
-
-    affinity = len(os.sched_getaffinity(0))
-    assert available_cpus(tmp_path / "none") == affinity
-    v2 = _cgroup(tmp_path / "v2", {"cpu.max": "50000 100000\n"})
-    assert available_cpus(v2) == min(0.5, affinity)
-    unlimited = _cgroup(tmp_path / "v2max", {"cpu.max": "max 100000\n"})
-    assert available_cpus(unlimited) == affinity
-    v1 = _cgroup(
-        tmp_path / "v1",
-        {"cpu,cpuacct/cpu.cfs_quota_us": "25000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
-    )
-    assert available_cpus(v1) == min(0.25, affinity)
-    v1_none = _cgroup(
-        tmp_path / "v1none",
-        {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"},
-    )
-    assert available_cpus(v1_none) == affinity
 
 
 def test_set_numbers_stand_and_auto_workers_follow_the_set_processes(tmp_path: Path) -> None:

@@ -78,6 +78,25 @@ def test_a_cpu_instance_generates_on_the_cpu(
     assert next(model.generator.model.parameters()).device.type == "cpu"
 
 
+def test_a_cpu_instance_runs_as_many_threads_as_its_pod_has_cpus(
+    version: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """torch counts the node's cores; a pod limited to one CPU (its cgroup quota) on a node
+    of four gets one thread, not four throttled ones."""
+    from spanmill import cpus
+
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    monkeypatch.setattr(cpus, "CGROUP", tmp_path)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        _entry_point(monkeypatch).TritonPythonModel().initialize(_args(version, "CPU"))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_gpu_instance_puts_the_weights_on_its_gpu(
     version: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
+
+from spanmill.cpus import available_cpus
 
 if TYPE_CHECKING:
     from spanmill.config import CollectorSettings
 
 log = logging.getLogger(__name__)
 
-CGROUP: Final = Path("/sys/fs/cgroup")
 # Worker processes a consumer gets at most from spare cores: past two, the consumer's
 # own parsing is the limit.
 MAX_AUTO_WORKERS: Final = 2
@@ -48,31 +47,6 @@ class Layout:
 
     processes: int
     workers: int
-
-
-def available_cpus(cgroup: Path = CGROUP) -> float:
-    """CPUs this process may use: its affinity, bounded by a cgroup v2 or v1 CPU quota."""
-    cpus = float(len(os.sched_getaffinity(0)))
-    quota = _cgroup_quota(cgroup)
-    return min(cpus, quota) if quota is not None else cpus
-
-
-def _cgroup_quota(cgroup: Path) -> float | None:
-    """The CPU quota in CPUs (quota over period), or None where there is none."""
-    try:
-        fields = (cgroup / "cpu.max").read_text().split()  # v2: "max 100000", "150000 100000"
-    except OSError:
-        fields = []
-    if len(fields) == 2:
-        return None if fields[0] == "max" else int(fields[0]) / int(fields[1])
-    for folder in ("cpu", "cpu,cpuacct"):  # v1: -1 for no quota
-        try:
-            quota = int((cgroup / folder / "cpu.cfs_quota_us").read_text())
-            period = int((cgroup / folder / "cpu.cfs_period_us").read_text())
-        except (OSError, ValueError):
-            continue
-        return quota / period if quota > 0 and period > 0 else None
-    return None
 
 
 def layout(cpus: float, partitions: int | None, instances: int = 1) -> Layout:

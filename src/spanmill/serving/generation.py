@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from spanmill import precision
+from spanmill.cpus import set_torch_threads
 from spanmill.precision import ServingDtype
 from spanmill.serving import protocol
 from spanmill.serving.prefix_cache import Entry, PrefixCache
@@ -45,7 +46,7 @@ class ServingSpec:
     engine: Literal["transformers", "echo"] = "transformers"
     # "auto": bf16 where the instance's device computes it natively, else fp32.
     dtype: ServingDtype = "auto"
-    num_threads: int = 0  # 0: torch's default
+    num_threads: int = 0  # 0: the CPUs the process may use (spanmill.cpus)
     max_tokens_limit: int = 1024
     # Keys and values of earlier prompts and replies kept for prompts that begin with
     # them (spanmill.serving.prefix_cache); 0 keeps none.
@@ -219,8 +220,7 @@ class Generator:
                 f"generation was placed on {device} (a KIND_GPU Triton instance), but torch "
                 "sees no CUDA device here: install a CUDA build of torch, or serve KIND_CPU"
             )
-        if num_threads > 0:
-            torch.set_num_threads(num_threads)
+        set_torch_threads(num_threads)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         model: Any = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=getattr(torch, precision.resolve(dtype, device))

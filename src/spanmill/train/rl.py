@@ -58,6 +58,7 @@ from typing import Any
 from spanmill import semconv as sc
 from spanmill.config import KafkaSettings
 from spanmill.contracts import TrainManifest
+from spanmill.cpus import set_torch_threads
 from spanmill.tasks.base import Task, get_task
 from spanmill.tasks.runner import EpisodeResult
 from spanmill.train.data import files_digest
@@ -267,8 +268,6 @@ def train_grpo(
     on_step: StepCallback | None = None,
 ) -> TrainResult:
     """Train the policy with GRPO into ``output_dir``; see the module doc."""
-    import torch
-
     if settings.task is None:
         raise TrainError("GRPO samples a task's episodes: name the task (--task calculator)")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -329,8 +328,7 @@ def train_grpo(
             "run_id": tracker.run_id if tracker else None,
         },
     )
-    if settings.num_threads:
-        torch.set_num_threads(settings.num_threads)
+    log.info("torch runs %d thread(s)", set_torch_threads(settings.num_threads))
     try:
         result = _run(
             task, base_model, output_dir, checkpoints, resume_from, steps, settings, kafka,

@@ -89,7 +89,12 @@ class TrainSettings(BaseSettings):
         "it, a CPU with AVX512-BF16 or AMX), else fp32.",
     )
     gradient_checkpointing: bool = False
-    num_threads: int = Field(0, ge=0, description="CPU threads for torch; 0 keeps its default.")
+    num_threads: int = Field(
+        0,
+        ge=0,
+        description="CPU threads for torch; 0: as many as the CPUs the process may use "
+        "(its cgroup quota), or OMP_NUM_THREADS.",
+    )
 
     logging_steps: int = Field(1, gt=0)
     save_steps: int = Field(

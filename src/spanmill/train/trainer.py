@@ -38,6 +38,7 @@ from typing import Any
 
 from spanmill import precision
 from spanmill.contracts import CARD_FILE, TRAIN_MANIFEST_FILE, TrainManifest
+from spanmill.cpus import set_torch_threads
 from spanmill.errors import ModelError
 from spanmill.models import resolve_model
 from spanmill.precision import ServingDtype
@@ -318,8 +319,7 @@ def _run(
 ) -> TrainResult:
     import torch
 
-    if settings.num_threads:
-        torch.set_num_threads(settings.num_threads)
+    log.info("torch runs %d thread(s)", set_torch_threads(settings.num_threads))
     bf16, fp16 = plan.bf16, plan.fp16
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
