@@ -269,6 +269,39 @@ def test_an_applied_erasure_still_takes_its_subjects_late_spans(tmp_path: Path) 
     assert Compactor(url, settle_s=0).run().spans_erased == {}
 
 
+def test_past_the_late_window_an_applied_erasure_forgets_its_subjects_hash(
+    tmp_path: Path,
+) -> None:
+    """A SHA-256 of a user id (an email, a number) is undone by hashing candidates: kept
+    for good, the record kept the value it was to forget. It stays while late spans are
+    looked for (LATE_S), and goes with them."""
+    from spanmill.store.compact import LATE_S, request_erasure
+    from spanmill.store.erasure import read_erasures
+
+    url = str(tmp_path / "store")
+    feeder = Feeder(url)
+    feeder.write([hour_span(HOUR0, 0, user="alice"), hour_span(HOUR0, 1, user="bob")])
+    request_erasure(url, None, "user_id", "alice", requested_by="dpo")
+    now = time.time()
+    Compactor(url, settle_s=0, clock=lambda: now).run()
+    (applied,) = read_erasures(SpanStore(url).fs, SpanStore(url).root)
+    assert applied.value is None and applied.value_sha256 is not None
+    # Within the window the hash stays; a day past it, it is removed, once.
+    day = now + LATE_S - 3600
+    assert Compactor(url, settle_s=0, clock=lambda: day).run().erasure_hashes_removed == []
+    later = now + LATE_S + 86_400
+    report = Compactor(url, settle_s=0, clock=lambda: later).run()
+    assert report.erasure_hashes_removed == [applied.id]
+    (forgotten,) = read_erasures(SpanStore(url).fs, SpanStore(url).root)
+    assert forgotten.value is None and forgotten.value_sha256 is None
+    assert "alice" not in (tmp_path / "store" / "_erasures" / f"{applied.id}.json").read_text()
+    assert forgotten.model_dump(exclude={"value_sha256"}) == applied.model_dump(
+        exclude={"value_sha256"}
+    )
+    assert Compactor(url, settle_s=0, clock=lambda: later).run().erasure_hashes_removed == []
+    assert [s.attributes.get("enduser.id") for s in SpanStore(url).spans()] == ["bob"]
+
+
 def test_a_late_span_of_an_erased_trace_leaves_the_files_too(tmp_path: Path) -> None:
     """A late span of a trace an applied erasure names, alone in a new hour's file, was
     hidden from readers but never rewritten out: `spanmill store files` handed it on."""

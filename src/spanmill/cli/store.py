@@ -71,7 +71,9 @@ def compact(
         f"({report.files_before} files to {report.files_after}), {report.hours_expired} expired, "
         f"{report.files_deleted} files deleted, "
         f"{len(report.erasures_applied)} erasures applied "
-        f"({sum(report.spans_erased.values())} spans), {report.dead_letters_deleted} dead "
+        f"({sum(report.spans_erased.values())} spans), "
+        f"{len(report.erasure_hashes_removed)} erased subjects' hashes removed, "
+        f"{report.dead_letters_deleted} dead "
         f"letters deleted, {report.link_files_merged} links files merged in "
         f"{report.seconds:.1f} s"
     )

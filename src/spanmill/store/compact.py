@@ -108,6 +108,8 @@ class CompactionReport:
     dead_letters_deleted: int = 0  # past the horizon, or holding an erasure's subject
     spans_erased: dict[str, int] = field(default_factory=dict)
     erasures_applied: list[str] = field(default_factory=list)
+    # Applied past LATE_S: their subject's hash removed, no late span looked for again.
+    erasure_hashes_removed: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -232,6 +234,7 @@ class Compactor:
             )
             write_erasure(self.fs, self.root, applied)
             report.erasures_applied.append(erasure.id)
+        report.erasure_hashes_removed = self._remove_hashes(erasures)
         report.dead_letters_deleted = self._dead_letters(horizon, pending)
         self._drop_empty_days()
         report.link_files_merged = compact_links(self.fs, self.root, horizon)
@@ -241,16 +244,19 @@ class Compactor:
     def _resolve(self, erasure: Erasure) -> Erasure:
         return resolve_erasure(self.store, erasure)
 
+    def _past_late(self, erasure: Erasure) -> bool | None:
+        """For an applied record: whether LATE_S has passed since; None if not applied."""
+        applied = erasure.applied_at
+        if erasure.status != "applied" or applied is None:
+            return None
+        return self.clock() - applied.timestamp() > LATE_S
+
     def _late(self, erasures: list[Erasure]) -> list[Erasure]:
         """Applied records, within LATE_S of their application, with the traces holding
         their subject that they do not name yet; those with none are left out."""
         found = []
-        now = datetime.fromtimestamp(self.clock(), UTC)
         for erasure in erasures:
-            applied = erasure.applied_at
-            if erasure.status != "applied" or applied is None:
-                continue
-            if (now - applied).total_seconds() > LATE_S:
+            if self._past_late(erasure) is not False or erasure.value_sha256 is None:
                 continue
             condition, params = erasure.hash_sql()
             traces = self.store.query(
@@ -260,6 +266,16 @@ class Compactor:
             if new:
                 found.append(erasure.model_copy(update={"trace_ids": [*erasure.trace_ids, *new]}))
         return found
+
+    def _remove_hashes(self, erasures: list[Erasure]) -> list[str]:
+        """Applied records past LATE_S written again without their subject's hash: no late
+        span is looked for any more, and a hash of a user id is undone by trying ids."""
+        removed = []
+        for erasure in erasures:
+            if self._past_late(erasure) and erasure.value_sha256 is not None:
+                write_erasure(self.fs, self.root, erasure.without_hash())
+                removed.append(erasure.id)
+        return removed
 
     # -- hours -----------------------------------------------------------------------
 

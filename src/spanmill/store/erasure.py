@@ -12,8 +12,10 @@ the rollout signals) leave its traces out. The next compaction
 (:mod:`spanmill.store.compact`) resolves the subject again (spans that arrived
 since count too), rewrites every file that holds one of its spans, and marks the
 record applied with how many spans it removed; the subject's value is then
-replaced by its SHA-256, so the record keeps what, when, by whom and how many,
-never the erased content.
+replaced by its SHA-256, by which compactions for a while after find the subject's
+spans that arrive late. Once that while is over the hash goes too: a SHA-256 of a
+user id (an email, a number) is undone by hashing candidates until one matches. The
+record keeps what, when, by whom and how many, never the erased content.
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ class Erasure(BaseModel):
     id: str
     subject: Subject
     value: str | None = Field(None, description="The subject's value; None once applied.")
-    value_sha256: str
+    value_sha256: str | None = Field(
+        None,
+        description="The value's SHA-256, for late spans; None once they are no longer looked for.",
+    )
     attribute: str | None = Field(None, description="The attribute read for a user id.")
     requested_at: datetime
     requested_by: str
@@ -95,10 +100,16 @@ class Erasure(BaseModel):
             }
         )
 
+    def without_hash(self) -> Erasure:
+        """This record once its subject's late spans are no longer looked for."""
+        return self.model_copy(update={"value_sha256": None})
+
     def hash_sql(self) -> tuple[str, list[Any]]:
         """A DuckDB condition for spans that hold the subject, by its hash alone: what an
         applied record (its value forgotten) still matches, for spans that arrive late."""
         digest = self.value_sha256
+        if digest is None:
+            raise ValueError(f"erasure {self.id} no longer holds its subject's hash")
         if self.subject == "trace_id":
             return "sha256(trace_id) = ?", [digest]
         if self.subject == "conversation_id":
