@@ -545,7 +545,15 @@ class RolloutSettings(BaseSettings):
     )
     gateway_urls: list[str] = Field(
         default_factory=lambda: [f"http://{LOOPBACK}:{DEFAULT_GATEWAY_PORT}"],
-        description="Every gateway replica, for its /metrics.",
+        description="Every gateway replica, for its /metrics (without gateway_service).",
+    )
+    gateway_service: str = Field(
+        "",
+        description="The gateway's Service in namespace: every pod behind it (its "
+        "EndpointSlices, listed at each read) is read for /metrics, instead of gateway_urls.",
+    )
+    gateway_port_name: str = Field(
+        "http", min_length=1, description="The gateway Service's port that serves /metrics."
     )
     store_url: str = Field(
         default_factory=lambda: str(paths.home() / "spans"), description="The span store."

@@ -512,6 +512,35 @@ def test_the_controller_loads_every_triton_pod(render_set: Any, value_set: str) 
     assert TritonSettings.model_fields["port_name"].default == http["name"]
 
 
+def test_gateway_signals_read_every_gateway_pod(helm: Path) -> None:
+    """With rollout.signals=gateway the controller reads each gateway pod's /metrics, found
+    from the gateway Service's EndpointSlices (spanmill.rollout.fleet.ServicePods), not
+    the Service's one address, which answers from one replica at a time: any number of
+    replicas, the autoscaler's too, and without Triton in the release."""
+    extra = ["--set", "rollout.signals=gateway", "--set", "gateway.autoscaling.enabled=true",
+             "--set", "triton.enabled=false",
+             "--set", "triton.external.httpUrl=triton.example.internal:8000",
+             "--set", "triton.external.grpcUrl=triton.example.internal:8001"]  # fmt: skip
+    result = template(helm, extra=extra)
+    assert result.returncode == 0, result.output
+    rendered = parse("gateway-signals", result.stdout)
+    env = env_of(rendered.container(f"{FULLNAME}-rollout"))
+    assert env["SPANMILL_ROLLOUT_SIGNALS"]["value"] == "gateway"
+    assert env["SPANMILL_ROLLOUT_GATEWAY_SERVICE"]["value"] == f"{FULLNAME}-gateway"
+    assert env["SPANMILL_ROLLOUT_NAMESPACE"]["value"] == NAMESPACE
+    assert "SPANMILL_ROLLOUT_GATEWAY_URLS" not in env
+    (port,) = rendered.get("Service", f"{FULLNAME}-gateway")["spec"]["ports"]
+    assert port["name"] == RolloutSettings.model_fields["gateway_port_name"].default
+    role = {r["metadata"]["name"]: r for r in rendered.kinds("Role")}[f"{FULLNAME}-rollout"]
+    assert {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+            "verbs": ["list", "watch"]} in _rules(role)  # fmt: skip
+    validator = manifest_validator()
+    report = validator.Report()
+    for document in rendered.documents:
+        validator.validate_document(document, KUBE_VERSION, report, rendered.name)
+    assert report.errors == []
+
+
 def test_the_evaluation_stages_its_candidates_on_a_triton_of_its_own_when_asked(
     render_set: Any,
 ) -> None:

@@ -74,10 +74,6 @@ BAD_VALUES = {
         "collector:\n  autoscaling:\n    maxReplicas: 12\n",
         "collector.autoscaling.maxReplicas (12) exceeds kafka.topics.partitions (6)",
     ),
-    "gateway-signals-with-many-gateways": (
-        "rollout:\n  signals: gateway\n",
-        "gateway.autoscaling.enabled: gateway.autoscaling.enabled does not match: false",
-    ),
     "renew-deadline-past-the-lease": (
         "rollout:\n  leaderElection:\n    renewDeadlineSeconds: 15\n",
         "rollout.leaderElection.renewDeadlineSeconds (15) must be below "

@@ -113,6 +113,66 @@ def test_one_gateways_restart_hides_no_other_gateways_errors(serve_app) -> None:
         assert (after.requests, after.errors) == (12 + 40, 12)
 
 
+def test_every_gateway_pod_behind_the_service_is_read(  # type: ignore[no-untyped-def]
+    serve_app, kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's pods from its Service's EndpointSlices at each read (kmock's API):
+    two replicas add up, one the autoscaler adds after the step began counts from its
+    start, one listed that does not answer is left out of a read while others answer."""
+    from urllib.parse import urlsplit
+
+    from kubernetes import client
+
+    from spanmill.rollout.fleet import SERVICE_NAME_LABEL, ServicePods
+
+    discovery = client.DiscoveryV1Api(kube.api_client())
+
+    def list_pod(name: str, url: str, service: str = "gateway") -> None:
+        discovery.create_namespaced_endpoint_slice("ns", {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{service}-{name}", "labels": {SERVICE_NAME_LABEL: service}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": urlsplit(url).port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
+                           "targetRef": {"kind": "Pod", "name": name, "namespace": "ns"}}],
+        })  # fmt: skip
+
+    a, b, c = Gateway(), Gateway(), Gateway()
+    for gateway in (a, b):
+        gateway.served("2", "502", 7)  # before the step: not the step's
+    pods = ServicePods("ns", "gateway", api_client=kube.api_client())
+    signals = GatewayMetricsSignals(pods=pods)
+    list_pod("triton-0", "http://127.0.0.1:8000", service="triton")  # another Service's
+    with pytest.raises(SignalError, match="no gateway pod is listed among the pods of Service"):
+        signals.snapshot("calc", [2])
+    with serve_app(a.app) as url_a, serve_app(b.app) as url_b, serve_app(c.app) as url_c:
+        list_pod("gateway-a", url_a)
+        list_pod("gateway-b", url_b)
+        baseline = signals.snapshot("calc", [2])
+        assert sorted(baseline["targets"]) == sorted([url_a, url_b])
+        a.served("2", "200", 10)
+        b.served("2", "502", 2)
+        c.served("2", "200", 5)  # a new replica, listed once it runs
+        list_pod("gateway-c", url_c)
+        health = signals.health("calc", 2, since=0.0, baseline=baseline)
+        assert (health.requests, health.errors) == (10 + 2 + 5, 2)
+        # A listed pod that does not answer (starting, going): the others are read.
+        silent = Gateway()
+        with serve_app(silent.app) as url_gone:
+            list_pod("gateway-d", url_gone)
+        assert signals.health("calc", 2, since=0.0, baseline=baseline).requests == 17
+    with pytest.raises(SignalError, match="no gateway pod answers /metrics"):
+        signals.health("calc", 2, since=0.0, baseline=baseline)
+    # What the chart sets (SPANMILL_ROLLOUT_GATEWAY_SERVICE) makes these signals.
+    from spanmill.config import RolloutSettings
+    from spanmill.rollout.service import signals_of
+
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig", "ns")))
+    made = signals_of(RolloutSettings(signals="gateway", gateway_service="gw", namespace="ns"))
+    assert isinstance(made, GatewayMetricsSignals) and made.pods is not None
+    assert made.pods.describe() == "the pods of Service ns/gw"
+
+
 def _call(
     i: int,
     version: str,

@@ -433,8 +433,8 @@ folder: no pod sees another pod's files.
 {{- if and .Values.kafka.sasl.mechanism (not .Values.kafka.sasl.existingSecret) -}}
 {{- fail "kafka.sasl.existingSecret is required when kafka.sasl.mechanism is set" -}}
 {{- end -}}
-{{- if and .Values.rollout.enabled (eq .Values.rollout.signals "gateway") (or .Values.gateway.autoscaling.enabled (gt (int .Values.gateway.replicas) 1)) -}}
-{{- fail "rollout.signals gateway reads the counters of one gateway replica; with gateway.autoscaling.enabled or gateway.replicas above 1 use rollout.signals spans" -}}
+{{- if and .Values.rollout.enabled (eq .Values.rollout.signals "gateway") (not .Values.gateway.enabled) -}}
+{{- fail "rollout.signals gateway reads the release's gateway pods' metrics: enable gateway, or use rollout.signals spans" -}}
 {{- end -}}
 {{- if and .Values.kafka.strimzi.enabled (hasPrefix "SASL" .Values.kafka.securityProtocol) -}}
 {{- fail "kafka.securityProtocol SASL_* needs external brokers: with the chart's Strimzi cluster (kafka.strimzi.enabled) choose PLAINTEXT (9092) or SSL (9093), and kafka.strimzi.authentication.type scram adds SASL to it" -}}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spanmill.config import TritonSettings
+from spanmill.errors import SpanmillError
 from spanmill.rollout.triton import TritonControl, TritonUnreachable
 
 log = logging.getLogger(__name__)
@@ -88,17 +89,16 @@ def fleet_of(triton: TritonSettings, *, load_timeout_s: float = 600.0) -> Triton
     return TritonControl(triton.http_url, load_timeout_s=load_timeout_s)
 
 
-class EndpointSliceFleet:
-    """Every live pod behind a headless Service, from its EndpointSlices."""
+class ServiceUnlisted(SpanmillError):
+    """A Service's EndpointSlices could not be listed."""
+
+
+class ServicePods:
+    """The live pods behind a Service, from its EndpointSlices: where each pod of the Triton
+    fleet is loaded, and where each gateway replica's metrics are read."""
 
     def __init__(
-        self,
-        namespace: str,
-        service: str,
-        *,
-        port_name: str = "http",
-        load_timeout_s: float = 600.0,
-        api_client: Any = None,
+        self, namespace: str, service: str, *, port_name: str = "http", api_client: Any = None
     ) -> None:
         from kubernetes import client
 
@@ -107,15 +107,13 @@ class EndpointSliceFleet:
         self.namespace = namespace
         self.service = service
         self.port_name = port_name
-        self.load_timeout_s = load_timeout_s
         self.discovery = client.DiscoveryV1Api(api_client or kube_api_client())
-        self._controls: dict[PodEndpoint, TritonControl] = {}
-        self._silent: set[PodEndpoint] = set()
 
     def describe(self) -> str:
         return f"the pods of Service {self.namespace}/{self.service}"
 
     def endpoints(self) -> list[PodEndpoint]:
+        """Every pod listed and not terminating, ready or not, at its port ``port_name``."""
         try:
             listed = self.discovery.list_namespaced_endpoint_slice(
                 self.namespace, label_selector=f"{SERVICE_NAME_LABEL}={self.service}"
@@ -129,10 +127,40 @@ class EndpointSliceFleet:
                 else ""
             )
             reason = getattr(exc, "reason", None) or exc
-            raise TritonUnreachable(
+            raise ServiceUnlisted(
                 f"listing the EndpointSlices of {self.describe()} failed: {reason}{hint}"
             ) from None
         return pod_endpoints(listed.items, self.service, self.port_name)
+
+
+class EndpointSliceFleet:
+    """Every live pod behind a headless Service, from its EndpointSlices."""
+
+    def __init__(
+        self,
+        namespace: str,
+        service: str,
+        *,
+        port_name: str = "http",
+        load_timeout_s: float = 600.0,
+        api_client: Any = None,
+    ) -> None:
+        self.pods = ServicePods(namespace, service, port_name=port_name, api_client=api_client)
+        self.namespace = namespace
+        self.service = service
+        self.port_name = port_name
+        self.load_timeout_s = load_timeout_s
+        self._controls: dict[PodEndpoint, TritonControl] = {}
+        self._silent: set[PodEndpoint] = set()
+
+    def describe(self) -> str:
+        return self.pods.describe()
+
+    def endpoints(self) -> list[PodEndpoint]:
+        try:
+            return self.pods.endpoints()
+        except ServiceUnlisted as exc:
+            raise TritonUnreachable(str(exc)) from None
 
     def members(self) -> list[TritonControl]:
         """The listed pods whose Triton answers; one still starting is left for a later tick.

@@ -74,6 +74,12 @@ def signals_of(settings: RolloutSettings) -> Signals:
             storage_options=settings.store_options,
             reward_name=settings.reward_name,
         )
+    if settings.gateway_service:
+        from spanmill.rollout.fleet import ServicePods
+
+        pods = ServicePods(settings.namespace, settings.gateway_service,
+                           port_name=settings.gateway_port_name)  # fmt: skip
+        return GatewayMetricsSignals(pods=pods)
     return GatewayMetricsSignals(settings.gateway_urls)
 
 

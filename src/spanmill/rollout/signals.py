@@ -2,10 +2,12 @@
 
 Two sources, one interface:
 
-* :class:`GatewayMetricsSignals` scrapes the gateways' Prometheus endpoints. The
-  counters are cumulative, so a step keeps a snapshot from its start (the
-  rollout state persists it) and judges the difference. Immediate, but
-  rewards are not there; name every gateway replica.
+* :class:`GatewayMetricsSignals` scrapes the gateways' Prometheus endpoints: the URLs
+  it is given, or every pod behind the gateway's Service, found from its
+  EndpointSlices at each read (replicas come and go with an autoscaler; a Service's
+  one address answers from one pod at a time, whose counters are not another's). The
+  counters are cumulative, so a step keeps a snapshot from its start (the rollout
+  state persists it) and judges the difference. Immediate, but rewards are not there.
 * :class:`SpanStoreSignals` reads the span store: the LLM spans the gateway
   emitted, and the rewards that came back for them (linked by response id, or
   by episode). Sees every replica and the rewards, but only once the collector
@@ -14,6 +16,7 @@ Two sources, one interface:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
@@ -21,7 +24,10 @@ from typing import Any, Protocol
 import httpx
 
 from spanmill.errors import SpanmillError
+from spanmill.rollout.fleet import ServicePods, ServiceUnlisted
 from spanmill.rollout.schemas import Health
+
+log = logging.getLogger(__name__)
 
 REQUESTS_METRIC = "spanmill_gateway_requests"
 LATENCY_METRIC = "spanmill_gateway_request_seconds"
@@ -48,27 +54,54 @@ class Signals(Protocol):
 
 
 class GatewayMetricsSignals:
-    def __init__(self, urls: Sequence[str], *, timeout_s: float = 5.0) -> None:
-        if not urls:
-            raise SignalError("name at least one gateway (SPANMILL_ROLLOUT_GATEWAY_URLS)")
+    def __init__(
+        self, urls: Sequence[str] = (), *, pods: ServicePods | None = None, timeout_s: float = 5.0
+    ) -> None:
+        """``urls``: every gateway; or ``pods``: the gateway's Service, whose pods are
+        listed at each read."""
+        if not urls and pods is None:
+            raise SignalError(
+                "name every gateway (SPANMILL_ROLLOUT_GATEWAY_URLS) or the gateway's Service "
+                "(SPANMILL_ROLLOUT_GATEWAY_SERVICE)"
+            )
         # Each gateway's counters are kept by its URL: one named twice would count twice.
         self.urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
+        self.pods = pods
         self.timeout_s = timeout_s
+
+    def _targets(self) -> list[str]:
+        if self.pods is None:
+            return self.urls
+        try:
+            endpoints = self.pods.endpoints()
+        except ServiceUnlisted as exc:
+            raise SignalError(str(exc)) from None
+        if not endpoints:
+            raise SignalError(f"no gateway pod is listed among {self.pods.describe()}")
+        return [f"http://{endpoint.url}" for endpoint in endpoints]
 
     def _scrape(self, route: str) -> dict[str, Any]:
         """Each gateway's counters for ``route``, kept apart: a counter is only comparable
-        with its own earlier value, since one gateway's restart resets its counters alone."""
+        with its own earlier value, since one gateway's restart resets its counters alone.
+
+        A listed pod that does not answer (starting, or going) is left out of this read,
+        so long as another answers: its counts are there again at the next read that
+        reaches it. A gateway named by URL must answer."""
         from prometheus_client.parser import text_string_to_metric_families
 
         targets: dict[str, dict[str, Any]] = {}
-        for url in self.urls:
+        silent = []
+        for url in self._targets():
             try:
                 response = httpx.get(f"{url}/metrics", timeout=self.timeout_s)
                 response.raise_for_status()
             except httpx.HTTPError as exc:
-                raise SignalError(
-                    f"cannot read the gateway's metrics at {url}/metrics: {exc}"
-                ) from None
+                if self.pods is None:
+                    raise SignalError(
+                        f"cannot read the gateway's metrics at {url}/metrics: {exc}"
+                    ) from None
+                silent.append(f"{url} ({exc})")
+                continue
             requests: dict[str, dict[str, float]] = {}
             buckets: dict[str, dict[str, float]] = {}
             for family in text_string_to_metric_families(response.text):
@@ -86,6 +119,11 @@ class GatewayMetricsSignals:
                         le = labels.get("le", "+Inf")
                         by_le[le] = by_le.get(le, 0.0) + sample.value
             targets[url] = {"requests": requests, "buckets": buckets}
+        if silent:
+            if not targets:
+                raise SignalError(f"no gateway pod answers /metrics: {'; '.join(silent)}")
+            log.warning("gateway pods left out of this read of their metrics: %s",
+                        "; ".join(silent))  # fmt: skip
         return {"targets": targets}
 
     def snapshot(self, route: str, versions: Collection[int]) -> dict[str, Any] | None:
