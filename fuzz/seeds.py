@@ -73,6 +73,17 @@ def records() -> dict[str, bytes]:
             _span(6),
             _span(7, start_time_unix_nano=START + HOUR, end_time_unix_nano=START + HOUR + 5),
         ],
+        # JSON texts that write what redaction looks for as escapes (it reads them decoded).
+        "escaped-json": [
+            _span(
+                9,
+                attributes={
+                    sc.GEN_AI_INPUT_MESSAGES: '[{"role":"user","parts":[{"type":"text",'
+                    '"content":"mail ann\\u0040example.org, card 4111\\u00201111 1111 1111"}]}]',
+                    "arguments": '{"to":"bob\\u0040example.org","emoji":"\\ud83d\\ude00"}',
+                },
+            )
+        ],
         "arrays": [
             _span(
                 8,
