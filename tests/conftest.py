@@ -26,6 +26,7 @@ import pytest
 from kube_emulator import KubeAPI, VersionedEmulator
 
 from spanmill.stack.ports import free_port, port_in_use
+from spanmill.stack.process import wait_until
 from spanmill.stack.services import (
     KafkaBroker,
     MLflowServer,
@@ -61,12 +62,12 @@ class MLflowService:
 class TritonService:
     running: RunningService
     model_repository: Path
-    server: TritonServer | None = None
+    server: TritonServer
 
     def restart_if_dead(self) -> str | None:
         """Start the session's server again, on the same ports and repository, if it has
         exited; what happened (its exit status, the end of its log), or None if it runs."""
-        if self.server is None or self.running.process.alive():
+        if self.running.process.alive():
             return None
         # Its stubs, if any outlived it, before it is reaped (its pid names their group).
         with contextlib.suppress(ProcessLookupError):
@@ -77,11 +78,10 @@ class TritonService:
         except ChildProcessError:
             how = "no status"
         log = Path(self.running.log_path).read_text(errors="replace").splitlines()[-15:]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(
-            port_in_use(self.running.host, port) for port in self.running.ports.values()
-        ):  # held until the last of them is gone
-            time.sleep(0.1)
+        # Its ports are held until the last of its processes is gone.
+        host, ports = self.running.host, self.running.ports.values()
+        wait_until(lambda: not any(port_in_use(host, port) for port in ports),
+                   timeout=30, what="the dead tritonserver's ports being let go")  # fmt: skip
         self.running = self.server.start()
         return f"the session's tritonserver had exited ({how}); started again. Its log ended:\n" + (
             "\n".join(log)

@@ -83,7 +83,7 @@ def test_one_server_without_discovery_every_pod_with_it(  # type: ignore[no-unty
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig", "ns")))
     every = fleet_of(TritonSettings(discovery="endpointslices", namespace="ns", pods_service="t"))
     assert isinstance(every, EndpointSliceFleet)
-    assert (every.namespace, every.service, every.port_name) == ("ns", "t", "http")
+    assert (every.pods.namespace, every.pods.service, every.pods.port_name) == ("ns", "t", "http")
 
 
 def test_a_pod_that_accepts_and_never_answers_is_not_live() -> None:

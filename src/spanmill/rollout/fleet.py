@@ -146,9 +146,6 @@ class EndpointSliceFleet:
         api_client: Any = None,
     ) -> None:
         self.pods = ServicePods(namespace, service, port_name=port_name, api_client=api_client)
-        self.namespace = namespace
-        self.service = service
-        self.port_name = port_name
         self.load_timeout_s = load_timeout_s
         self._controls: dict[PodEndpoint, TritonControl] = {}
         self._silent: set[PodEndpoint] = set()
