@@ -102,6 +102,29 @@ def version_counts(gateway_url: str, model: str) -> dict[tuple[str, str], float]
 # -- the controller ------------------------------------------------------------------
 
 
+class HeldClock:
+    """Wall-clock time the test can stop and start again: while held it reads the held
+    value; once let go it runs on from there, the held stretch left out. A controller on
+    it sees a restart last exactly as long as the test says, however slow the machine."""
+
+    def __init__(self) -> None:
+        self._offset = 0.0
+        self._held: float | None = None
+
+    def __call__(self) -> float:
+        return self._held if self._held is not None else time.time() - self._offset
+
+    def hold(self, at: float) -> float:
+        """Stop the clock at ``at`` or at its reading now, whichever is later."""
+        self._held = max(self(), at)
+        return self._held
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._offset = time.time() - self._held
+            self._held = None
+
+
 def new_agent() -> str:
     return f"calc-{uuid.uuid4().hex[:6]}"
 

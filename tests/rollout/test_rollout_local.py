@@ -12,7 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from rollout_helpers import Traffic, controller, new_agent, rollout_settings, version_counts
+from rollout_helpers import (
+    HeldClock,
+    Traffic,
+    controller,
+    new_agent,
+    rollout_settings,
+    version_counts,
+)
 
 from spanmill.gateway.routing import RoutingFile, RoutingTable
 from spanmill.registry import CHALLENGER, CHAMPION, Lineage, ModelRegistry, names
@@ -49,23 +56,28 @@ def test_challenger_gets_a_growing_share_then_is_promoted(  # type: ignore[no-un
         v2 = registry.register(agent, Lineage(kind="echo")).version
         registry.set_alias(agent, CHALLENGER, v2)
         seen: list[float] = []
-        per_step: dict[float, dict[tuple[str, str], float]] = {}
+        # The gateway's counts as each share was first seen, and at the promotion: what
+        # the challenger had served by the end of each step.
+        counts_by_end: list[dict[tuple[str, str], float]] = []
 
         def watch() -> None:
             share = weights(routes, agent).get(str(v2), 0.0)
             if not seen or seen[-1] != share:
+                if seen:
+                    counts_by_end.append(version_counts(url, agent))
                 seen.append(share)
-            per_step[share] = version_counts(url, agent)
 
         ctl.until(lambda: registry.aliases(agent).get(CHAMPION) == v2, each=watch, timeout=90)
+        counts_by_end.append(version_counts(url, agent))
         after_promotion = ctl.reconciler.state(agent)
         time.sleep(0.5)
     finally:
         outcomes = traffic.stop()
 
-    # The routing table stepped the challenger up, and the gateway's counts followed.
+    # The routing table stepped the challenger up, and the gateway's counts followed: each
+    # step ended only once the challenger had answered more calls in it.
     assert seen == [20.0, 50.0, 100.0]
-    served = [per_step[share].get((str(v2), "200"), 0) for share in (20.0, 50.0, 100.0)]
+    served = [counts.get((str(v2), "200"), 0) for counts in counts_by_end]
     assert 0 < served[0] < served[1] < served[2]
     late = [o for o in outcomes if o.at > outcomes[-1].at - 0.4]
     assert late and all(o.version == str(v2) for o in late)
@@ -316,7 +328,8 @@ def test_restarting_the_controller_resumes_the_rollout(  # type: ignore[no-untyp
     agent = new_agent()
     settings = rollout_settings(mlflow_server, triton, tmp_path, agent, routing_file=routes,
                                 gateway_urls=[url], bake_s=3.0)  # fmt: skip
-    first = controller(settings)
+    clock = HeldClock()
+    first = controller(settings, clock=clock)
     v1 = serve_champion(registry, agent, first, routes)
     traffic = Traffic(url, agent).start()
     try:
@@ -326,17 +339,19 @@ def test_restarting_the_controller_resumes_the_rollout(  # type: ignore[no-untyp
         before = first.reconciler.state(agent)
         assert before is not None and before.step == 1
         table_before = RoutingFile(routes).current()
-        time.sleep(1.2)
-        del first  # the controller process ends mid-bake
+        # The controller process ends two seconds into the three-second bake; the clock
+        # stands still while the test rewrites the routes and starts the next one.
+        assert before.step_started_at is not None
+        restarted_at = clock.hold(before.step_started_at + 2.0)
+        del first
 
         # The routes write of the last step was lost (say, the crash came between
         # saving the state and writing the routes): the next controller repairs it.
         stale = table_before.model_copy(deep=True)
         stale.routes[agent].backends[0].weight, stale.routes[agent].backends[1].weight = 80, 20
         RoutingFile(routes).write(RoutingTable(revision=table_before.revision, routes=stale.routes))
-        restarted_at = time.time()
 
-        second = controller(settings)
+        second = controller(settings, clock=clock)
         made = second.tick()
         after = second.reconciler.state(agent)
         assert after is not None
@@ -347,10 +362,11 @@ def test_restarting_the_controller_resumes_the_rollout(  # type: ignore[no-untyp
         assert weights(routes, agent) == {str(v1): 50.0, str(v2): 50.0}
         assert RoutingFile(routes).current().revision == table_before.revision + 1
 
+        clock.release()
         second.until(lambda: weights(routes, agent).get(str(v2)) == 100.0, timeout=60)
         advanced = next(d for d in second.decisions if d.action == "advance")
         # The bake clock kept running across the restart.
-        assert advanced.at - before.step_started_at >= 3.0  # type: ignore[operator]
+        assert advanced.at - before.step_started_at >= 3.0
         assert advanced.at < restarted_at + 3.0
         second.until(lambda: registry.aliases(agent).get(CHAMPION) == v2, timeout=60)
     finally:
