@@ -313,7 +313,9 @@ class CollectorSettings(BaseSettings):
         description="Built-in redaction patterns to apply; [] for none.",
     )
     redact_patterns: dict[str, str] = Field(
-        default_factory=dict, description="More patterns, name to regex, JSON."
+        default_factory=dict,
+        description="More patterns, name to regex, JSON; each is matched against every text "
+        "on its own (^...$ is a whole value), and a match becomes [REDACTED:<name>].",
     )
     attributes_allow: list[str] = Field(
         default_factory=list, description="When set, only attributes matching these globs are kept."

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 import typer.main
-from helm_render import ROOT, VALUE_SETS, Rendered, env_of
+from helm_render import ROOT, VALUE_SETS, Rendered, env_of, merged_values
 from pydantic_settings import BaseSettings
 
 from spanmill import paths
 from spanmill.cli.main import app
+from spanmill.collector.redact import Redactor
 from spanmill.config import CollectorSettings, GatewaySettings, RolloutSettings, load_settings
 from spanmill.stack import services
 
@@ -168,6 +169,21 @@ def test_service_env_values_load_into_the_settings(
         deployment = rendered.get("Deployment", "spanmill-collector")
         most = hpa["spec"]["maxReplicas"] if hpa else deployment["spec"]["replicas"]
         assert settings.instances == most
+        # Redaction as the values say; by default exactly the code's own defaults.
+        values = merged_values(rendered.name)["collector"]
+        assert settings.redact_patterns == values["redactPatterns"]
+        assert settings.attributes_deny == values["attributesDeny"]
+        assert settings.attributes_allow == values["attributesAllow"]
+        if rendered.name == "defaults":
+            defaults = CollectorSettings(store_url="s3://x")
+            assert settings.redact_patterns == defaults.redact_patterns == {}
+            assert settings.attributes_deny == defaults.attributes_deny
+            assert settings.attributes_allow == defaults.attributes_allow == []
+        else:
+            # The redactor the collector builds from them takes the patterns.
+            redactor = Redactor(settings.redact_rules, settings.redact_patterns,
+                                settings.attributes_allow, settings.attributes_deny)  # fmt: skip
+            assert set(values["redactPatterns"]) <= {rule.name for rule in redactor.rules}
     if service == "gateway":
         assert settings.host == "0.0.0.0"
         # One routing source: the ConfigMap through the API, or the same mounted as a file.

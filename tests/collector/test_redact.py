@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from spanmill.collector.batch import BatchProcessor, ProcessingConfig
 from spanmill.collector.decode import decode_spans
-from spanmill.collector.redact import Redactor, luhn_valid
+from spanmill.collector.redact import Redactor, luhn_valid, required_digits, required_literals
 from spanmill.spans import Span, encode_otlp_protobuf
 from spanmill.store.rows import HourlyColumns, SpanParts, native_decoder
 
@@ -150,6 +151,16 @@ def may_match(redactor: Redactor, payload: bytes) -> bool:
     return any(found for c in hourly.native_hours.values() for _, _, found in c.steps)
 
 
+def assert_scan_covers(redactor: Redactor, payload: bytes, *context: object) -> None:
+    """Where the authority's redaction changes anything in the record, the native scan
+    found what the patterns need: the scan passes over nothing that holds a secret."""
+    spans = decode_spans(payload, None, 1 << 20)
+    counts: dict[str, int] = {}
+    redactor.apply(spans[0], counts)
+    if counts:
+        assert may_match(redactor, payload), (*context, counts)
+
+
 def _payload(text: str, where: str) -> bytes:
     """One span holding ``text`` in one place, as OTLP protobuf."""
     fields: dict[str, object] = {"name": "n"}
@@ -217,12 +228,194 @@ def test_each_gate_is_found_wherever_it_sits_and_only_whole() -> None:
             assert not may_match(redactor, _payload(gate + follow[1:], "attributes")), gate
 
 
-def test_custom_patterns_are_never_prefiltered(tmp_path: Path) -> None:
-    """A pattern with nothing to scan for: every record takes the steps, none the native path."""
+def test_a_custom_pattern_is_scanned_for_by_the_literal_its_matches_hold(tmp_path: Path) -> None:
+    """``TICKET-\\d+`` needs ``TICKET-``: the native path reads records and stops only those
+    that hold it; a pattern with neither a literal nor a digit to be sure of
+    (``[a-z]{9}``) leaves every record to the steps, none to the native path."""
     redactor = Redactor(patterns={"ticket": r"TICKET-\d+"})
-    assert redactor.prefilter is None
+    assert redactor.prefilter is not None
+    assert (b"TICKET-", bytes(256), 0) in redactor.prefilter[0]
+    assert may_match(redactor, _payload("see TICKET-42", "event"))
+    assert not may_match(redactor, _payload("see TICKET 42, ticket-42", "event"))
     config = ProcessingConfig(store_url=str(tmp_path), redact_patterns={"ticket": r"TICKET-\d+"})
-    assert BatchProcessor(config)._native is None
+    assert BatchProcessor(config)._native is not None
+    for unsure in (r"[a-z]{9}", r"(?i)ticket", "x*"):
+        assert Redactor(patterns={"id": unsure}).prefilter is None, unsure
+        config = ProcessingConfig(store_url=str(tmp_path), redact_patterns={"id": unsure})
+        assert BatchProcessor(config)._native is None, unsure
+
+
+@pytest.mark.parametrize(
+    ("pattern", "literals"),
+    [
+        (r"\bEMP-\d{6}\b", ("EMP-",)),
+        (r"^\d{3}-\d{2}-\d{4}$", ("-",)),
+        (r"(?:foo|bar)baz+", ("bar", "foo")),  # two of three letters beat "ba"
+        (r"[Bb]earer", ("earer",)),
+        (r"x{0,3}yz", ("yz",)),  # x may be absent
+        (r"(?=abc)d", ("d",)),  # a lookahead's text is not part of the match
+        (r"a(?i:b)c", ("a",)),  # "b" may be "B"
+        (r"(ab|cd)e+", ("ab", "cd")),
+        (r"(ab|)z", ("z",)),  # an empty branch requires nothing
+        (r"(?>sec)ret", ("sec",)),
+        (r"(?i)secret", ()),
+        (r"\d{9}", ()),
+        (r"[a-z]+@", ("@",)),
+        (r"(a|b|c|d|e|f|g|h|i)", ()),  # too many to be worth a scan
+    ],
+)
+def test_the_literals_a_custom_pattern_requires(pattern: str, literals: tuple[str, ...]) -> None:
+    assert required_literals(re.compile(pattern)) == literals
+
+
+# Regexes built from pieces: literals (ASCII and not), classes, groups, alternations,
+# repeats of every kind, anchors, lookarounds and case-blind groups.
+_ATOMS = st.one_of(
+    st.sampled_from(["a", "b", "-", "@", "K", "\u00e9", "ab", "-K", "\\."]),
+    st.sampled_from(["\\d", "[ab]", "[^a]", ".", "\\w"]),
+    st.sampled_from(["\\b", "^", "$", "(?=a)", "(?!b)", "(?<=a)"]),
+)
+
+
+def _regexes() -> st.SearchStrategy[str]:
+    def grow(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        sequence = st.lists(inner, min_size=2, max_size=4).map("".join)
+        repeat = st.tuples(inner, st.sampled_from(["*", "+", "?", "{2}", "{0,2}", "{1,3}?", "++"]))
+        return st.one_of(
+            sequence,
+            sequence,
+            sequence,
+            st.lists(inner, min_size=2, max_size=3).map(lambda b: "(?:" + "|".join(b) + ")"),
+            repeat.map(lambda t: f"(?:{t[0]}){t[1]}"),
+            repeat.map(lambda t: f"(?:{t[0]}){t[1]}"),
+            inner.map(lambda r: f"({r})"),
+            inner.map(lambda r: f"(?>{r})"),
+            inner.map(lambda r: f"(?i:{r})") | inner.map(lambda r: f"{r}(?i:K)"),
+        )
+
+    return st.recursive(_ATOMS, grow, max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_every_match_of_a_custom_pattern_holds_one_of_its_literals(data: st.DataObject) -> None:
+    """Sound, as the scan must be: a text where the pattern matches holds one of the
+    literals (inside the match), so no record that holds a match is passed over."""
+    pattern = re.compile(data.draw(_regexes(), label="pattern"))
+    literals = required_literals(pattern)
+    text = data.draw(st.from_regex(pattern), label="text")
+    for match in pattern.finditer(text):
+        if match.group():
+            assert not literals or any(lit in match.group() for lit in literals), literals
+
+
+@pytest.mark.parametrize(
+    ("pattern", "digits"),
+    [
+        (r"^\d{3}-\d{2}-\d{4}$", 9),
+        (r"\d{3}[ -]?\d{3}", 6),
+        (r"(\d{3})-(\d{2})", 5),
+        (r"[0-9]{4}", 4),
+        (r"\d{3}-\d{0,2}-\d{4}", 4),  # "123--4567": two dashes end a run
+        (r"\d{3}--\d{2}", 3),
+        (r"\d{3}\.\d{3}", 3),  # a dot ends a run
+        (r"[a-z]+", 0),
+        (r"\d*", 0),
+    ],
+)
+def test_the_digits_a_custom_pattern_requires(pattern: str, digits: int) -> None:
+    assert required_digits(re.compile(pattern)) == digits
+
+
+def _longest_run(text: str) -> int:
+    """The longest run of decimal digits in ``text`` as the native scan counts them: a
+    single space or dash may stand between two digits."""
+    best = run = 0
+    separated = False
+    for char in text:
+        if char.isdecimal():
+            run, separated = run + 1, False
+            best = max(best, run)
+        elif char in " -" and run and not separated:
+            separated = True
+        else:
+            run, separated = 0, False
+    return best
+
+
+_DIGIT_ATOMS = st.sampled_from(
+    ["\\d", "[0-9]", "[2-6]", "7", "-", " ", "[ -]", "a", "\\b", "^", "(?=\\d)"]
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_every_match_of_a_custom_pattern_holds_its_run_of_digits(data: st.DataObject) -> None:
+    def grow(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        repeat = st.tuples(inner, st.sampled_from(["*", "+", "?", "{3}", "{0,2}", "{2,4}?"]))
+        sequence = st.lists(inner, min_size=2, max_size=5).map("".join)
+        return st.one_of(sequence, sequence, repeat.map(lambda t: f"(?:{t[0]}){t[1]}"),
+                         inner.map(lambda r: f"({r})"),
+                         st.lists(inner, min_size=2, max_size=2).map("|".join).map(
+                             lambda r: f"(?:{r})"))  # fmt: skip
+
+    pattern = re.compile(data.draw(st.recursive(_DIGIT_ATOMS, grow, max_leaves=10)))
+    digits = required_digits(pattern)
+    text = data.draw(st.from_regex(pattern), label="text")
+    for match in pattern.finditer(text):
+        if match.group():
+            assert _longest_run(match.group()) >= digits, (pattern.pattern, digits)
+
+
+def test_a_custom_pattern_of_digits_is_scanned_for_as_a_run() -> None:
+    """An SSN's literals are dashes, which most spans hold (``gpt-4o``): the scan looks for
+    its run of nine digits instead, and passes over a record with a model name."""
+    redactor = Redactor(rules=(), patterns={"ssn": r"^\d{3}-\d{2}-\d{4}$"})
+    assert redactor.prefilter == ((), 9)
+    assert not may_match(redactor, _payload("gpt-4o on 2026-12-07", "attributes"))
+    assert may_match(redactor, _payload("078-05-1120", "attributes"))
+    assert may_match(redactor, _payload("\u0660\u0667\u0668-05-1120", "event"))
+
+
+def test_an_anchored_custom_pattern_redacts_whole_values(tmp_path: Path) -> None:
+    """``^...$`` is a value that is nothing but the thing: such a value is redacted wherever
+    it sits (an attribute, a message's text, an event), and one that merely holds it is
+    not. The rules a span needed were decided on its texts joined, where the anchors only
+    ever met the span's name, so nothing was ever redacted."""
+    patterns = {"ssn": r"^\d{3}-\d{2}-\d{4}$"}
+    messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "078-05-1120"}]}])
+    span = parts(**{"user.ssn": "078-05-1120", "note": "ssn 078-05-1120",
+                    "gen_ai.input.messages": messages})  # fmt: skip
+    span.events = [("log", 1, {"ssn": "219-09-9999"})]
+    counts: dict[str, int] = {}
+    Redactor(rules=(), patterns=patterns).apply(span, counts)
+    assert span.attributes["user.ssn"] == "[REDACTED:ssn]"
+    assert span.attributes["note"] == "ssn 078-05-1120"
+    assert "078-05-1120" not in span.attributes["gen_ai.input.messages"]
+    assert span.events[0][2] == {"ssn": "[REDACTED:ssn]"}
+    assert counts == {"ssn": 3}
+    # Through the collector's batch processor, on the native path and the authority's.
+    from spanmill.collector.batch import BatchJob
+    from spanmill.store import SpanStore
+    from spanmill.store.layout import BatchId
+
+    record = encode_otlp_protobuf([Span(
+        trace_id="1" * 32, span_id="2" * 16, name="lookup",
+        start_time_unix_nano=1_750_000_000_000_000_000,
+        end_time_unix_nano=1_750_000_000_500_000_000,
+        attributes={"user.ssn": "078-05-1120", "model": "gpt-4o"},
+    )])  # fmt: skip
+    for native in (True, False):
+        store = tmp_path / f"store-{native}"
+        processor = BatchProcessor(
+            ProcessingConfig(store_url=str(store), redact_patterns=patterns), native=native
+        )
+        assert (processor._native is not None) == native
+        job = BatchJob(BatchId("spans", 0, 0, 0, "0" * 16), [0], [0], [record], [None])
+        outcome = processor.process(job)
+        assert outcome.spans == 1 and outcome.redactions == {"ssn": 1}, native
+        (stored,) = SpanStore(str(store)).spans()
+        assert stored.attributes["user.ssn"] == "[REDACTED:ssn]"
 
 
 # Pieces that make up lookalikes and real secrets, near misses included.
@@ -243,11 +436,7 @@ PIECES = [
 def test_a_record_the_prefilter_passes_holds_nothing_to_redact(text: str, where: str) -> None:
     redactor = Redactor()
     payload = _payload(text, where)
-    spans = decode_spans(payload, None, 1 << 20)
-    counts: dict[str, int] = {}
-    redactor.apply(spans[0], counts)
-    if counts:
-        assert may_match(redactor, payload), (text, counts)
+    assert_scan_covers(redactor, payload, text)
 
 
 def _json_text(text: str, escape: str) -> str:
@@ -297,11 +486,7 @@ def test_a_json_text_the_prefilter_passes_holds_nothing_to_redact(
 ) -> None:
     redactor = Redactor()
     payload = _payload(_json_text(text, escape), where)
-    spans = decode_spans(payload, None, 1 << 20)
-    counts: dict[str, int] = {}
-    redactor.apply(spans[0], counts)
-    if counts:
-        assert may_match(redactor, payload), (text, escape, counts)
+    assert_scan_covers(redactor, payload, text, escape)
 
 
 def test_without_the_extension_every_record_goes_through_the_patterns(
@@ -383,3 +568,28 @@ def test_secrets_inside_json_messages_are_redacted_and_the_json_still_parses() -
     span = parts(**{"gen_ai.input.messages": clean})
     Redactor().apply(span, {})
     assert span.attributes["gen_ai.input.messages"] == clean
+
+
+CUSTOM = {"emp": r"\bEMP-\d{6}\b", "ssn": r"^\d{3}-\d{2}-\d{4}$", "token": r"(?:tok|key)_[a-z]{8}",
+          "phone": r"\(?\d{3}\)?[ -]?\d{3}[ -]?\d{4}"}  # fmt: skip
+CUSTOM_PIECES = ["EMP-", "EM", "P-", "123456", "078-05-1120", "tok_", "key_", "abcdefgh", " ",
+                 "-", "\u0661", "\u00e9", "x", "_", "555 123 4567", "(555)", "12",
+                 "\u0663"]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(CUSTOM_PIECES), max_size=12).map("".join),
+    st.sampled_from(["text", "none", "all", "even"]),
+    st.sampled_from(["name", "status_message", "attributes", "array", "event", "link"]),
+)
+def test_a_record_the_scan_for_custom_patterns_passes_holds_nothing_to_redact(
+    text: str, escape: str, where: str
+) -> None:
+    """The native scan for custom patterns' literals finds every record the patterns would
+    change, a JSON text's escaped strings included."""
+    redactor = Redactor(rules=(), patterns=CUSTOM)
+    if escape != "text" and where not in ("name", "status_message"):
+        text = _json_text(text, escape)
+    payload = _payload(text, where)
+    assert_scan_covers(redactor, payload, text)

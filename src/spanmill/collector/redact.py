@@ -9,7 +9,8 @@ Two kinds of rule, both configured on the collector (see
   ``email``, ``api_key`` (OpenAI/Anthropic-style ``sk-`` keys, AWS access key
   ids, GitHub, Slack, Google and Hugging Face tokens, bearer tokens) and
   ``card_number`` (13 to 19 digits that pass the Luhn check). Custom patterns are
-  regular expressions.
+  regular expressions, each matched against every text on its own (``^...$`` is a
+  whole value; a JSON document's strings one by one).
 - *Attribute lists* drop whole attributes by name: an allow list (when set, only
   matching names are kept) and a deny list, both of shell-style globs such as
   ``http.request.header.*``.
@@ -18,7 +19,9 @@ Most spans hold nothing any rule can match. Every built-in pattern needs one of
 its literal *gates* (followed by enough characters of a set), or a run of digits,
 to occur in a text. The native decoder looks for those in the texts as it reads
 them (:attr:`Redactor.prefilter` says what to look for), and a record where none
-occurs skips the patterns altogether.
+occurs skips the patterns altogether. A custom pattern's gates are the literals its
+matches must hold, read from the regex (``EMP-`` of ``EMP-\\d{6}``); a custom pattern
+without one (``\\d{9}``, or one that ignores case) leaves every record to the patterns.
 
 The dead-letter topic keeps the original bytes of what it refuses, unredacted:
 give it the same access controls as the span topic.
@@ -32,6 +35,8 @@ import re
 import string
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from re import _constants as _c  # type: ignore[attr-defined]
+from re import _parser  # type: ignore[attr-defined]
 from typing import Any, Final
 
 from spanmill import native
@@ -79,6 +84,10 @@ class Rule:
     follow: str = ""
     follow_min: int = 0
     digits: int = 0
+    # Tried on each text alone when deciding which rules a span needs: a custom pattern
+    # may be anchored (``^...$``, the whole value) or look around, and the texts joined
+    # would hide its matches. The built-in ones cannot match across the separator.
+    per_text: bool = False
     replacement: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -226,6 +235,161 @@ def _globs(patterns: Sequence[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(fnmatch.translate(pattern) for pattern in patterns))
 
 
+# The most gates the native decoder's scan looks for at once (``MAX_GATES`` in the C).
+MAX_GATES: Final = 64
+# The most literals one rule's gate may be one of (a character class, an alternation).
+_MAX_CHOICES: Final = 8
+
+
+def required_literals(pattern: re.Pattern[str]) -> tuple[str, ...]:
+    """Literals, one of which every match of ``pattern`` holds: a custom pattern's gates.
+
+    Read from the regex's parse: the longest run of literal characters that every match
+    must pass through (inside groups, repeats of at least one, alternations whose every
+    branch has one, small classes of literals). Empty where there is none to be sure
+    of: a pattern that ignores case, or may match without any literal (``\\d{9}``). Only
+    what the match itself consumes counts; lookarounds and anchors add nothing.
+    """
+    if pattern.flags & re.IGNORECASE:
+        return ()
+    try:
+        found = _required(_parser.parse(pattern.pattern, pattern.flags))
+    except Exception:  # the interpreter's own parser, not a public interface: no gates
+        return ()
+    return tuple(sorted(found)) if found else ()
+
+
+def _required(items: Any) -> frozenset[str] | None:
+    """One of which strings every match of the sequence ``items`` holds; None: unknown."""
+    best: frozenset[str] | None = None
+    run: list[str] = []
+    for op, argument in [*items, (None, None)]:
+        if op is _c.LITERAL:
+            run.append(chr(argument))
+            continue
+        for choice in (frozenset(("".join(run),)) if run else None, _element(op, argument)):
+            if choice is not None and (best is None or _rank(choice) > _rank(best)):
+                best = choice
+        run = []
+    return best
+
+
+def _rank(choice: frozenset[str]) -> tuple[int, int]:
+    """Longer literals first, then fewer of them: what the scan stops at least."""
+    return min(len(literal) for literal in choice), -len(choice)
+
+
+def _element(op: Any, argument: Any) -> frozenset[str] | None:
+    """What one element of a sequence that is not a literal requires."""
+    if op is _c.SUBPATTERN:
+        _, add_flags, _, body = argument
+        return None if add_flags & re.IGNORECASE else _required(body)
+    if op is _c.ATOMIC_GROUP:
+        return _required(argument)
+    if op in (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT):
+        least, _, body = argument
+        return _required(body) if least >= 1 else None
+    if op is _c.BRANCH:
+        union: set[str] = set()
+        for branch in argument[1]:
+            required = _required(branch)
+            if required is None:
+                return None
+            union |= required
+        return frozenset(union) if len(union) <= _MAX_CHOICES else None
+    if (
+        op is _c.IN
+        and len(argument) <= _MAX_CHOICES
+        and all(kind is _c.LITERAL for kind, _ in argument)
+    ):
+        return frozenset(chr(code) for _, code in argument)
+    return None
+
+
+def required_digits(pattern: re.Pattern[str]) -> int:
+    """The longest run of decimal digits every match of ``pattern`` holds, a single space
+    or dash allowed between two, as the native scan counts them (``\\d{3}-\\d{2}-\\d{4}``:
+    9); 0 where none is sure."""
+    try:
+        items = _inlined(_parser.parse(pattern.pattern, pattern.flags))
+    except Exception:  # the interpreter's own parser, not a public interface: no run
+        return 0
+    best = run = 0
+    after_digit = False  # the element before was one digit at least
+    for op, argument in items:
+        digits = _digits(op, argument)
+        if digits is not None:
+            run += digits
+            after_digit = digits > 0
+        elif after_digit and _separator(op, argument):
+            after_digit = False
+        elif op not in (_c.AT, _c.ASSERT, _c.ASSERT_NOT):  # those consume nothing
+            run, after_digit = 0, False
+        best = max(best, run)
+    return best
+
+
+def _inlined(items: Any) -> list[tuple[Any, Any]]:
+    """A sequence with its groups' sequences laid out in it."""
+    out: list[tuple[Any, Any]] = []
+    for op, argument in items:
+        if op is _c.SUBPATTERN:
+            out += _inlined(argument[3])
+        elif op is _c.ATOMIC_GROUP:
+            out += _inlined(argument)
+        else:
+            out.append((op, argument))
+    return out
+
+
+def _is_digit_class(op: Any, argument: Any) -> bool:
+    """A class of decimal digits alone: ``\\d``, ``[0-9]``, ``[2-6]``."""
+    if op is not _c.IN or not argument:
+        return False
+    for kind, value in argument:
+        if kind is _c.CATEGORY and value is _c.CATEGORY_DIGIT:
+            continue
+        if kind is _c.RANGE and ord("0") <= value[0] <= value[1] <= ord("9"):
+            continue
+        if kind is _c.LITERAL and ord("0") <= value <= ord("9"):
+            continue
+        return False
+    return True
+
+
+def _digits(op: Any, argument: Any) -> int | None:
+    """How many digits at least an element of digits alone consumes; None: not such."""
+    if _is_digit_class(op, argument) or (op is _c.LITERAL and ord("0") <= argument <= ord("9")):
+        return 1
+    if op in (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT):
+        least, _, body = argument
+        if len(body) == 1 and _digits(*body[0]) == 1:
+            return int(least)
+    return None
+
+
+def _separator(op: Any, argument: Any) -> bool:
+    """One space or dash, or none: what the scan lets stand between two digits."""
+    if op is _c.LITERAL:
+        return argument in (ord(" "), ord("-"))
+    if op is _c.IN:
+        return all(kind is _c.LITERAL and code in (ord(" "), ord("-")) for kind, code in argument)
+    if op in (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT):
+        _, most, body = argument
+        return most == 1 and len(body) == 1 and _separator(*body[0])
+    return False
+
+
+def _custom_rule(name: str, pattern: re.Pattern[str]) -> Rule:
+    """A custom pattern as a rule, with what the scan may look for: the literals every
+    match holds, or where those are single characters (a dash), a run of five digits or
+    more if every match holds one: the scan stops at fewer texts."""
+    gates, digits = required_literals(pattern), required_digits(pattern)
+    if digits >= 5 and min(map(len, gates), default=0) < 2:
+        gates = ()
+    return Rule(name, pattern, gates=gates, digits=digits, per_text=True)
+
+
 class Redactor:
     """Applies the configured patterns and attribute lists to spans, in place."""
 
@@ -247,7 +411,7 @@ class Redactor:
                 compiled = re.compile(pattern)
             except re.error as exc:
                 raise ValueError(f"redaction pattern {name!r} is not a regex: {exc}") from None
-            self.rules.append(Rule(name, compiled))
+            self.rules.append(_custom_rule(name, compiled))
         self._allow = _globs(allow)
         self._deny = _globs(deny)
         # The names keeps() has judged: whether each is kept (the native decoder reads
@@ -261,8 +425,9 @@ class Redactor:
     def prefilter(self) -> Prefilter | None:
         """What every pattern's match needs, for the native decoder to look for; None: no test.
 
-        A custom pattern has no gates, and without the C extension nothing looks:
-        then every span's texts go through the patterns.
+        A custom pattern's gates are the literals every match holds
+        (:func:`required_literals`); one without any, and any pattern without the C
+        extension, leaves nothing to look: then every span's texts go through the patterns.
         """
         return self._prefilter
 
@@ -353,7 +518,11 @@ class Redactor:
                 elif kind is list and value and type(value[0]) is str:
                     texts.extend(value)
         joined = _JOIN.join(texts)
-        hits = [rule for rule in self.rules if rule.may_match(joined)]
+        hits = [
+            rule
+            for rule in self.rules
+            if (any(map(rule.may_match, texts)) if rule.per_text else rule.may_match(joined))
+        ]
         if not hits:
             return
 
@@ -396,6 +565,8 @@ def _prefilter(rules: Sequence[Rule]) -> Prefilter | None:
             runs.append(rule.digits)
         else:
             return None
+    if len(gates) > MAX_GATES:
+        return None
     return tuple(gates.values()), min(runs, default=0)
 
 
