@@ -570,6 +570,54 @@ def test_secrets_inside_json_messages_are_redacted_and_the_json_still_parses() -
     assert span.attributes["gen_ai.input.messages"] == clean
 
 
+# What JSON writes as an escape, next to or inside a secret: a newline before a key (the
+# "n" of "\n" is a word character), a quote, a backslash, a card in Arabic-Indic digits.
+_JSON_PIECES = [*PIECES, "\n", '"', "\\", "4" + "\u0661" * 15, "\nsk-" + "a" * 20]
+_JSON_VALUES = st.recursive(
+    st.one_of(
+        st.lists(st.sampled_from(_JSON_PIECES), max_size=8).map("".join),
+        st.integers(min_value=0, max_value=10**19),
+        st.none(),
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.lists(st.sampled_from(PIECES), max_size=4).map("".join), inner, max_size=3
+        )
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(_JSON_VALUES, min_size=1, max_size=3),
+    st.sampled_from([(",", ":"), (", ", ": ")]),
+    st.booleans(),
+    st.lists(st.sampled_from(PIECES), max_size=6).map("".join),
+)
+def test_rules_chosen_on_json_as_written_redact_what_its_strings_need(
+    documents: list[object], separators: tuple[str, str], ascii_only: bool, plain: str
+) -> None:
+    """Which built-in rules a span needs is decided on a JSON text without escapes as it
+    was written, unparsed: the span comes out as when each of its strings was read on its
+    own (keys and numbers that look like secrets included, which are left as they are)."""
+    texts = [json.dumps(d, separators=separators, ensure_ascii=ascii_only) for d in documents]
+    attributes = {f"doc{i}": text for i, text in enumerate(texts)}
+    attributes["plain"] = "[" + plain  # looks like JSON, is not
+    results = []
+    for walk in (True, False):
+        # Nothing else in the span for a rule to find.
+        span = SpanParts("1" * 32, "2" * 16, None, "n", "client", 1, 2, "ok", "", dict(attributes),
+                         {}, "", "", [("log", 1, {"doc": texts[0]})], [])  # fmt: skip
+        redactor = Redactor()
+        redactor._walk_documents = walk  # True: every JSON text parsed, as before
+        counts: dict[str, int] = {}
+        redactor.apply(span, counts)
+        results.append((span.attributes, span.events, counts))
+    assert results[0] == results[1]
+
+
 CUSTOM = {"emp": r"\bEMP-\d{6}\b", "ssn": r"^\d{3}-\d{2}-\d{4}$", "token": r"(?:tok|key)_[a-z]{8}",
           "phone": r"\(?\d{3}\)?[ -]?\d{3}[ -]?\d{4}"}  # fmt: skip
 CUSTOM_PIECES = ["EMP-", "EM", "P-", "123456", "078-05-1120", "tok_", "key_", "abcdefgh", " ",

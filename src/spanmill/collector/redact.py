@@ -420,6 +420,9 @@ class Redactor:
         self.verdicts: dict[str, bool] = {}
         self._kept: set[str] = set()
         self._prefilter = _prefilter(self.rules)
+        # A custom pattern is tried on each string of a JSON text alone; the built-in ones
+        # on a JSON text without escapes as written (see apply()).
+        self._walk_documents = any(rule.per_text for rule in self.rules)
 
     @property
     def prefilter(self) -> Prefilter | None:
@@ -504,17 +507,23 @@ class Redactor:
         # A JSON text (messages, a tool call's arguments) is matched and cleaned string by
         # string, as decoded: in its escaped form a pattern would take the "n" of a "\n"
         # into an address (leaving JSON that no longer parses) or miss a key after one.
+        # Which rules a span needs is decided on a JSON text without escapes as written,
+        # unparsed: it holds each of its strings as they are, and no built-in pattern
+        # matches a quote, so a string's match is found there too (a key's or a number's
+        # match at worst makes a rule run for nothing). Custom patterns see each string.
         documents: dict[int, Any] = {}
+        walk = self._walk_documents
         for attributes in maps:
             for value in attributes.values():
                 kind = type(value)
                 if kind is str:
-                    document = _document(value)
-                    if document is None:
-                        texts.append(value)
-                    else:
-                        documents[id(value)] = document
-                        texts.extend(_strings(document))
+                    if value[:1] in ("[", "{") and (walk or "\\" in value):
+                        document = _document(value)
+                        if document is not None:
+                            documents[id(value)] = document
+                            texts.extend(_strings(document))
+                            continue
+                    texts.append(value)
                 elif kind is list and value and type(value[0]) is str:
                     texts.extend(value)
         joined = _JOIN.join(texts)
@@ -585,6 +594,8 @@ def _clean_map(
         kind = type(value)
         if kind is str:
             document = documents.get(id(value))
+            if document is None and value[:1] in ("[", "{"):
+                document = _document(value)  # left unparsed while rules were chosen
             if document is None:
                 value = clean(value)
             else:
