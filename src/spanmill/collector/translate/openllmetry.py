@@ -74,6 +74,20 @@ def _legacy_call(fields: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _calls(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message's tool calls: ``tool_calls.<i>.id|name|arguments``, and the one call of
+    the legacy API that older OpenLLMetry records as ``function_call.name|arguments``."""
+    for key in fields:
+        if "." in key:  # most messages hold text alone, with no nested keys
+            break
+    else:
+        return []
+    return [
+        *tool_call_parts(fields, "tool_calls."),
+        *tool_call_parts(_legacy_call(fields), "function_call."),
+    ]
+
+
 def _messages(groups: dict[int, dict[str, Any]], output: bool) -> list[dict[str, Any]]:
     messages = []
     for _, fields in sorted(groups.items()):
@@ -82,9 +96,7 @@ def _messages(groups: dict[int, dict[str, Any]], output: bool) -> list[dict[str,
             *text_parts(fields.get("content")),
             # A refusal is the answer's text (current OpenLLMetry records it apart).
             *text_parts(fields.get("refusal")),
-            *tool_call_parts(fields, "tool_calls."),
-            # Older OpenLLMetry records a function call of the legacy API so.
-            *tool_call_parts(_legacy_call(fields), "function_call."),
+            *_calls(fields),
         ]  # fmt: skip
         finish = fields.get("finish_reason") if output else None
         messages.append(
