@@ -641,3 +641,19 @@ def test_a_record_the_scan_for_custom_patterns_passes_holds_nothing_to_redact(
         text = _json_text(text, escape)
     payload = _payload(text, where)
     assert_scan_covers(redactor, payload, text)
+
+
+def test_the_deny_list_before_translation_drops_a_name_every_time_it_comes() -> None:
+    """The names found not denied are remembered, the denied ones are not: a span whose
+    names were all seen before and not denied is passed at once, and a denied name is
+    dropped from every span that brings it, however often it comes."""
+    redactor = Redactor(rules=(), deny=["gen_ai.prompt.*"])
+    for _ in range(3):
+        counts: dict[str, int] = {}
+        span = parts(**{"gen_ai.prompt.0.content": "secret", "gen_ai.system": "openai"})
+        redactor.deny_before_translation(span, counts)
+        assert span.attributes == {"gen_ai.system": "openai"}
+        assert counts == {"attribute": 1}
+        plain = parts(**{"gen_ai.system": "openai"})
+        redactor.deny_before_translation(plain, counts)
+        assert plain.attributes == {"gen_ai.system": "openai"} and counts == {"attribute": 1}

@@ -419,6 +419,9 @@ class Redactor:
         # kept ones as a set, for one superset test per attribute map.
         self.verdicts: dict[str, bool] = {}
         self._kept: set[str] = set()
+        # The names the deny list was found not to name, for one superset test a span
+        # before translation (deny_before_translation).
+        self._not_denied: set[str] = set()
         self._prefilter = _prefilter(self.rules)
         # A custom pattern is tried on each string of a JSON text alone; the built-in ones
         # on a JSON text without escapes as written (see apply()).
@@ -466,10 +469,17 @@ class Redactor:
         convention's keys (gen_ai.prompt.*, llm.input_messages.*) are gone by the time
         :meth:`apply` runs, their content moved into the GenAI attributes translation
         writes. The allow list is applied after translation alone, to the stored names."""
-        if self._deny is None:
+        if self._deny is None or self._not_denied.issuperset(parts.attributes):
             return
-        deny = self._deny
-        dropped = [key for key in parts.attributes if deny.match(key) is not None]
+        deny, not_denied = self._deny, self._not_denied
+        if len(not_denied) > 100_000:  # names are few; this bounds a pathological producer
+            not_denied.clear()
+        dropped = []
+        for key in parts.attributes:
+            if deny.match(key) is None:
+                not_denied.add(key)
+            else:
+                dropped.append(key)
         if dropped:
             counts["attribute"] = counts.get("attribute", 0) + len(dropped)
             parts.attributes = {k: v for k, v in parts.attributes.items() if k not in dropped}
