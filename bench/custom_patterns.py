@@ -3,8 +3,9 @@
 The bench's GenAI chat call (:mod:`bench.foreign_conventions`), one span a record,
 through :class:`BatchProcessor` with the default settings and one custom pattern more:
 one whose matches all hold a literal (an employee id, ``EMP-``), one whose literals are
-dashes but whose matches hold a run of nine digits (an SSN), and one with neither (nine
-lowercase letters), which sends every record through the Python path. The span holds
+dashes but whose matches hold a run of nine digits (an SSN), one that ignores case (a
+password, scanned for as every casing of ``wor``), and one with neither a literal nor
+digits (nine lowercase letters), which sends every record through the Python path. The span holds
 none of them, as most spans do. Printed: microseconds a span, best of the rounds
 (alternating), and each set-up's ratio to the built-in rules alone.
 """
@@ -22,6 +23,7 @@ CASES: dict[str, dict[str, str]] = {
     "built-in rules": {},
     "+ EMP-\\d{6}": {"employee_id": r"\bEMP-\d{6}\b"},
     "+ ^\\d{3}-\\d{2}-\\d{4}$": {"ssn": r"^\d{3}-\d{2}-\d{4}$"},
+    "+ (?i)password=\\S+": {"password": r"(?i)password\s*[:=]\s*\S+"},
     "+ \\b[a-z]{9}\\b": {"word": r"\b[a-z]{9}\b"},
 }
 

@@ -20,8 +20,9 @@ its literal *gates* (followed by enough characters of a set), or a run of digits
 to occur in a text. The native decoder looks for those in the texts as it reads
 them (:attr:`Redactor.prefilter` says what to look for), and a record where none
 occurs skips the patterns altogether. A custom pattern's gates are the literals its
-matches must hold, read from the regex (``EMP-`` of ``EMP-\\d{6}``); a custom pattern
-without one (``\\d{9}``, or one that ignores case) leaves every record to the patterns.
+matches must hold, read from the regex (``EMP-`` of ``EMP-\\d{6}``), or the run of
+digits they hold (:func:`required_digits`); a custom pattern with neither
+(``[a-z]{9}``) leaves every record to the patterns.
 
 The dead-letter topic keeps the original bytes of what it refuses, unredacted:
 give it the same access controls as the span topic.
@@ -30,6 +31,7 @@ give it the same access controls as the span topic.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import re
 import string
@@ -246,32 +248,65 @@ def required_literals(pattern: re.Pattern[str]) -> tuple[str, ...]:
 
     Read from the regex's parse: the longest run of literal characters that every match
     must pass through (inside groups, repeats of at least one, alternations whose every
-    branch has one, small classes of literals). Empty where there is none to be sure
-    of: a pattern that ignores case, or may match without any literal (``\\d{9}``). Only
-    what the match itself consumes counts; lookarounds and anchors add nothing.
+    branch has one, small classes of literals). Where case is ignored, a stretch of the
+    run with three letters at most, each in both cases (``wor``, ``WOR``, ``wOr``...),
+    leaving out ``i``, ``k`` and ``s``, which also match letters beyond ASCII (U+0130,
+    U+0131, the Kelvin sign, U+017F) that the scan would not see. Empty where there is none to be
+    sure of (``\\d{9}``). Only what the match itself consumes counts; lookarounds and
+    anchors add nothing.
     """
-    if pattern.flags & re.IGNORECASE:
-        return ()
     try:
-        found = _required(_parser.parse(pattern.pattern, pattern.flags))
+        found = _required(
+            _parser.parse(pattern.pattern, pattern.flags), bool(pattern.flags & re.IGNORECASE)
+        )
     except Exception:  # the interpreter's own parser, not a public interface: no gates
         return ()
     return tuple(sorted(found)) if found else ()
 
 
-def _required(items: Any) -> frozenset[str] | None:
-    """One of which strings every match of the sequence ``items`` holds; None: unknown."""
+def _required(items: Any, fold: bool) -> frozenset[str] | None:
+    """One of which strings every match of the sequence ``items`` holds; None: unknown.
+    ``fold``: case is ignored."""
     best: frozenset[str] | None = None
     run: list[str] = []
     for op, argument in [*items, (None, None)]:
         if op is _c.LITERAL:
             run.append(chr(argument))
             continue
-        for choice in (frozenset(("".join(run),)) if run else None, _element(op, argument)):
+        for choice in (_literal("".join(run), fold) if run else None, _element(op, argument, fold)):
             if choice is not None and (best is None or _rank(choice) > _rank(best)):
                 best = choice
         run = []
     return best
+
+
+# ASCII letters that ignoring case also matches to letters beyond ASCII: i (U+0130,
+# U+0131), k (the Kelvin sign, U+212A), s (the long s, U+017F).
+_FOLDS_BEYOND_ASCII: Final = frozenset("iksIKS")
+_MAX_FOLDED_LETTERS: Final = 3
+
+
+def _literal(run: str, fold: bool) -> frozenset[str] | None:
+    """A run of literal characters as what a match holds: itself, or where case is
+    ignored every casing of its best stretch (see :func:`required_literals`)."""
+    if not fold:
+        return frozenset((run,))
+    best = ""
+    for first in range(len(run)):
+        letters = 0
+        for end in range(first, len(run)):
+            char = run[end]
+            if not char.isascii() or char in _FOLDS_BEYOND_ASCII:
+                break
+            letters += char.isalpha()
+            if letters > _MAX_FOLDED_LETTERS:
+                break
+            if end + 1 - first > len(best):
+                best = run[first : end + 1]
+    if not best:
+        return None
+    casings = [(c.lower(), c.upper()) if c.isalpha() else (c,) for c in best]
+    return frozenset("".join(chars) for chars in itertools.product(*casings))
 
 
 def _rank(choice: frozenset[str]) -> tuple[int, int]:
@@ -279,20 +314,24 @@ def _rank(choice: frozenset[str]) -> tuple[int, int]:
     return min(len(literal) for literal in choice), -len(choice)
 
 
-def _element(op: Any, argument: Any) -> frozenset[str] | None:
+def _element(op: Any, argument: Any, fold: bool) -> frozenset[str] | None:
     """What one element of a sequence that is not a literal requires."""
     if op is _c.SUBPATTERN:
-        _, add_flags, _, body = argument
-        return None if add_flags & re.IGNORECASE else _required(body)
+        _, add_flags, del_flags, body = argument
+        if add_flags & re.IGNORECASE:
+            fold = True
+        elif del_flags & re.IGNORECASE:
+            fold = False
+        return _required(body, fold)
     if op is _c.ATOMIC_GROUP:
-        return _required(argument)
+        return _required(argument, fold)
     if op in (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT):
         least, _, body = argument
-        return _required(body) if least >= 1 else None
+        return _required(body, fold) if least >= 1 else None
     if op is _c.BRANCH:
         union: set[str] = set()
         for branch in argument[1]:
-            required = _required(branch)
+            required = _required(branch, fold)
             if required is None:
                 return None
             union |= required
@@ -302,7 +341,10 @@ def _element(op: Any, argument: Any) -> frozenset[str] | None:
         and len(argument) <= _MAX_CHOICES
         and all(kind is _c.LITERAL for kind, _ in argument)
     ):
-        return frozenset(chr(code) for _, code in argument)
+        chars = frozenset(chr(code) for _, code in argument)
+        # Where case is ignored, a class holds what it lists only if nothing in it has case.
+        if not fold or all(char.isascii() and not char.isalpha() for char in chars):
+            return chars
     return None
 
 
