@@ -1157,7 +1157,7 @@ static int scan_setup(Decoder *st, PyObject *gates, PyObject *digits, Scan *stat
         Py_XSETREF(st->gates, Py_NewRef(gates)); /* keeps the literals and tables alive */
     }
     state->need = need;
-    state->found = 0;
+    state->found = need < 0; /* no test to make: every record counts as found */
     return 0;
 }
 
@@ -2682,8 +2682,9 @@ static PyMethodDef decoder_methods[] = {
      "resource attribute key that verdicts (key -> kept by the attribute lists; None: all "
      "are kept) does not hold. A record's rows are noted in Columns.steps where a text "
      "holds a gate (literal, table of the bytes that may follow it, how many must) or a "
-     "run of `digits` decimal digits (gates None: no scan), a span attribute key is one of "
-     "fallback_keys, an event is an evaluation, or verdicts[key] is False."},
+     "run of `digits` decimal digits (gates None: no scan; digits below 0: every record, "
+     "as found), a span attribute key is one of fallback_keys, an event is an evaluation, "
+     "or verdicts[key] is False."},
     {NULL, NULL, 0, NULL},
 };
 

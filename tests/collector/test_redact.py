@@ -230,8 +230,9 @@ def test_each_gate_is_found_wherever_it_sits_and_only_whole() -> None:
 
 def test_a_custom_pattern_is_scanned_for_by_the_literal_its_matches_hold(tmp_path: Path) -> None:
     """``TICKET-\\d+`` needs ``TICKET-``: the native path reads records and stops only those
-    that hold it; a pattern with neither a literal nor a digit to be sure of
-    (``[a-z]{9}``) leaves every record to the steps, none to the native path."""
+    that hold it; with a pattern that has neither a literal nor a digit to be sure of
+    (``[a-z]{9}``), the native path still reads every record, and marks each as found:
+    all take the patterns."""
     redactor = Redactor(patterns={"ticket": r"TICKET-\d+"})
     assert redactor.prefilter is not None
     assert (b"TICKET-", bytes(256), 0) in redactor.prefilter[0]
@@ -242,7 +243,13 @@ def test_a_custom_pattern_is_scanned_for_by_the_literal_its_matches_hold(tmp_pat
     for unsure in (r"[a-z]{9}", r"(?i)kiss", "x*"):
         assert Redactor(patterns={"id": unsure}).prefilter is None, unsure
         config = ProcessingConfig(store_url=str(tmp_path), redact_patterns={"id": unsure})
-        assert BatchProcessor(config)._native is None, unsure
+        native = BatchProcessor(config)._native
+        assert native is not None, unsure
+        _, gates, digits, _, _ = native
+        assert (gates, digits) == ((), -1)
+        hourly = HourlyColumns(decoder=DECODER)
+        assert hourly.append_record(_payload("hi", "event"), gates=gates, digits=digits) == 1
+        assert [found for c in hourly.native_hours.values() for *_, found in c.steps] == [True]
 
 
 def test_the_letters_that_ignoring_case_matches_beyond_ascii_are_left_out() -> None:
@@ -430,17 +437,21 @@ def test_an_anchored_custom_pattern_redacts_whole_values(tmp_path: Path) -> None
         end_time_unix_nano=1_750_000_000_500_000_000,
         attributes={"user.ssn": "078-05-1120", "model": "gpt-4o"},
     )])  # fmt: skip
-    for native in (True, False):
-        store = tmp_path / f"store-{native}"
-        processor = BatchProcessor(
-            ProcessingConfig(store_url=str(store), redact_patterns=patterns), native=native
-        )
-        assert (processor._native is not None) == native
-        job = BatchJob(BatchId("spans", 0, 0, 0, "0" * 16), [0], [0], [record], [None])
-        outcome = processor.process(job)
-        assert outcome.spans == 1 and outcome.redactions == {"ssn": 1}, native
-        (stored,) = SpanStore(str(store)).spans()
-        assert stored.attributes["user.ssn"] == "[REDACTED:ssn]"
+    # The SSN's run of digits is scanned for; "^[0-9-]+$" leaves nothing to scan for.
+    for name, pattern in (("ssn", patterns["ssn"]), ("digits", r"^[0-9-]{11}$")):
+        for native in (True, False):
+            store = tmp_path / f"store-{name}-{native}"
+            processor = BatchProcessor(
+                ProcessingConfig(store_url=str(store), redact_patterns={name: pattern}),
+                native=native,
+            )
+            assert (processor._native is not None) == native
+            job = BatchJob(BatchId("spans", 0, 0, 0, "0" * 16), [0], [0], [record], [None])
+            outcome = processor.process(job)
+            assert outcome.spans == 1 and outcome.redactions == {name: 1}, (name, native)
+            (stored,) = SpanStore(str(store)).spans()
+            assert stored.attributes["user.ssn"] == f"[REDACTED:{name}]"
+            assert stored.attributes["model"] == "gpt-4o"
 
 
 # Pieces that make up lookalikes and real secrets, near misses included.

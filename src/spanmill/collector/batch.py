@@ -150,15 +150,16 @@ class BatchProcessor:
         translation looks for or that makes a reward: :meth:`steps` finishes those rows
         (:meth:`HourlyColumns.tables`). A key the attribute lists have not judged yet
         sends its record to the authority, whose steps judge it for the records after
-        (``Redactor.verdicts``). It is not used where a pattern has nothing to scan for.
+        (``Redactor.verdicts``). Where a custom pattern leaves nothing to scan for, every
+        record's rows are marked as found (a negative digit run): all take the patterns.
         """
         decoder, redactor = self.decoder, self.redactor
         if decoder is None:
             return None
         prefilter = redactor.prefilter
-        if prefilter is None and redactor.rules:
-            return None
-        gates, digits = prefilter if prefilter is not None else (None, 0)
+        if prefilter is None:
+            prefilter = ((), -1) if redactor.rules else (None, 0)
+        gates, digits = prefilter
         verdicts = redactor.verdicts if redactor.filters_keys else None
         return decoder.append_record, gates, digits, self.translation.signature, verdicts
 
