@@ -156,10 +156,11 @@ class BatchProcessor:
         decoder, redactor = self.decoder, self.redactor
         if decoder is None:
             return None
-        prefilter = redactor.prefilter
-        if prefilter is None:
-            prefilter = ((), -1) if redactor.rules else (None, 0)
-        gates, digits = prefilter
+        gates: tuple[tuple[bytes, bytes, int], ...] | None
+        if redactor.prefilter is not None:
+            gates, digits = redactor.prefilter
+        else:
+            gates, digits = ((), -1) if redactor.rules else (None, 0)
         verdicts = redactor.verdicts if redactor.filters_keys else None
         return decoder.append_record, gates, digits, self.translation.signature, verdicts
 
