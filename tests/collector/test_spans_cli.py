@@ -58,3 +58,28 @@ def test_tail_shows_spans_and_refusals(topics: Topics) -> None:
     assert result.exit_code == 0, result.output
     assert "chat smollm2" in result.output and "calculator-agent" in result.output
     assert "bad_json" in result.output
+
+
+def test_redact_shows_what_would_be_stored_and_what_is_scanned_for() -> None:
+    """An operator tries the deployed patterns (from the collector's settings) and one
+    more on sample texts before a rollout."""
+    env = {"SPANMILL_COLLECTOR_REDACT_PATTERNS": '{"employee": "\\\\bEMP-\\\\d{6}\\\\b"}',
+           "COLUMNS": "200"}  # fmt: skip
+    result = runner.invoke(
+        app,
+        ["spans", "redact", "078-05-1120", "ssn 078-05-1120", "EMP-123456 wrote",
+         "--pattern", r"ssn=^\d{3}-\d{2}-\d{4}$", "--pattern", r"word=\b[a-z]{20,}\b"],
+        env=env,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if "│" in line}
+    assert "'EMP-'" in rows["employee"]
+    assert "a run of 9 digits" in rows["ssn"]
+    assert "nothing" in rows["word"]
+    assert "[REDACTED:ssn]" in rows["078-05-1120"] and "ssn x1" in rows["078-05-1120"]
+    assert "[REDACTED:ssn]" not in rows["ssn 078-05-1120"]  # anchored: a whole value only
+    assert "[REDACTED:employee] wrote" in rows["EMP-123456 wrote"]
+    bad = runner.invoke(app, ["spans", "redact", "x", "--pattern", "broken=("], env=env)
+    assert bad.exit_code == 1 and "'broken' is not a regex" in bad.output
+    bad = runner.invoke(app, ["spans", "redact", "x", "--pattern", "no-equals"], env=env)
+    assert bad.exit_code == 1 and "NAME=REGEX" in bad.output

@@ -229,3 +229,54 @@ def stats(
         )
     )
     console.print(f"[dim]{time.perf_counter() - began:.2f}s[/]")
+
+
+@app.command()
+@handle_errors
+def redact(
+    texts: list[str] = typer.Argument(
+        ..., help="Texts to try, each as a span attribute's value (a JSON text string by string)."
+    ),
+    pattern: list[str] = typer.Option(
+        [], help="One more pattern, NAME=REGEX, beside SPANMILL_COLLECTOR_REDACT_PATTERNS."
+    ),
+) -> None:
+    """Try the collector's redaction on texts: what it would store, what it counts, and
+    what its native decoder scans each record for before any pattern runs."""
+    from spanmill.collector.redact import Redactor
+    from spanmill.store.rows import SpanParts
+
+    settings = load_settings(CollectorSettings)
+    patterns = dict(settings.redact_patterns)
+    for item in pattern:
+        name, equals, regex = item.partition("=")
+        if not (equals and name and regex):
+            raise ConfigError(f"--pattern {item!r}: give NAME=REGEX")
+        patterns[name] = regex
+    try:
+        redactor = Redactor(settings.redact_rules, patterns)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    rules = Table(title="what the native decoder scans for, rule by rule")
+    for column in ("rule", "scans for"):
+        rules.add_column(column)
+    for rule in redactor.rules:
+        if rule.gates and all(gate.isascii() for gate in rule.gates):
+            wanted = ", ".join(repr(gate) for gate in rule.gates)
+        elif rule.digits:
+            wanted = f"a run of {rule.digits} digits (a space or dash between two)"
+        else:
+            wanted = "[yellow]nothing: every record's rows take the patterns[/]"
+        rules.add_row(rule.name, _short(wanted, 120))
+    console.print(rules)
+    results = Table(title="texts as they would be stored")
+    for column in ("text", "stored", "redacted"):
+        results.add_column(column)
+    for text in texts:
+        parts = SpanParts("0" * 32, "0" * 16, None, "", "internal", 0, 0, "unset", "",
+                          {"text": text}, {}, "", "", [], [])  # fmt: skip
+        counts: dict[str, int] = {}
+        redactor.apply(parts, counts)
+        found = ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
+        results.add_row(text, str(parts.attributes["text"]), found or "-")
+    console.print(results)
