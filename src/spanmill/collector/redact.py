@@ -251,9 +251,9 @@ def required_literals(pattern: re.Pattern[str]) -> tuple[str, ...]:
     branch has one, small classes of literals). Where case is ignored, a stretch of the
     run with three letters at most, each in both cases (``wor``, ``WOR``, ``wOr``...),
     leaving out ``i``, ``k`` and ``s``, which also match letters beyond ASCII (U+0130,
-    U+0131, the Kelvin sign, U+017F) that the scan would not see. Empty where there is none to be
-    sure of (``\\d{9}``). Only what the match itself consumes counts; lookarounds and
-    anchors add nothing.
+    U+0131, the Kelvin sign, U+017F) that the scan would not see. Empty where there is
+    none to be sure of (``\\d{9}``). Only what the match itself consumes counts;
+    lookarounds and anchors add nothing.
     """
     try:
         found = _required(
