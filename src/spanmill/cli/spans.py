@@ -261,7 +261,7 @@ def redact(
     for column in ("rule", "scans for"):
         rules.add_column(column)
     for rule in redactor.rules:
-        if rule.gates and all(gate.isascii() for gate in rule.gates):
+        if rule.gates_scanned:
             wanted = ", ".join(repr(gate) for gate in rule.gates)
         elif rule.digits:
             wanted = f"a run of {rule.digits} digits (a space or dash between two)"

@@ -96,6 +96,12 @@ class Rule:
         object.__setattr__(self, "replacement", f"[REDACTED:{self.name}]")
 
     @property
+    def gates_scanned(self) -> bool:
+        """Whether the native scan looks for this rule's gates (it reads ASCII ones only);
+        if not, for its run of ``digits``; with neither, it can look for nothing."""
+        return bool(self.gates) and all(gate.isascii() for gate in self.gates)
+
+    @property
     def plain(self) -> bool:
         return self.check is None and not self.boundary and not self.lead
 
@@ -614,7 +620,7 @@ def _prefilter(rules: Sequence[Rule]) -> Prefilter | None:
     gates: dict[bytes, tuple[bytes, bytes, int]] = {}
     runs = []
     for rule in rules:
-        if rule.gates and all(gate.isascii() for gate in rule.gates):
+        if rule.gates_scanned:
             table = bytes(256) if not rule.follow_min else _table(rule.follow)
             for gate in rule.gates:
                 literal = gate.encode()
