@@ -23,6 +23,7 @@ customer posts whether each was resolved to the gateway's ``/v1/feedback``. Then
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -113,7 +114,21 @@ def world(  # type: ignore[no-untyped-def]
 def production(name: str, gateway: str, key: str, provider: Any) -> list[simulate.Outcome]:
     """The simulated customers' questions, several at a time, sampled as in production."""
     questions = simulate.load_questions()
-    asked = [questions[i % len(questions)] for i in range(EPISODES)]
+    # Each question is asked by three customers, each naming their own ticket. Were the
+    # three prompts one, the dataset builder would rightly keep a held-out call out of
+    # the evaluation when its prompt was trained on; the 135M model resolves some
+    # questions nearly every time and most nearly never, so the resolved episodes of a
+    # question seldom all fell in the held-out split, and CI once drew one held-out tool
+    # call from 20 resolved episodes: too few to gate on. At the end of the question the
+    # ticket leaves the prompt the episodes share (and the served model's prefix cache)
+    # as it was, and the model searches as often: 59 of 176 sampled first replies with
+    # the ticket, 59 without (a ticket before the question: 33; in the system prompt:
+    # more searches, at twice the generation time).
+    asked = []
+    for i in range(EPISODES):
+        question = questions[i % len(questions)]
+        ticket = f"{question.question} (ticket #{1000 + i})"
+        asked.append(dataclasses.replace(question, question=ticket))
     client = agent.make_client(f"{gateway}/v1", key)
     faq = agent.FAQ.load()
     tracer = provider.get_tracer("support-agent")
@@ -162,11 +177,11 @@ def small_heldout_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gate as this world can decide it, set the way an operator sets it.
 
     The held-out split is 40% of the resolved episodes, which production samples at
-    random: 2 to 9 episodes, each with one tool call to replay, so the deciding metric
-    may be measured on as few as two items (the default asks five). The judge is the
-    135M base model judging its own replies: its verdicts are near coin flips, here for
-    their mechanics (one verdict a pair, a prompt version), and a "regression" in them
-    on a handful of pairs is noise, so any is tolerated.
+    random: from 10 or more, as few as two may fall in it, each with one tool call to
+    replay, so the deciding metric may be measured on two items (the default asks five).
+    The judge is the 135M base model judging its own replies: its verdicts are near coin
+    flips, here for their mechanics (one verdict a pair, a prompt version), and a
+    "regression" in them on a handful of pairs is noise, so any is tolerated.
     """
     monkeypatch.setenv("SPANMILL_EVAL_GATE__MIN_ITEMS", str(MIN_ITEMS))
     monkeypatch.setenv("SPANMILL_EVAL_GATE__REGRESSION_TOLERANCE", "1.0")
