@@ -174,9 +174,13 @@ def test_service_env_values_load_into_the_settings(
         assert settings.redact_patterns == values["redactPatterns"]
         assert settings.attributes_deny == values["attributesDeny"]
         assert settings.attributes_allow == values["attributesAllow"]
+        assert settings.redact_rules == values["redactRules"]
+        assert settings.conventions == values["conventions"]
         if rendered.name == "defaults":  # the fields' own defaults, not the environment's
             fields = CollectorSettings.model_fields
-            for name in ("redact_patterns", "attributes_deny", "attributes_allow"):
+            names = ("redact_rules", "redact_patterns", "attributes_deny", "attributes_allow",
+                     "conventions")  # fmt: skip
+            for name in names:
                 default = fields[name].get_default(call_default_factory=True)
                 assert getattr(settings, name) == default, name
         else:
