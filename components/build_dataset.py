@@ -18,6 +18,7 @@ def build_dataset(
     drop_examples: bool = True,
     max_tokens: int = 0,
     eval_fraction: float = 0.1,
+    min_train_rows: int = 1,
     credit: str = "episode",
     feedback_horizon_hours: float = 72.0,
     reward: str = "",
@@ -31,8 +32,9 @@ def build_dataset(
     card = build_dataset_step(
         Path(dataset.path), store_url=store_url, agent=agent, since=since, until=until,
         mode=mode, min_reward=min_reward, drop_examples=drop_examples, max_tokens=max_tokens,
-        eval_fraction=eval_fraction, credit=credit, feedback_horizon_hours=feedback_horizon_hours,
-        reward=reward, trusted_producers=trusted_producers,
+        eval_fraction=eval_fraction, min_train_rows=min_train_rows, credit=credit,
+        feedback_horizon_hours=feedback_horizon_hours, reward=reward,
+        trusted_producers=trusted_producers,
     )  # fmt: skip
     dataset.metadata.update(
         {"content_hash": card["content_hash"], "mode": card["mode"], **card["counts"]}

@@ -78,6 +78,7 @@ def flywheel(
     drop_examples: bool = True,
     max_tokens: int = 0,
     eval_fraction: float = 0.1,
+    min_train_rows: int = 1,
     credit: str = "episode",
     feedback_horizon_hours: float = 72.0,
     reward: str = "",
@@ -127,8 +128,9 @@ def flywheel(
     data = build_dataset(
         agent=agent, store_url=store_url, since=since, until=until, mode=dataset_mode,
         min_reward=min_reward, drop_examples=drop_examples, max_tokens=max_tokens,
-        eval_fraction=eval_fraction, credit=credit, feedback_horizon_hours=feedback_horizon_hours,
-        reward=reward, trusted_producers=trusted_producers,
+        eval_fraction=eval_fraction, min_train_rows=min_train_rows, credit=credit,
+        feedback_horizon_hours=feedback_horizon_hours, reward=reward,
+        trusted_producers=trusted_producers,
     )  # fmt: skip
     data.after(checked)
     data.set_caching_options(False).set_retry(num_retries=2, backoff_duration="30s")

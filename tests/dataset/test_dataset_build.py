@@ -501,3 +501,22 @@ def test_a_prompt_with_an_image_is_left_out_and_counted() -> None:
     built = build(DatasetSpec(eval_fraction=0.0), table(*spans))
     assert built.counts["unsupported_parts"] == 1
     assert [r["completion"][0]["content"] for r in built.train] == ["4"]
+
+
+def test_too_few_training_rows_stop_the_build_and_say_what_each_step_kept() -> None:
+    from spanmill.dataset.build import check_trainable
+
+    spans = [s for trace in (1, 2) for s in two_call_episode(trace)]
+    spec = DatasetSpec(eval_fraction=0.0)
+    built = build(spec, table(*spans))
+    assert len(built.train) == 2  # their calls share response ids: two calls in all
+    check_trainable(built)  # the default asks one row
+    check_trainable(build(spec.model_copy(update={"min_train_rows": 2}), table(*spans)))
+    fewer = build(spec.model_copy(update={"min_train_rows": 3}), table(*spans))
+    with pytest.raises(DatasetError, match=r"has 2 training rows, fewer than min_train_rows 3 "
+                       r"\(.*with_reward=2.*train=2.*\); widen the window"):  # fmt: skip
+        check_trainable(fewer)
+    with pytest.raises(DatasetError, match="has no training rows"):
+        check_trainable(build(spec, table()))
+    with pytest.raises(ValueError, match="min_train_rows"):
+        DatasetSpec(min_train_rows=0)

@@ -46,6 +46,9 @@ def build(
     max_tokens: int = typer.Option(None, help="Longest sample, prompt plus completion."),
     drop_examples: bool = typer.Option(False, help="Drop few-shot example turns (distillation)."),
     eval_fraction: float = typer.Option(0.1, help="Share of tasks held out."),
+    min_train_rows: int = typer.Option(
+        1, help="Fewest training rows: fewer fail the build, saying what each filter kept."
+    ),
     trusted_producers: str = typer.Option(
         "",
         help="Producers whose spans count, comma-separated; empty: all but anonymous "
@@ -69,6 +72,7 @@ def build(
             model_version=model_version, reward=reward, credit=credit, discount=discount,
             min_reward=min_reward, max_reward=max_reward, sft_weighting=weighting,
             max_tokens=max_tokens, drop_examples=drop_examples, eval_fraction=eval_fraction,
+            min_train_rows=min_train_rows,
             trusted_producers=Trust.parse(trusted_producers).producers,
         )  # fmt: skip
     except ValidationError as exc:

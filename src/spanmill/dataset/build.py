@@ -393,8 +393,11 @@ def histogram(values: list[float], bins: int = 10) -> list[dict[str, float]]:
     ]
 
 
-def check_not_empty(built: Built) -> None:
-    if not built.train:
+def check_trainable(built: Built) -> None:
+    """Raises DatasetError, saying what each step kept, when the dataset holds fewer
+    training rows than its spec's ``min_train_rows`` (one by default)."""
+    least = built.spec.min_train_rows
+    if len(built.train) < least:
         steps = ", ".join(f"{k}={v}" for k, v in built.counts.items())
         hint = "widen the window or loosen the filters"
         if built.counts.get("untrusted_spans"):
@@ -404,4 +407,7 @@ def check_not_empty(built: Built) -> None:
                 f"({producers}) were left out: give their writers keys, or name the producers "
                 "to trust (trusted_producers, '*' for every span)"
             )
-        raise DatasetError(f"the {built.spec.mode} dataset has no training rows ({steps}); {hint}")
+        rows = f"{len(built.train)} training rows, fewer than min_train_rows {least}"
+        if not built.train:
+            rows = "no training rows"
+        raise DatasetError(f"the {built.spec.mode} dataset has {rows} ({steps}); {hint}")

@@ -21,7 +21,7 @@ from spanmill.dataset.build import (
     Progress,
     build,
     call_window,
-    check_not_empty,
+    check_trainable,
     histogram,
     reward_window,
 )
@@ -171,6 +171,6 @@ def build_dataset(
         report("reading late rewards")
         late = store.table(start=until, end=reward_window(spec)[1], columns=REWARD_COLUMNS)
     built = build(spec, spans, progress, late=late)
-    check_not_empty(built)
+    check_trainable(built)
     report("writing files")
     return write_dataset(built, out_dir, store_url, jsonl=jsonl)

@@ -63,6 +63,12 @@ class DatasetSpec(BaseModel):
     drop_examples: bool = False
     dedupe: bool = True
     eval_fraction: float = Field(0.1, ge=0, lt=1)
+    min_train_rows: int = Field(
+        1,
+        ge=1,
+        description="Fewest training rows worth a run: fewer stop it at the dataset, "
+        "before any GPU is asked for (a scheduled run on a trickle of new calls).",
+    )
     seed: int = 0
 
     @field_validator("since", "until", mode="before")
