@@ -127,8 +127,8 @@ def production(name: str, gateway: str, key: str, provider: Any) -> list[simulat
     asked = []
     for i in range(EPISODES):
         question = questions[i % len(questions)]
-        ticket = f"{question.question} (ticket #{1000 + i})"
-        asked.append(dataclasses.replace(question, question=ticket))
+        text = f"{question.question} (ticket #{1000 + i})"
+        asked.append(dataclasses.replace(question, question=text))
     client = agent.make_client(f"{gateway}/v1", key)
     faq = agent.FAQ.load()
     tracer = provider.get_tracer("support-agent")

@@ -407,7 +407,6 @@ def check_trainable(built: Built) -> None:
                 f"({producers}) were left out: give their writers keys, or name the producers "
                 "to trust (trusted_producers, '*' for every span)"
             )
-        rows = f"{len(built.train)} training rows, fewer than min_train_rows {least}"
-        if not built.train:
-            rows = "no training rows"
+        rows = (f"{len(built.train)} training rows, fewer than min_train_rows {least}"
+                if built.train else "no training rows")  # fmt: skip
         raise DatasetError(f"the {built.spec.mode} dataset has {rows} ({steps}); {hint}")
