@@ -568,6 +568,12 @@ class RolloutSettings(BaseSettings):
     smoke_timeout_s: float = Field(120.0, gt=0)
     load_timeout_s: float = Field(600.0, gt=0)
     retry_after_s: float = Field(60.0, gt=0, description="Wait before retrying a failed deploy.")
+    deploy_wait_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long a pass waits for a deployment (it runs on a thread of its own) "
+        "before it holds that agent and goes on to the others.",
+    )
     # MLflow's client waits 120 s for an answer and retries 7 times by default: a pass
     # would hang four minutes on an MLflow that is down. The controller asks less of it.
     mlflow_timeout_s: int = Field(

@@ -112,17 +112,20 @@ def reconcile_until(
     reconciler = build_reconciler(rollout_settings(settings, agent))
     deadline = time.monotonic() + timeout_s
     decisions: list[Any] = []
-    while True:
-        decisions.extend(d for d in reconciler.tick() if d.action != "hold")
-        state = reconciler.state(agent)
-        if state is not None and done(state):
-            return state, decisions
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the rollout of {agent} did not settle: {state}")
-        if traffic is not None:
-            traffic()
-        else:
-            time.sleep(1.0)
+    try:
+        while True:
+            decisions.extend(d for d in reconciler.tick() if d.action != "hold")
+            state = reconciler.state(agent)
+            if state is not None and done(state):
+                return state, decisions
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the rollout of {agent} did not settle: {state}")
+            if traffic is not None:
+                traffic()
+            else:
+                time.sleep(1.0)
+    finally:
+        reconciler.close()
 
 
 def run_agent(

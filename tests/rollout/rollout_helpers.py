@@ -184,6 +184,10 @@ def rollout_settings(mlflow_server: Any, triton: Any, tmp_path: Path, agent: str
         "state_file": tmp_path / f"{agent}-state.json",
         "smoke_timeout_s": 120,
         "retry_after_s": 5,
+        # Each pass waits for the deployments it begins, however slow the machine: the
+        # tests that count passes see each step in the pass that takes it. The tests of
+        # deployments that outlast their pass set a short wait.
+        "deploy_wait_s": 600,
         "serving": ServingSettings(num_threads=1),
     }  # fmt: skip
     values.update(extra)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -201,6 +202,68 @@ def test_a_failing_canary_rolls_back_while_mlflow_refuses_writes(  # type: ignor
     assert "error rate" in rollback.reason and "MLflow refused the record" in rollback.reason
     assert refusing is not None and list(refusing.unrecorded_rollbacks) == [bad]
     assert registry.version(agent, bad).rolled_back  # told once it took writes again
+
+
+def test_one_agents_slow_deployment_does_not_hold_another_agents_rollback(  # type: ignore[no-untyped-def]
+    mlflow_server, triton, gateway, registry, no_system_model: Path, tmp_path: Path
+) -> None:
+    """A large model's load takes minutes. The controller deployed inside its pass, one
+    agent after another, so while one agent's challenger loaded, a failing canary of
+    another kept its traffic. Now the load runs on a deploy thread: the slow agent holds,
+    the other's canary is judged and rolled back meanwhile, and the slow one's canary
+    begins in a pass after its load has ended."""
+    url, routes = gateway
+    slow, fast = new_agent(), new_agent()
+    settings = rollout_settings(mlflow_server, triton, tmp_path, slow, routing_file=routes,
+                                gateway_urls=[url], agents=[slow, fast], steps=[20, 100],
+                                bake_s=5, deploy_wait_s=0.2)  # fmt: skip
+    ctl = controller(settings)
+
+    def taken(agent: str, version: int) -> list[str]:
+        return [d.action for d in ctl.decisions if (d.agent, d.version) == (agent, version)]
+
+    firsts = {}
+    for agent in (slow, fast):
+        firsts[agent] = registry.register(agent, Lineage(kind="echo")).version
+        registry.promote(agent, firsts[agent])
+    ctl.until(lambda: all(weights(routes, a) == {str(firsts[a]): 100.0} for a in firsts),
+              timeout=120)  # fmt: skip
+    # The slow agent's challenger loads only once the test lets it: a load that long.
+    loading, let_go = threading.Event(), threading.Event()
+    deploy = ctl.reconciler.deployer.deploy
+
+    def held(agent: str, version: int, **options: object) -> float:
+        if agent == slow:
+            loading.set()
+            assert let_go.wait(timeout=300), "the test never let the load end"
+        return deploy(agent, version, **options)  # type: ignore[arg-type]
+
+    ctl.reconciler.deployer.deploy = held  # type: ignore[method-assign]
+    traffic = Traffic(url, fast).start()
+    try:
+        bad = registry.register(fast, Lineage(kind="model"), no_system_model).version
+        registry.set_alias(fast, CHALLENGER, bad)
+        ctl.until(lambda: "canary" in taken(fast, bad), timeout=120)
+        waiting = registry.register(slow, Lineage(kind="echo")).version
+        registry.set_alias(slow, CHALLENGER, waiting)
+        ctl.until(loading.is_set, timeout=60)
+        # The slow agent's pass comes first in every tick, and it is still loading.
+        ctl.until(lambda: "rollback" in taken(fast, bad), timeout=120)
+        held_state = ctl.reconciler.state(slow)
+        holds = [d for d in ctl.tick() if d.agent == slow]
+    finally:
+        let_go.set()
+        traffic.stop()
+    assert weights(routes, fast) == {str(firsts[fast]): 100.0}
+    assert held_state is not None and held_state.phase == Phase.DEPLOYING
+    assert [d.action for d in holds] == ["hold"]
+    assert f"deploying version {waiting}" in holds[0].reason
+    assert taken(slow, waiting) == []
+    # Its load ended: a later pass takes it up and begins the canary.
+    ctl.until(lambda: "canary" in taken(slow, waiting), timeout=120)
+    assert taken(slow, waiting) == ["deploy", "canary"]
+    assert not [d for d in ctl.decisions if d.action == "error"]
+    ctl.reconciler.close()
 
 
 def test_a_challenger_promoted_by_hand_mid_deployment_takes_traffic_once_served(  # type: ignore[no-untyped-def]

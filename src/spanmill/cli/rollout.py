@@ -42,8 +42,13 @@ def rollout(
     from spanmill.rollout.service import bounded_mlflow, build_reconciler, run
 
     if once:
-        with bounded_mlflow(settings):
-            decisions = build_reconciler(settings).tick()
+        reconciler = build_reconciler(settings)
+        reconciler.deploy_wait_s = None  # one pass: each deployment it begins, it ends
+        try:
+            with bounded_mlflow(settings):
+                decisions = reconciler.tick()
+        finally:
+            reconciler.close()
         for decision in decisions:
             console.print(decision.message(), highlight=False)
         return

@@ -18,15 +18,24 @@ state goes first, holding what MLflow must still be told (the version tagged
 rolled back, its challenger alias removed), then the routes; every pass that
 reaches MLflow tells it that before it reads the aliases, so the version is never
 staged again, whenever the controller stopped meanwhile.
+
+Deployments (the registry's files written, Triton's load, the smoke check: minutes for
+a large model) run on threads of their own. A pass waits up to ``deploy_wait_s`` for
+one; past that the agent holds, and its next passes take up the deployment once it has
+ended, while every other agent's pass goes on: one agent's slow load never delays
+another's canary judgement or rollback. An agent with a deployment under way is left
+alone meanwhile (its model repository and engine record have one writer at a time).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from spanmill.errors import SpanmillError
@@ -64,6 +73,31 @@ class NotLeading(SpanmillError):
     """This replica lost its Lease during a pass: it must not write what it decided."""
 
 
+class StillDeploying(Exception):
+    """The agent's deployment has run past the pass's wait: the pass holds, and a later
+    one takes it up once it has ended."""
+
+    def __init__(self, deployment: _Deployment) -> None:
+        self.deployment = deployment
+        super().__init__(
+            f"deploying version {deployment.version}: {deployment.seconds():.0f}s so far; "
+            "the other agents' passes go on meanwhile"
+        )
+
+
+@dataclass
+class _Deployment:
+    """One agent's deployment under way on the reconciler's deploy threads."""
+
+    version: int
+    serving: bool
+    future: concurrent.futures.Future[float]
+    started: float = field(default_factory=time.monotonic)
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+
 class Reconciler:
     def __init__(
         self,
@@ -77,6 +111,8 @@ class Reconciler:
         metrics: RolloutMetrics | None = None,
         clock: Callable[[], float] = time.time,
         retry_after_s: float = 60.0,
+        deploy_wait_s: float | None = None,
+        deploy_threads: int = 4,
     ) -> None:
         self.registry = registry
         self.deployer = deployer
@@ -87,6 +123,13 @@ class Reconciler:
         self.metrics = metrics or RolloutMetrics()
         self.clock = clock
         self.retry_after_s = retry_after_s
+        # How long a pass waits for a deployment before it holds the agent and goes on to
+        # the next (None: until it has ended, one agent after another).
+        self.deploy_wait_s = deploy_wait_s
+        self._deploy_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=deploy_threads, thread_name_prefix="rollout-deploy"
+        )
+        self._deploying: dict[str, _Deployment] = {}
         self.history: collections.deque[Decision] = collections.deque(maxlen=500)
         self._state = ControllerState()
         self._table = RoutingTable()
@@ -119,6 +162,7 @@ class Reconciler:
         self.active = active or self.active
         while not stop.is_set():
             if active is not None and not active():
+                self._forget_deployments()
                 stop.wait(min(interval_s, standby_poll_s))
                 continue
             try:
@@ -138,6 +182,7 @@ class Reconciler:
             if not self.active():
                 # The Lease went to another replica mid-pass: leave the rest to it.
                 log.warning("no longer leading: the pass stops before %s", agent)
+                self._forget_deployments()
                 break
             try:
                 self._reconcile(agent)
@@ -159,6 +204,16 @@ class Reconciler:
     def state(self, agent: str) -> AgentState | None:
         return self._state.agents.get(agent)
 
+    def close(self) -> None:
+        """Wait for the deployments under way to end (they write the model repository and
+        load Triton, which a successor must not find half done), then stop the threads."""
+        self._deploy_pool.shutdown(wait=True, cancel_futures=True)
+
+    def _forget_deployments(self) -> None:
+        """A replica that lost its Lease takes up none of its deployments' outcomes later:
+        the leader meanwhile may have deployed, or retired, the same versions."""
+        self._deploying.clear()
+
     def _known_agents(self) -> list[str]:
         try:
             listed = self.registry.agents()
@@ -172,6 +227,24 @@ class Reconciler:
 
     def _reconcile(self, agent: str) -> None:
         st = self._state.agents.get(agent) or AgentState(agent=agent)
+        under_way = self._deploying.get(agent)
+        if under_way is not None and not under_way.future.done():
+            # Its deployment writes the agent's model repository and engine record: the
+            # agent's pass waits for it, the other agents' do not.
+            self._decide(agent, "hold", under_way.version, str(StillDeploying(under_way)),
+                         quiet=True)  # fmt: skip
+            return
+        try:
+            self._pass(agent, st)
+        finally:
+            # An ended deployment this pass did not take up is for a version the registry
+            # no longer names here: a later pass that names it again deploys it afresh.
+            if under_way is not None and self._deploying.get(agent) is under_way:
+                del self._deploying[agent]
+                log.info("%s: the deployment of version %d ended after the registry moved on",
+                         agent, under_way.version)  # fmt: skip
+
+    def _pass(self, agent: str, st: AgentState) -> None:
         try:
             try:
                 st = self._record_rollbacks(agent, st)
@@ -210,7 +283,8 @@ class Reconciler:
                 elif st.phase == Phase.CANARY:
                     st = self._canary(agent, st)
 
-            st = self._retire(agent, st)
+            if agent not in self._deploying:  # its deployment writes what retiring removes
+                st = self._retire(agent, st)
         finally:
             # What was done before a failure (MLflow or Triton unreachable mid-pass) is
             # kept, so the next pass does not do it twice.
@@ -276,6 +350,8 @@ class Reconciler:
             return st
         try:
             self._deployed(agent, version)
+        except StillDeploying as exc:
+            return self._held(agent, exc, st)
         except DeployError as exc:
             keeping = f"version {st.champion} keeps serving" if st.champion else "nothing serves"
             self._decide(agent, "error", version,
@@ -292,6 +368,8 @@ class Reconciler:
             return st
         try:
             self._deployed(agent, version, serving=True)
+        except StillDeploying as exc:
+            return self._held(agent, exc, st)
         except DeployError as exc:
             reason = f"the champion is not loaded in Triton and cannot be loaded again ({exc})"
             self._decide(agent, "error", version, reason)
@@ -316,6 +394,8 @@ class Reconciler:
             self._commit(agent, st)
         try:
             seconds = self._deployed(agent, version)
+        except StillDeploying as exc:
+            return self._held(agent, exc, st)
         except PodDeployError as exc:
             self._pod_failed(agent, version, exc)
             seconds = 0.0
@@ -365,6 +445,8 @@ class Reconciler:
         if not self.deployer.ready(agent, version):
             try:
                 self._deployed(agent, version)
+            except StillDeploying as exc:
+                return self._held(agent, exc, st)
             except PodDeployError as exc:
                 self._pod_failed(agent, version, exc)
             except DeployError as exc:
@@ -582,11 +664,31 @@ class Reconciler:
                      "and that pod stays unready until it takes it", record=False)  # fmt: skip
 
     def _deployed(self, agent: str, version: int, *, serving: bool = False) -> float:
+        """Deploy ``version`` on a deploy thread, or take up the outcome of the one a
+        pass before began: its seconds, or its error raised here. StillDeploying where
+        it runs past ``deploy_wait_s``."""
         if not self.active():
             raise NotLeading(f"{agent}: no longer leading; version {version} is not deployed")
-        seconds = self.deployer.deploy(agent, version, serving=serving)
+        deployment = self._deploying.pop(agent, None)
+        if deployment is not None and not deployment.future.done():
+            # One deployment of an agent at a time, whichever version this step asks for.
+            self._deploying[agent] = deployment
+            raise StillDeploying(deployment)
+        if deployment is None or (deployment.version, deployment.serving) != (version, serving):
+            deployment = _Deployment(version, serving, self._deploy_pool.submit(
+                self.deployer.deploy, agent, version, serving=serving))  # fmt: skip
+        try:
+            seconds = deployment.future.result(timeout=self.deploy_wait_s)
+        except concurrent.futures.TimeoutError:
+            self._deploying[agent] = deployment
+            raise StillDeploying(deployment) from None
         self.metrics.deploy_seconds.labels(agent).set(seconds)
         return seconds
+
+    def _held(self, agent: str, waiting: StillDeploying, st: AgentState) -> AgentState:
+        """The pass holds ``agent`` while its deployment goes on: ``st`` stays as it is."""
+        self._decide(agent, "hold", waiting.deployment.version, str(waiting), quiet=True)
+        return st
 
     def _decide(
         self,

@@ -141,6 +141,7 @@ def build_reconciler(
         metrics=metrics,
         clock=clock,
         retry_after_s=settings.retry_after_s,
+        deploy_wait_s=settings.deploy_wait_s,
     )
 
 
@@ -221,6 +222,9 @@ def run(settings: RolloutSettings, stop: threading.Event | None = None) -> None:
                 standby_poll_s=settings.retry_period_s,
             )
     finally:
+        # The deployments under way end before the Lease goes: a successor never finds
+        # one half written.
+        reconciler.close()
         lease_stop.set()
         if lease_thread is not None:
             lease_thread.join(timeout=settings.renew_deadline_s + 5)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from typing import Any
 
@@ -42,9 +43,23 @@ class TritonControl:
         self.url = url
         self.pod = pod
         self.load_timeout_s = load_timeout_s
-        self._client = triton_http.InferenceServerClient(
-            url, connection_timeout=30.0, network_timeout=load_timeout_s
-        )
+        self._http = triton_http
+        # A client for each thread: the controller's pass asks what is loaded while its
+        # deploy threads load, and tritonclient's HTTP client is not safe across threads.
+        self._local = threading.local()
+        self._clients: list[Any] = []
+        self._clients_lock = threading.Lock()
+
+    @property
+    def _client(self) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._http.InferenceServerClient(
+                self.url, connection_timeout=30.0, network_timeout=self.load_timeout_s
+            )
+            with self._clients_lock:
+                self._clients.append(client)
+        return client
 
     def describe(self) -> str:
         return f"Triton pod {self.pod} at {self.url}" if self.pod else f"Triton at {self.url}"
@@ -195,4 +210,7 @@ class TritonControl:
         return last
 
     def close(self) -> None:
-        self._client.close()
+        with self._clients_lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
