@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -441,3 +442,48 @@ def test_a_controller_that_lost_its_lease_mid_pass_retires_nothing(
     reconciler.tick()
     engine = read_engine(repository, names.triton_model(AGENT))
     assert engine is not None and 2 not in engine.versions
+
+
+def test_a_deployment_a_deposed_leader_began_is_not_taken_up_when_it_leads_again(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """Deployments run on the controller's deploy threads, past the pass that began them.
+    One that a replica began before it lost its Lease says nothing once it leads again
+    (the leader meanwhile may have retired the version): it deploys afresh. While one is
+    under way the agent holds, and nothing of it is retired."""
+    import threading
+
+    from spanmill.rollout.schemas import Phase
+
+    _, _, _, deployer = setting
+    _, clock, reconciler = champion_served(setting)
+    reconciler.deploy_wait_s = 0.05
+    deploy, let_go, tries = deployer.deploy, threading.Event(), []
+
+    def slow(agent: str, version: int, **options: Any) -> float:
+        tries.append(version)
+        assert let_go.wait(timeout=60)
+        return deploy(agent, version, **options)
+
+    deployer.deploy = slow  # type: ignore[method-assign]
+    clock[0] += 1.0
+    (hold,) = [d for d in reconciler.tick() if d.agent == AGENT]
+    assert hold.action == "hold" and "deploying version 2" in hold.reason
+    state = reconciler.state(AGENT)
+    assert state is not None and state.phase == Phase.DEPLOYING and tries == [2]
+    # Another tick while it loads: the agent holds, nothing is deployed twice.
+    (again,) = [d for d in reconciler.tick() if d.agent == AGENT]
+    assert again.action == "hold" and tries == [2]
+    leading = [False]
+    reconciler.active = lambda: leading[0]
+    reconciler.tick()  # deposed: the pass stops, its deployment is forgotten
+    let_go.set()
+    leading[0] = True
+    deadline = time.monotonic() + 60
+    while not any(d.action == "canary" for d in reconciler.tick() if d.agent == AGENT):
+        assert time.monotonic() < deadline, "the challenger never reached its canary"
+        time.sleep(0.05)
+    assert tries == [2, 2]  # deployed afresh, not taken from the deposed replica's try
+    state = reconciler.state(AGENT)
+    assert state is not None and state.phase == Phase.CANARY
+    reconciler.close()
