@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -449,21 +450,24 @@ def test_a_deployment_a_deposed_leader_began_is_not_taken_up_when_it_leads_again
 ) -> None:
     """Deployments run on the controller's deploy threads, past the pass that began them.
     One that a replica began before it lost its Lease says nothing once it leads again
-    (the leader meanwhile may have retired the version): it deploys afresh. While one is
-    under way the agent holds, and nothing of it is retired."""
-    import threading
-
+    (the leader meanwhile may have retired the version): while it still runs the agent
+    holds (never two deployments of one agent at once), and once it has ended the version
+    is deployed afresh."""
     from spanmill.rollout.schemas import Phase
 
     _, _, _, deployer = setting
     _, clock, reconciler = champion_served(setting)
     reconciler.deploy_wait_s = 0.05
-    deploy, let_go, tries = deployer.deploy, threading.Event(), []
+    deploy, let_go, ended, tries = deployer.deploy, threading.Event(), threading.Event(), []
 
     def slow(agent: str, version: int, **options: Any) -> float:
         tries.append(version)
-        assert let_go.wait(timeout=60)
-        return deploy(agent, version, **options)
+        if len(tries) == 1:
+            assert let_go.wait(timeout=60)
+        try:
+            return deploy(agent, version, **options)
+        finally:
+            ended.set()
 
     deployer.deploy = slow  # type: ignore[method-assign]
     clock[0] += 1.0
@@ -476,9 +480,12 @@ def test_a_deployment_a_deposed_leader_began_is_not_taken_up_when_it_leads_again
     assert again.action == "hold" and tries == [2]
     leading = [False]
     reconciler.active = lambda: leading[0]
-    reconciler.tick()  # deposed: the pass stops, its deployment is forgotten
+    reconciler.tick()  # deposed: the pass stops, its deployment's outcome is forgotten
+    leading[0] = True  # leads again while that deployment still runs: the agent holds
+    (orphaned,) = [d for d in reconciler.tick() if d.agent == AGENT]
+    assert orphaned.action == "hold" and tries == [2]
     let_go.set()
-    leading[0] = True
+    assert ended.wait(timeout=60)
     deadline = time.monotonic() + 60
     while not any(d.action == "canary" for d in reconciler.tick() if d.agent == AGENT):
         assert time.monotonic() < deadline, "the challenger never reached its canary"
@@ -486,4 +493,64 @@ def test_a_deployment_a_deposed_leader_began_is_not_taken_up_when_it_leads_again
     assert tries == [2, 2]  # deployed afresh, not taken from the deposed replica's try
     state = reconciler.state(AGENT)
     assert state is not None and state.phase == Phase.CANARY
+    reconciler.close()
+
+
+def test_a_deployment_that_ended_is_checked_again_before_its_version_gets_traffic(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """A deployment is taken up by a pass after the one that began it: Triton may have
+    lost the version between (a restart), and it is deployed again rather than given a
+    canary it cannot answer."""
+    _, _, servers, deployer = setting
+    _, clock, reconciler = champion_served(setting)
+    reconciler.deploy_wait_s = 0.05
+    deploy, let_go, ended, tries = deployer.deploy, threading.Event(), threading.Event(), []
+
+    def slow(agent: str, version: int, **options: Any) -> float:
+        tries.append(version)
+        if len(tries) == 1:
+            assert let_go.wait(timeout=60)
+        try:
+            return deploy(agent, version, **options)
+        finally:
+            ended.set()
+
+    deployer.deploy = slow  # type: ignore[method-assign]
+    clock[0] += 1.0
+    assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["hold"]
+    let_go.set()
+    assert ended.wait(timeout=60)
+    # Lost after the load: Triton's index says it is not ready, once.
+    ready, lost = deployer.ready, [2]
+
+    def gone_once(agent: str, version: int) -> bool:
+        if version in lost:
+            lost.remove(version)
+            return False
+        return ready(agent, version)
+
+    deployer.ready = gone_once  # type: ignore[method-assign]
+    taken = [d.action for d in reconciler.tick() if d.agent == AGENT]
+    assert tries == [2, 2] and not lost and taken == ["deploy", "canary"]
+    assert all(server.loras is not None and "calc-v2" in server.loras for server in servers)
+    reconciler.close()
+
+
+def test_a_deployment_that_times_out_by_itself_is_an_error_not_a_wait(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """A deployment's own TimeoutError (a slow volume, a socket) is its outcome: said as
+    an error, not taken for the pass's wait running out (which held the agent forever)."""
+    _, _, _, deployer = setting
+    _, clock, reconciler = champion_served(setting)
+    reconciler.deploy_wait_s = 5.0
+
+    def timed_out(agent: str, version: int, **options: Any) -> float:
+        raise TimeoutError("reading the model repository timed out")
+
+    deployer.deploy = timed_out  # type: ignore[method-assign]
+    clock[0] += 1.0
+    (decision,) = [d for d in reconciler.tick() if d.agent == AGENT]
+    assert decision.action == "error" and "timed out" in decision.reason
     reconciler.close()

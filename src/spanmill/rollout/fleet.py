@@ -17,6 +17,7 @@ on the controller's next tick.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -149,6 +150,8 @@ class EndpointSliceFleet:
         self.load_timeout_s = load_timeout_s
         self._controls: dict[PodEndpoint, TritonControl] = {}
         self._silent: set[PodEndpoint] = set()
+        # The controller's pass and its deploy threads ask for the members at once.
+        self._lock = threading.Lock()
 
     def describe(self) -> str:
         return self.pods.describe()
@@ -166,21 +169,31 @@ class EndpointSliceFleet:
         it is not ready before it holds the routed versions.
         """
         endpoints = self.endpoints()
-        for gone in set(self._controls) - set(endpoints):
-            self._controls.pop(gone).close()
-            self._silent.discard(gone)
+        with self._lock:
+            # A gone pod's control is dropped, not closed: a deploy thread may still be
+            # asking it something; its clients close once nothing holds it.
+            for gone in set(self._controls) - set(endpoints):
+                self._controls.pop(gone, None)
+                self._silent.discard(gone)
+            controls = []
+            for endpoint in endpoints:
+                control = self._controls.get(endpoint)
+                if control is None:
+                    control = TritonControl(endpoint.url, load_timeout_s=self.load_timeout_s,
+                                            pod=endpoint.pod)  # fmt: skip
+                    self._controls[endpoint] = control
+                controls.append((endpoint, control))
         live: list[TritonControl] = []
-        for endpoint in endpoints:
-            control = self._controls.get(endpoint)
-            if control is None:
-                control = TritonControl(endpoint.url, load_timeout_s=self.load_timeout_s,
-                                        pod=endpoint.pod)  # fmt: skip
-                self._controls[endpoint] = control
+        for endpoint, control in controls:
             if control.live():
                 live.append(control)
-                self._silent.discard(endpoint)
-            elif endpoint not in self._silent:
+                with self._lock:
+                    self._silent.discard(endpoint)
+                continue
+            with self._lock:
+                first_silence = endpoint not in self._silent
                 self._silent.add(endpoint)
+            if first_silence:
                 log.info("%s does not answer yet; it gets its versions once it does",
                          control.describe())  # fmt: skip
         if not live:

@@ -130,6 +130,9 @@ class Reconciler:
             max_workers=deploy_threads, thread_name_prefix="rollout-deploy"
         )
         self._deploying: dict[str, _Deployment] = {}
+        # Deployments begun before this replica lost its Lease that still run: their
+        # agents hold until they end, and their outcomes are never taken up.
+        self._orphans: dict[str, _Deployment] = {}
         self.history: collections.deque[Decision] = collections.deque(maxlen=500)
         self._state = ControllerState()
         self._table = RoutingTable()
@@ -211,7 +214,11 @@ class Reconciler:
 
     def _forget_deployments(self) -> None:
         """A replica that lost its Lease takes up none of its deployments' outcomes later:
-        the leader meanwhile may have deployed, or retired, the same versions."""
+        the leader meanwhile may have deployed, or retired, the same versions. One still
+        running holds its agent should this replica lead again before it ends."""
+        for agent, deployment in self._deploying.items():
+            if not deployment.future.done():
+                self._orphans[agent] = deployment
         self._deploying.clear()
 
     def _known_agents(self) -> list[str]:
@@ -227,11 +234,16 @@ class Reconciler:
 
     def _reconcile(self, agent: str) -> None:
         st = self._state.agents.get(agent) or AgentState(agent=agent)
+        orphan = self._orphans.get(agent)
+        if orphan is not None and orphan.future.done():
+            del self._orphans[agent]
+            orphan = None
         under_way = self._deploying.get(agent)
-        if under_way is not None and not under_way.future.done():
+        running = orphan or (under_way if under_way and not under_way.future.done() else None)
+        if running is not None:
             # Its deployment writes the agent's model repository and engine record: the
             # agent's pass waits for it, the other agents' do not.
-            self._decide(agent, "hold", under_way.version, str(StillDeploying(under_way)),
+            self._decide(agent, "hold", running.version, str(StillDeploying(running)),
                          quiet=True)  # fmt: skip
             return
         try:
@@ -300,7 +312,8 @@ class Reconciler:
         engine = self.deployer.engine(agent)
         route = decide.route_for(st, self.policy, names.triton_model(agent),
                                  vllm=self.deployer.vllm, engine=engine)  # fmt: skip
-        if route is None and st.champion is not None:
+        if route is None and st.champion is not None and agent not in self._deploying:
+            # (While a deployment is under way, it may be writing the engine's record.)
             listed = sorted(engine.versions) if engine is not None else "no engine"
             log.error("%s: the vLLM engine's record lists %s, not every version in service "
                       "(champion %s, challenger %s): the route stays as it was", agent, listed,
@@ -674,14 +687,27 @@ class Reconciler:
             # One deployment of an agent at a time, whichever version this step asks for.
             self._deploying[agent] = deployment
             raise StillDeploying(deployment)
-        if deployment is None or (deployment.version, deployment.serving) != (version, serving):
+        if deployment is not None and (deployment.version, deployment.serving) == (
+            version, serving
+        ):  # fmt: skip
+            # Ended since a pass before: a version it loaded may be gone since (a Triton
+            # restart meanwhile), and is then deployed again rather than given traffic.
+            if deployment.future.exception() is None and not self.deployer.ready(agent, version):
+                log.info("%s version %d: loaded, and no longer by now; deployed again",
+                         agent, version)  # fmt: skip
+                deployment = None
+        else:
+            deployment = None
+        if deployment is None:
             deployment = _Deployment(version, serving, self._deploy_pool.submit(
                 self.deployer.deploy, agent, version, serving=serving))  # fmt: skip
-        try:
-            seconds = deployment.future.result(timeout=self.deploy_wait_s)
-        except concurrent.futures.TimeoutError:
+        # Waited for, not result(timeout=...): a deployment's own TimeoutError (a slow
+        # volume, a socket) is its outcome, not the wait running out.
+        concurrent.futures.wait([deployment.future], timeout=self.deploy_wait_s)
+        if not deployment.future.done():
             self._deploying[agent] = deployment
-            raise StillDeploying(deployment) from None
+            raise StillDeploying(deployment)
+        seconds = deployment.future.result()
         self.metrics.deploy_seconds.labels(agent).set(seconds)
         return seconds
 

@@ -215,16 +215,18 @@ def run(settings: RolloutSettings, stop: threading.Event | None = None) -> None:
             signal.signal(signum, lambda *_: stop.set())
     try:
         with bounded_mlflow(settings):
-            reconciler.run(
-                stop,
-                settings.interval_s,
-                active=elector.is_leader if elector is not None else None,
-                standby_poll_s=settings.retry_period_s,
-            )
+            try:
+                reconciler.run(
+                    stop,
+                    settings.interval_s,
+                    active=elector.is_leader if elector is not None else None,
+                    standby_poll_s=settings.retry_period_s,
+                )
+            finally:
+                # The deployments under way end (their MLflow calls bounded as the pass's
+                # are) before the Lease goes: a successor never finds one half written.
+                reconciler.close()
     finally:
-        # The deployments under way end before the Lease goes: a successor never finds
-        # one half written.
-        reconciler.close()
         lease_stop.set()
         if lease_thread is not None:
             lease_thread.join(timeout=settings.renew_deadline_s + 5)
