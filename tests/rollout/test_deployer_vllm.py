@@ -445,6 +445,26 @@ def test_a_controller_that_lost_its_lease_mid_pass_retires_nothing(
     assert engine is not None and 2 not in engine.versions
 
 
+def first_deployment_held(
+    deployer: Deployer,
+) -> tuple[threading.Event, threading.Event, list[int]]:
+    """The deployer's first deployment waits for the test's word, as a long load would:
+    (the word, set once a deployment ends, the versions each deployment was of)."""
+    deploy, let_go, ended, tries = deployer.deploy, threading.Event(), threading.Event(), []
+
+    def slow(agent: str, version: int, **options: Any) -> float:
+        tries.append(version)
+        if len(tries) == 1:
+            assert let_go.wait(timeout=60)
+        try:
+            return deploy(agent, version, **options)
+        finally:
+            ended.set()
+
+    deployer.deploy = slow  # type: ignore[method-assign]
+    return let_go, ended, tries
+
+
 def test_a_deployment_a_deposed_leader_began_is_not_taken_up_when_it_leads_again(
     setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
 ) -> None:
@@ -458,18 +478,7 @@ def test_a_deployment_a_deposed_leader_began_is_not_taken_up_when_it_leads_again
     _, _, _, deployer = setting
     _, clock, reconciler = champion_served(setting)
     reconciler.deploy_wait_s = 0.05
-    deploy, let_go, ended, tries = deployer.deploy, threading.Event(), threading.Event(), []
-
-    def slow(agent: str, version: int, **options: Any) -> float:
-        tries.append(version)
-        if len(tries) == 1:
-            assert let_go.wait(timeout=60)
-        try:
-            return deploy(agent, version, **options)
-        finally:
-            ended.set()
-
-    deployer.deploy = slow  # type: ignore[method-assign]
+    let_go, ended, tries = first_deployment_held(deployer)
     clock[0] += 1.0
     (hold,) = [d for d in reconciler.tick() if d.agent == AGENT]
     assert hold.action == "hold" and "deploying version 2" in hold.reason
@@ -505,18 +514,7 @@ def test_a_deployment_that_ended_is_checked_again_before_its_version_gets_traffi
     _, _, servers, deployer = setting
     _, clock, reconciler = champion_served(setting)
     reconciler.deploy_wait_s = 0.05
-    deploy, let_go, ended, tries = deployer.deploy, threading.Event(), threading.Event(), []
-
-    def slow(agent: str, version: int, **options: Any) -> float:
-        tries.append(version)
-        if len(tries) == 1:
-            assert let_go.wait(timeout=60)
-        try:
-            return deploy(agent, version, **options)
-        finally:
-            ended.set()
-
-    deployer.deploy = slow  # type: ignore[method-assign]
+    let_go, ended, tries = first_deployment_held(deployer)
     clock[0] += 1.0
     assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["hold"]
     let_go.set()
