@@ -552,3 +552,31 @@ def test_a_deployment_that_times_out_by_itself_is_an_error_not_a_wait(
     (decision,) = [d for d in reconciler.tick() if d.agent == AGENT]
     assert decision.action == "error" and "timed out" in decision.reason
     reconciler.close()
+
+
+def test_a_deployment_that_ended_outlives_a_pass_cut_short(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """MLflow out of reach for one pass, just as a long load ended: the next pass takes
+    the load up, not loading the version all over again."""
+    from spanmill.registry.client import RegistryError
+
+    _, _, _, deployer = setting
+    aliases, clock, reconciler = champion_served(setting)
+    reconciler.deploy_wait_s = 0.05
+    let_go, ended, tries = first_deployment_held(deployer)
+    clock[0] += 1.0
+    assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["hold"]
+    let_go.set()
+    assert ended.wait(timeout=60)
+    desired = aliases.desired
+
+    def unreachable(agent: str) -> Any:
+        raise RegistryError("MLflow cannot be reached")
+
+    aliases.desired = unreachable  # type: ignore[method-assign]
+    assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["error"]
+    aliases.desired = desired  # type: ignore[method-assign]
+    assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["deploy", "canary"]
+    assert tries == [2]
+    reconciler.close()

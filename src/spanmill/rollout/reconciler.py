@@ -246,15 +246,14 @@ class Reconciler:
             self._decide(agent, "hold", running.version, str(StillDeploying(running)),
                          quiet=True)  # fmt: skip
             return
-        try:
-            self._pass(agent, st)
-        finally:
-            # An ended deployment this pass did not take up is for a version the registry
-            # no longer names here: a later pass that names it again deploys it afresh.
-            if under_way is not None and self._deploying.get(agent) is under_way:
-                del self._deploying[agent]
-                log.info("%s: the deployment of version %d ended after the registry moved on",
-                         agent, under_way.version)  # fmt: skip
+        self._pass(agent, st)
+        # An ended deployment a whole pass did not take up is for a version the registry
+        # no longer names here: a later pass that names it again deploys it afresh. (A
+        # pass cut short, by MLflow out of reach say, leaves it to the next one.)
+        if under_way is not None and self._deploying.get(agent) is under_way:
+            del self._deploying[agent]
+            log.info("%s: the deployment of version %d ended after the registry moved on",
+                     agent, under_way.version)  # fmt: skip
 
     def _pass(self, agent: str, st: AgentState) -> None:
         try:
