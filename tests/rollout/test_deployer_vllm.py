@@ -505,6 +505,17 @@ def test_a_deployment_a_deposed_leader_began_is_not_taken_up_when_it_leads_again
     reconciler.close()
 
 
+def challenger_loaded_past_its_pass(deployer: Deployer, reconciler: Any) -> list[int]:
+    """The challenger's deployment outlasts the pass that began it (the agent holds), then
+    ends before the next pass; the versions each deployment was of."""
+    reconciler.deploy_wait_s = 0.05
+    let_go, ended, tries = first_deployment_held(deployer)
+    assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["hold"]
+    let_go.set()
+    assert ended.wait(timeout=60)
+    return tries
+
+
 def test_a_deployment_that_ended_is_checked_again_before_its_version_gets_traffic(
     setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
 ) -> None:
@@ -512,13 +523,8 @@ def test_a_deployment_that_ended_is_checked_again_before_its_version_gets_traffi
     lost the version between (a restart), and it is deployed again rather than given a
     canary it cannot answer."""
     _, _, servers, deployer = setting
-    _, clock, reconciler = champion_served(setting)
-    reconciler.deploy_wait_s = 0.05
-    let_go, ended, tries = first_deployment_held(deployer)
-    clock[0] += 1.0
-    assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["hold"]
-    let_go.set()
-    assert ended.wait(timeout=60)
+    _, _, reconciler = champion_served(setting)
+    tries = challenger_loaded_past_its_pass(deployer, reconciler)
     # Lost after the load: Triton's index says it is not ready, once.
     ready, lost = deployer.ready, [2]
 
@@ -562,13 +568,8 @@ def test_a_deployment_that_ended_outlives_a_pass_cut_short(
     from spanmill.registry.client import RegistryError
 
     _, _, _, deployer = setting
-    aliases, clock, reconciler = champion_served(setting)
-    reconciler.deploy_wait_s = 0.05
-    let_go, ended, tries = first_deployment_held(deployer)
-    clock[0] += 1.0
-    assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["hold"]
-    let_go.set()
-    assert ended.wait(timeout=60)
+    aliases, _, reconciler = champion_served(setting)
+    tries = challenger_loaded_past_its_pass(deployer, reconciler)
     desired = aliases.desired
 
     def unreachable(agent: str) -> Any:
