@@ -6,6 +6,7 @@ stand-ins too: what is checked is what the controller decides."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import shutil
@@ -509,10 +510,13 @@ def challenger_loaded_past_its_pass(deployer: Deployer, reconciler: Any) -> list
     """The challenger's deployment outlasts the pass that began it (the agent holds), then
     ends before the next pass; the versions each deployment was of."""
     reconciler.deploy_wait_s = 0.05
-    let_go, ended, tries = first_deployment_held(deployer)
+    let_go, _, tries = first_deployment_held(deployer)
     assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["hold"]
     let_go.set()
-    assert ended.wait(timeout=60)
+    # Ended as the pool sees it (its future done), not only as the deployer does.
+    concurrent.futures.wait([reconciler._deploying[AGENT].future], timeout=60)
+    # What the next pass deploys anew, it waits for: the test asserts on that pass.
+    reconciler.deploy_wait_s = None
     return tries
 
 
@@ -580,4 +584,32 @@ def test_a_deployment_that_ended_outlives_a_pass_cut_short(
     aliases.desired = desired  # type: ignore[method-assign]
     assert [d.action for d in reconciler.tick() if d.agent == AGENT] == ["deploy", "canary"]
     assert tries == [2]
+    reconciler.close()
+
+
+def test_a_deployment_that_ends_between_two_steps_of_a_pass_is_taken_up_not_thrown_away(
+    setting: tuple[Registry, ModelRepository, list[Engine], Deployer],
+) -> None:
+    """The champion alias moved (its load outlasts the pass's wait) and a challenger is
+    named too: the load ending before the challenger's step of the same pass is taken up
+    by the next pass, not dropped for the challenger's deployment."""
+    _, _, _, deployer = setting
+    aliases, _, reconciler = champion_served(setting)
+    aliases.named["champion"] = 3
+    reconciler.deploy_wait_s = 0.05
+    let_go, _, tries = first_deployment_held(deployer)
+    held = reconciler._held
+
+    def held_then_ended(agent: str, waiting: Any, st: Any) -> Any:
+        let_go.set()  # the load ends before the pass's next step
+        concurrent.futures.wait([waiting.deployment.future], timeout=60)
+        return held(agent, waiting, st)
+
+    reconciler._held = held_then_ended
+    holds = [d for d in reconciler.tick() if d.agent == AGENT]
+    assert tries == [3] and [d.action for d in holds] == ["hold"]
+    reconciler._held = held
+    reconciler.deploy_wait_s = None
+    taken = [(d.action, d.version) for d in reconciler.tick() if d.agent == AGENT]
+    assert ("serve", 3) in taken and tries.count(3) == 1
     reconciler.close()

@@ -77,8 +77,9 @@ class StillDeploying(Exception):
     """The agent's deployment has run past the pass's wait: the pass holds, and a later
     one takes it up once it has ended."""
 
-    def __init__(self, deployment: _Deployment) -> None:
+    def __init__(self, deployment: _Deployment, *, said: bool = False) -> None:
         self.deployment = deployment
+        self.said = said  # the pass has already said the agent holds for it
         super().__init__(
             f"deploying version {deployment.version}: {deployment.seconds():.0f}s so far; "
             "the other agents' passes go on meanwhile"
@@ -130,6 +131,10 @@ class Reconciler:
             max_workers=deploy_threads, thread_name_prefix="rollout-deploy"
         )
         self._deploying: dict[str, _Deployment] = {}
+        # Agents held for a deployment in this tick: a later step of their pass waits too,
+        # whatever version it asks for (a deployment that ends between two steps of one
+        # pass is taken up by the next pass, not thrown away for another).
+        self._held_now: set[str] = set()
         # Deployments begun before this replica lost its Lease that still run: their
         # agents hold until they end, and their outcomes are never taken up.
         self._orphans: dict[str, _Deployment] = {}
@@ -179,6 +184,7 @@ class Reconciler:
     def tick(self) -> list[Decision]:
         """One pass over every agent; returns the decisions taken (holds included)."""
         self._tick_decisions = []
+        self._held_now = set()
         self._state, self._table = self.backend.load()
         agents = self.agents or self._known_agents()
         for agent in agents:
@@ -191,6 +197,7 @@ class Reconciler:
                 self._reconcile(agent)
             except NotLeading as exc:
                 log.warning("%s", exc)
+                self._forget_deployments()
                 break
             except SpanmillError as exc:
                 self.metrics.errors.labels(agent).inc()
@@ -247,12 +254,13 @@ class Reconciler:
                          quiet=True)  # fmt: skip
             return
         self._pass(agent, st)
-        # An ended deployment a whole pass did not take up is for a version the registry
-        # no longer names here: a later pass that names it again deploys it afresh. (A
-        # pass cut short, by MLflow out of reach say, leaves it to the next one.)
+        # An ended deployment a whole pass did not take up is one it no longer needs (the
+        # registry moved on, or the version is loaded): a later pass that needs it again
+        # deploys it afresh. (A pass cut short, by MLflow out of reach say, leaves it to
+        # the next one.)
         if under_way is not None and self._deploying.get(agent) is under_way:
             del self._deploying[agent]
-            log.info("%s: the deployment of version %d ended after the registry moved on",
+            log.info("%s: the deployment of version %d ended; this pass did not need it",
                      agent, under_way.version)  # fmt: skip
 
     def _pass(self, agent: str, st: AgentState) -> None:
@@ -681,10 +689,13 @@ class Reconciler:
         it runs past ``deploy_wait_s``."""
         if not self.active():
             raise NotLeading(f"{agent}: no longer leading; version {version} is not deployed")
+        if agent in self._held_now:
+            raise StillDeploying(self._deploying[agent], said=True)
         deployment = self._deploying.pop(agent, None)
         if deployment is not None and not deployment.future.done():
             # One deployment of an agent at a time, whichever version this step asks for.
             self._deploying[agent] = deployment
+            self._held_now.add(agent)
             raise StillDeploying(deployment)
         if deployment is not None and (deployment.version, deployment.serving) == (
             version, serving
@@ -705,6 +716,7 @@ class Reconciler:
         concurrent.futures.wait([deployment.future], timeout=self.deploy_wait_s)
         if not deployment.future.done():
             self._deploying[agent] = deployment
+            self._held_now.add(agent)
             raise StillDeploying(deployment)
         seconds = deployment.future.result()
         self.metrics.deploy_seconds.labels(agent).set(seconds)
@@ -712,7 +724,8 @@ class Reconciler:
 
     def _held(self, agent: str, waiting: StillDeploying, st: AgentState) -> AgentState:
         """The pass holds ``agent`` while its deployment goes on: ``st`` stays as it is."""
-        self._decide(agent, "hold", waiting.deployment.version, str(waiting), quiet=True)
+        if not waiting.said:
+            self._decide(agent, "hold", waiting.deployment.version, str(waiting), quiet=True)
         return st
 
     def _decide(
