@@ -250,8 +250,7 @@ class Reconciler:
         if running is not None:
             # Its deployment writes the agent's model repository and engine record: the
             # agent's pass waits for it, the other agents' do not.
-            self._decide(agent, "hold", running.version, str(StillDeploying(running)),
-                         quiet=True)  # fmt: skip
+            self._held(agent, StillDeploying(running), st)
             return
         self._pass(agent, st)
         # An ended deployment a whole pass did not take up is one it no longer needs (the
@@ -690,23 +689,23 @@ class Reconciler:
         if not self.active():
             raise NotLeading(f"{agent}: no longer leading; version {version} is not deployed")
         if agent in self._held_now:
+            # One deployment of an agent at a time, whichever version this step asks for.
+            # (A pass begins only once its agent has none running: _reconcile.)
             raise StillDeploying(self._deploying[agent], said=True)
         deployment = self._deploying.pop(agent, None)
-        if deployment is not None and not deployment.future.done():
-            # One deployment of an agent at a time, whichever version this step asks for.
-            self._deploying[agent] = deployment
-            self._held_now.add(agent)
-            raise StillDeploying(deployment)
-        if deployment is not None and (deployment.version, deployment.serving) == (
+        if deployment is not None and (deployment.version, deployment.serving) != (
             version, serving
         ):  # fmt: skip
-            # Ended since a pass before: a version it loaded may be gone since (a Triton
-            # restart meanwhile), and is then deployed again rather than given traffic.
-            if deployment.future.exception() is None and not self.deployer.ready(agent, version):
-                log.info("%s version %d: loaded, and no longer by now; deployed again",
-                         agent, version)  # fmt: skip
-                deployment = None
-        else:
+            deployment = None
+        # Ended since a pass before: a version it loaded may be gone since (a Triton
+        # restart meanwhile), and is then deployed again rather than given traffic.
+        if (
+            deployment is not None
+            and deployment.future.exception() is None
+            and not self.deployer.ready(agent, version)
+        ):
+            log.info("%s version %d: loaded, and no longer by now; deployed again",
+                     agent, version)  # fmt: skip
             deployment = None
         if deployment is None:
             deployment = _Deployment(version, serving, self._deploy_pool.submit(
