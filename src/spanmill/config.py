@@ -574,6 +574,13 @@ class RolloutSettings(BaseSettings):
         description="How long a pass waits for a deployment (it runs on a thread of its own) "
         "before it holds that agent and goes on to the others.",
     )
+    stall_after_s: float = Field(
+        600.0,
+        gt=0,
+        description="A pass that has not moved on for this long (one agent's step stuck in a "
+        "call) logs where it is stuck and fails /healthz, so that the kubelet restarts the "
+        "controller and a standby takes the Lease.",
+    )
     # MLflow's client waits 120 s for an answer and retries 7 times by default: a pass
     # would hang four minutes on an MLflow that is down. The controller asks less of it.
     mlflow_timeout_s: int = Field(
@@ -640,6 +647,15 @@ class RolloutSettings(BaseSettings):
         duration = info.data.get("lease_duration_s")
         if duration is not None and value >= duration:
             raise ValueError(f"must be shorter than SPANMILL_ROLLOUT_LEASE_DURATION_S ({duration})")
+        return value
+
+    @field_validator("stall_after_s")
+    @classmethod
+    def _stall_after(cls, value: float, info: ValidationInfo) -> float:
+        # A step waiting for its deployment is not stuck.
+        wait = info.data.get("deploy_wait_s")
+        if wait is not None and value <= wait:
+            raise ValueError(f"must be longer than SPANMILL_ROLLOUT_DEPLOY_WAIT_S ({wait})")
         return value
 
     @field_validator("retry_period_s")

@@ -28,3 +28,12 @@ def configure_logging(level: int = logging.INFO) -> None:
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.getLogger("kafka").setLevel(logging.WARNING)
+
+
+def stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` writes every thread's stack to stderr: where a service that has
+    stopped answering, or stopped moving on, is stuck. The service goes on running."""
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)

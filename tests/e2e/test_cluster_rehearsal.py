@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -227,6 +228,13 @@ class Pod:
             "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
         }
         self.port = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
+        if index:
+            # Each pod has an address of its own on a cluster; here they share one host.
+            port, self.port = self.port, free_port()
+            env = {k: str(self.port) if v == str(port) else v for k, v in env.items()}
+        if deployment == "spanmill-rollout":
+            # A pass stuck in one call logs where it is within a minute, not ten.
+            env["SPANMILL_ROLLOUT_STALL_AFTER_S"] = "60"
         self.log = (tmp_path / f"{self.name}.log").open("wb")
         self.process = subprocess.Popen(
             [*container["command"], *container["args"]],
@@ -243,9 +251,15 @@ class Pod:
             time.sleep(0.5)
         raise AssertionError(f"{self.name} not ready: {self.tail()}")
 
-    def tail(self) -> str:
+    def tail(self, chars: int = 3000) -> str:
         self.log.flush()
-        return Path(self.log.name).read_text(errors="replace")[-3000:]
+        return Path(self.log.name).read_text(errors="replace")[-chars:]
+
+    def dump_stacks(self) -> None:
+        """Every thread's stack into the log (spanmill.logs.stacks_on_sigusr1)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGUSR1)
+            time.sleep(0.5)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -280,7 +294,9 @@ def eventually(
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.name}\n{p.tail()}" for p in pods)
+            for pod in pods:
+                pod.dump_stacks()
+            logs = "\n".join(f"--- {p.name}\n{p.tail(8000)}" for p in pods)
             more = f"\n--- {context()}" if context is not None else ""
             raise AssertionError(f"{what} did not happen in {timeout:.0f}s\n{logs}{more}")
         time.sleep(0.5)
@@ -451,6 +467,8 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
         coordination = k8s.CoordinationV1Api(kube.api_client())
         lease = coordination.read_namespaced_lease("spanmill-rollout", NAMESPACE)
         assert lease.spec.holder_identity in (controller.name, standby.name)
+        if lease.spec.holder_identity == standby.name:
+            controller, standby = standby, controller
         assert (triton.model_repository / AGENT / str(v1) / "base" / "config.json").is_file()
 
         # Production: episodes reach the span store on S3 through the collector's receiver.
@@ -575,6 +593,16 @@ def test_the_loop_turns_on_the_cluster_path(  # type: ignore[no-untyped-def]
             return [(b["version"], b["weight"]) for b in routed()[AGENT]["backends"]]
 
         eventually(lambda: backends() == [(str(v2), 100.0)], 30, "routing v2 alone", controller)
+
+        # The standby stood by all along, on its own port; asked, the leader says where
+        # each of its threads is.
+        lease = coordination.read_namespaced_lease("spanmill-rollout", NAMESPACE)
+        assert lease.spec.holder_identity == controller.name, lease.spec.holder_identity
+        assert standby.process.poll() is None, standby.tail()
+        assert "stands by" in standby.tail(100_000), standby.tail()
+        controller.dump_stacks()
+        stacks = controller.tail(100_000)
+        assert "Thread 0x" in stacks and "rollout/reconciler.py" in stacks, controller.tail()
     finally:
         for pod in reversed(pods):
             pod.stop()

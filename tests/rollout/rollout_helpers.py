@@ -188,6 +188,7 @@ def rollout_settings(mlflow_server: Any, triton: Any, tmp_path: Path, agent: str
         # tests that count passes see each step in the pass that takes it. The tests of
         # deployments that outlast their pass set a short wait.
         "deploy_wait_s": 600,
+        "stall_after_s": 1200,
         "serving": ServingSettings(num_threads=1),
     }  # fmt: skip
     values.update(extra)

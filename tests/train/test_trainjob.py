@@ -450,6 +450,48 @@ def test_a_retry_with_other_paths_waits_for_the_same_trainjob(
     assert [t["metadata"]["name"] for t in listed.get("items", [])] == []  # deleted once done
 
 
+def test_the_wait_outlasts_an_api_server_out_of_reach_for_a_while(
+    tmp_path: Path, kube_api: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hours into a training, the API server times out, then answers 503 while it fails
+    over: the step goes on waiting (the TrainJob trains on), and takes the end up."""
+    from kubernetes import client
+    from urllib3.exceptions import ReadTimeoutError
+
+    from spanmill.train.trainjob import run_trainjob
+
+    faults: list[Exception] = [
+        ReadTimeoutError(None, "/apis", "Read timed out."),  # type: ignore[arg-type]
+        client.ApiException(status=503, reason="Service Unavailable"),
+    ]
+    reads: list[str] = []
+
+    class FailingOver(client.ApiClient):  # type: ignore[misc]
+        """kmock's API, whose first reads of the TrainJob fail as an API server failing
+        over fails them."""
+
+        def call_api(self, resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
+            if method == "GET" and resource_path.endswith("{plural}/{name}"):
+                reads.append(resource_path)
+                if faults:
+                    raise faults.pop(0)
+            return super().call_api(resource_path, method, *args, **kwargs)
+
+    api_client = FailingOver(kube_api.configuration)
+    manifest = _render()
+
+    def complete(trainjob: dict[str, Any]) -> tuple[str, str]:
+        return "Complete", "done"
+
+    caplog.set_level("WARNING", logger="spanmill.train.trainjob")
+    with FakeTrainer(kube_api, complete):
+        run_trainjob(api_client, manifest, poll_s=0.1, timeout_s=60)
+    assert faults == [] and len(reads) >= 3
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("Read timed out" in m for m in warned), warned
+    assert any("503 Service Unavailable; trying again" in m for m in warned), warned
+
+
 def test_an_unknown_kind_or_a_missing_permission_is_named(
     tmp_path: Path, small_dataset: Path
 ) -> None:
@@ -459,7 +501,7 @@ def test_an_unknown_kind_or_a_missing_permission_is_named(
         def __init__(self, status: int) -> None:
             self.status = status
 
-        def create_namespaced_custom_object(self, *args: Any) -> None:
+        def create_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
             raise client.ApiException(status=self.status, reason="refused")
 
     from spanmill.train.trainjob import _create

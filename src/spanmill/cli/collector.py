@@ -25,7 +25,7 @@ def collector(
 ) -> None:
     """Consume spans from Kafka into Parquet: redacted, exactly once, offsets committed after."""
     from spanmill.collector.run import run_collector
-    from spanmill.logs import configure_logging
+    from spanmill.logs import configure_logging, stacks_on_sigusr1
 
     overrides = {
         key: value
@@ -44,4 +44,5 @@ def collector(
         f"http://{settings.http_host}:{settings.http_port} (/v1/traces, /metrics, /readyz)"
     )
     configure_logging()
+    stacks_on_sigusr1()
     run_collector(settings)

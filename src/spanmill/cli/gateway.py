@@ -20,6 +20,7 @@ def gateway(
     import uvicorn
 
     from spanmill.gateway.app import create_app
+    from spanmill.logs import stacks_on_sigusr1
 
     overrides = {
         k: v
@@ -31,6 +32,7 @@ def gateway(
         f"gateway on http://{settings.host}:{settings.port} → Triton {settings.triton.http_url}, "
         f"spans → {settings.kafka.bootstrap_servers}/{settings.kafka.spans_topic}"
     )
+    stacks_on_sigusr1()
     # Per-request access lines would cost more than the proxying; metrics and spans
     # record every call instead.
     uvicorn.run(

@@ -39,6 +39,7 @@ def rollout(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from spanmill.logs import stacks_on_sigusr1
     from spanmill.rollout.service import bounded_mlflow, build_reconciler, run
 
     if once:
@@ -62,6 +63,7 @@ def rollout(
         f"{triton}, {settings.backend} backend, steps {settings.steps}, "
         f"bake {settings.bake_s:g}s; metrics on http://{settings.http_host}:{settings.http_port}"
     )
+    stacks_on_sigusr1()
     run(settings)
 
 

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from typing import Any, Protocol
 
 from spanmill.errors import ConfigError
 from spanmill.gateway.routing import RoutingFile, RoutingTable
+from spanmill.kube import kube_api_client, request_timeout
 
 log = logging.getLogger(__name__)
 
 ROUTES_KEY = "routes.json"
 LABELS = {"app.kubernetes.io/name": "spanmill", "app.kubernetes.io/component": "routing"}
-
-# How long a write of the routing ConfigMap may wait for the API server.
-WRITE_TIMEOUT_S = 10.0
 
 
 class RoutingSource(Protocol):
@@ -32,28 +29,6 @@ class RoutingSource(Protocol):
     def current(self) -> RoutingTable: ...
 
     def write(self, table: RoutingTable) -> None: ...
-
-
-def kube_api_client() -> Any:
-    """An API client from the pod's service account, or else from the kubeconfig."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        try:
-            # Read KUBECONFIG now: the client reads it once, when first imported.
-            config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG") or None,
-                client_configuration=configuration,
-            )
-        except (config.ConfigException, OSError) as exc:
-            raise ConfigError(
-                f"no Kubernetes configuration: not running in a cluster and no usable kubeconfig "
-                f"({exc}); set KUBECONFIG or run inside the cluster"
-            ) from None
-    return client.ApiClient(configuration)
 
 
 def parse_reference(reference: str) -> tuple[str, str]:
@@ -125,7 +100,11 @@ class ConfigMapRoutes:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self._apply(self.core.read_namespaced_config_map(self.name, self.namespace))
+            self._apply(
+                self.core.read_namespaced_config_map(
+                    self.name, self.namespace, _request_timeout=request_timeout()
+                )
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -145,7 +124,7 @@ class ConfigMapRoutes:
                     self.namespace,
                     field_selector=f"metadata.name={self.name}",
                     timeout_seconds=int(self.resync_s),
-                    _request_timeout=self.resync_s + 30,
+                    _request_timeout=request_timeout(self.resync_s + 30),
                 ):
                     backoff = 0.5
                     obj = event.get("object")
@@ -224,7 +203,7 @@ def write_configmap_routes(
         patch["metadata"] = metadata
     try:
         written = core.patch_namespaced_config_map(
-            name, namespace, patch, _request_timeout=WRITE_TIMEOUT_S
+            name, namespace, patch, _request_timeout=request_timeout()
         )
         return _version_of(written)
     except ApiException as exc:
@@ -242,7 +221,7 @@ def write_configmap_routes(
         "data": {key: table.dumps()},
     }
     return _version_of(
-        core.create_namespaced_config_map(namespace, body, _request_timeout=WRITE_TIMEOUT_S)
+        core.create_namespaced_config_map(namespace, body, _request_timeout=request_timeout())
     )
 
 

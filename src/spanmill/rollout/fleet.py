@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from spanmill.config import TritonSettings
 from spanmill.errors import SpanmillError
+from spanmill.kube import request_timeout
 from spanmill.rollout.triton import TritonControl, TritonUnreachable
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class ServicePods:
     ) -> None:
         from kubernetes import client
 
-        from spanmill.gateway.configmap import kube_api_client
+        from spanmill.kube import kube_api_client
 
         self.namespace = namespace
         self.service = service
@@ -117,7 +118,9 @@ class ServicePods:
         """Every pod listed and not terminating, ready or not, at its port ``port_name``."""
         try:
             listed = self.discovery.list_namespaced_endpoint_slice(
-                self.namespace, label_selector=f"{SERVICE_NAME_LABEL}={self.service}"
+                self.namespace,
+                label_selector=f"{SERVICE_NAME_LABEL}={self.service}",
+                _request_timeout=request_timeout(),
             )
         except Exception as exc:
             status = getattr(exc, "status", None)

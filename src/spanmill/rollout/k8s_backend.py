@@ -15,8 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from spanmill.gateway.configmap import ROUTES_KEY, kube_api_client, write_configmap_routes
+from spanmill.gateway.configmap import ROUTES_KEY, write_configmap_routes
 from spanmill.gateway.routing import RoutingTable
+from spanmill.kube import kube_api_client, request_timeout
 from spanmill.rollout.backend import BackendError
 from spanmill.rollout.schemas import ControllerState, Decision
 
@@ -79,7 +80,9 @@ class KubernetesBackend:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            configmap = self.core.read_namespaced_config_map(self.configmap, self.namespace)
+            configmap = self.core.read_namespaced_config_map(
+                self.configmap, self.namespace, _request_timeout=request_timeout()
+            )
         except ApiException as exc:
             if exc.status == 404:
                 self._version = None
@@ -139,7 +142,10 @@ class KubernetesBackend:
             metadata["resourceVersion"] = self._version
         try:
             written = self.core.patch_namespaced_config_map(
-                self.configmap, self.namespace, {"metadata": metadata}
+                self.configmap,
+                self.namespace,
+                {"metadata": metadata},
+                _request_timeout=request_timeout(),
             )
             self._version = written.metadata.resource_version
         except ApiException as exc:
@@ -171,18 +177,23 @@ class KubernetesBackend:
             "count": 1,
         }  # fmt: skip
         try:
-            self.core.create_namespaced_event(self.namespace, body)
+            self.core.create_namespaced_event(
+                self.namespace, body, _request_timeout=request_timeout()
+            )
         except ApiException as exc:
             if exc.status != 409:
                 raise self._fail(f"recording event {name} on", exc) from None
             # The same decision again (a version retired twice): count it on the same event.
             try:
-                current = self.core.read_namespaced_event(name, self.namespace)
+                current = self.core.read_namespaced_event(
+                    name, self.namespace, _request_timeout=request_timeout()
+                )
                 self.core.patch_namespaced_event(
                     name,
                     self.namespace,
                     {"count": (current.count or 1) + 1, "lastTimestamp": now,
                      "message": body["message"]},
+                    _request_timeout=request_timeout(),
                 )  # fmt: skip
             except Exception as again:  # as any failure to record: the backend's error
                 raise self._fail(f"recording event {name} on", again) from None

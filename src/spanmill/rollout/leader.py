@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spanmill.config import RolloutSettings
+from spanmill.kube import request_timeout
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class LeaderElector:
         from kubernetes import client
 
         if api_client is None:
-            from spanmill.gateway.configmap import kube_api_client
+            from spanmill.kube import kube_api_client
 
             api_client = kube_api_client()
         self.api = client.CoordinationV1Api(api_client)
@@ -239,7 +240,10 @@ class LeaderElector:
 
         try:
             response = self.api.read_namespaced_lease(
-                self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout()
+                self.name,
+                self.namespace,
+                _preload_content=False,
+                _request_timeout=request_timeout(self._timeout()),
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -265,7 +269,10 @@ class LeaderElector:
             },
         }
         response = self.api.create_namespaced_lease(
-            self.namespace, body, _preload_content=False, _request_timeout=self._timeout()
+            self.namespace,
+            body,
+            _preload_content=False,
+            _request_timeout=request_timeout(self._timeout()),
         )
         return self._won(json.loads(response.data), started)
 
@@ -293,7 +300,7 @@ class LeaderElector:
         body = {**lease, "spec": spec}
         response = self.api.replace_namespaced_lease(
             self.name, self.namespace, body, _preload_content=False,
-            _request_timeout=self._timeout(),
+            _request_timeout=request_timeout(self._timeout()),
         )  # fmt: skip
         self._contacted()
         written: dict[str, Any] = json.loads(response.data)

@@ -52,6 +52,12 @@ class RolloutMetrics:
             "When the last reconcile pass ended.",
             registry=r,
         )
+        self.pass_idle = Gauge(
+            "spanmill_rollout_pass_idle_seconds",
+            "Seconds since the pass under way last moved on (began, or began an agent's "
+            "step); 0 between passes. Over SPANMILL_ROLLOUT_STALL_AFTER_S, /healthz fails.",
+            registry=r,
+        )
         self.leader = Gauge(
             "spanmill_rollout_leader",
             "1 while this replica leads (holds the Lease, or runs alone) and reconciles; "

@@ -32,8 +32,10 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +101,19 @@ class _Deployment:
         return time.monotonic() - self.started
 
 
+@dataclass(frozen=True)
+class Stall:
+    """A pass that has not moved on: since when (monotonic), at what, and its thread's
+    stack now (empty if the thread is gone)."""
+
+    since: float
+    what: str
+    stack: str
+
+    def idle_s(self) -> float:
+        return time.monotonic() - self.since
+
+
 class Reconciler:
     def __init__(
         self,
@@ -146,6 +161,11 @@ class Reconciler:
         # When each agent's last hold was logged: a canary waiting on traffic says why
         # every HOLD_LOG_EVERY_S, not on every tick and not never.
         self._hold_logged: dict[str, float] = {}
+        # Where the pass under way stands, None between passes: when it last moved on (its
+        # start, an agent's step begun), on which thread, and to what. Every call a pass
+        # makes is bounded; one that is not, or a bound too long, shows here (stalled()).
+        self._progress: tuple[float, int, str] | None = None
+        self.metrics.pass_idle.set_function(self._idle_s)
         # Whether this replica may act now (leader election); always, without it.
         self.active: Callable[[], bool] = lambda: True
         # The deployer's clean-ups after a failure are fenced by the same Lease.
@@ -183,11 +203,37 @@ class Reconciler:
 
     def tick(self) -> list[Decision]:
         """One pass over every agent; returns the decisions taken (holds included)."""
+        try:
+            self._moved_on("reading the state and the agents")
+            return self._tick()
+        finally:
+            self._progress = None
+
+    def stalled(self, after_s: float) -> Stall | None:
+        """The pass under way, if it has not moved on for over ``after_s``: what it was at,
+        and where its thread is now."""
+        progress = self._progress
+        if progress is None or time.monotonic() - progress[0] <= after_s:
+            return None
+        since, thread, what = progress
+        frame = sys._current_frames().get(thread)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+        return Stall(since=since, what=what, stack=stack)
+
+    def _moved_on(self, what: str) -> None:
+        self._progress = (time.monotonic(), threading.get_ident(), what)
+
+    def _idle_s(self) -> float:
+        progress = self._progress
+        return 0.0 if progress is None else time.monotonic() - progress[0]
+
+    def _tick(self) -> list[Decision]:
         self._tick_decisions = []
         self._held_now = set()
         self._state, self._table = self.backend.load()
         agents = self.agents or self._known_agents()
         for agent in agents:
+            self._moved_on(f"the pass of {agent}")
             if not self.active():
                 # The Lease went to another replica mid-pass: leave the rest to it.
                 log.warning("no longer leading: the pass stops before %s", agent)

@@ -1,8 +1,11 @@
 """The rollout controller as a service: settings in, the reconcile loop, /metrics and health.
 
-``/healthz`` answers while the process runs; ``/readyz`` once a reconcile pass
-has completed recently (within three intervals), so an orchestrator notices a
-controller that can no longer reach MLflow, Triton or its backend.
+``/healthz`` answers while the process runs and its pass is not stuck: a pass that
+has not moved on for ``stall_after_s`` (a call that never returns) fails it, so that
+the kubelet restarts the controller, and the log says where the pass is stuck.
+``/readyz`` answers once a reconcile pass has completed recently (within three
+intervals), so an orchestrator notices a controller that can no longer reach MLflow,
+Triton or its backend.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from spanmill.config import RolloutSettings
+from spanmill.errors import ConfigError
 from spanmill.registry.client import ModelRegistry
 from spanmill.rollout.backend import RolloutBackend
 from spanmill.rollout.deployer import Deployer
@@ -145,13 +149,49 @@ def build_reconciler(
     )
 
 
+class StallWatch:
+    """Whether the controller is alive: not while its pass has been stuck for longer than
+    ``after_s``. A stall is logged once, with where the pass's thread is."""
+
+    def __init__(self, reconciler: Reconciler, after_s: float) -> None:
+        self.reconciler = reconciler
+        self.after_s = after_s
+        self._told: float | None = None
+        self._lock = threading.Lock()
+
+    def healthy(self) -> bool:
+        stall = self.reconciler.stalled(self.after_s)
+        if stall is None:
+            return True
+        with self._lock:
+            if self._told != stall.since:
+                self._told = stall.since
+                log.error(
+                    "the reconcile pass has not moved on for %.0fs (over "
+                    "SPANMILL_ROLLOUT_STALL_AFTER_S=%g), at %s: /healthz fails until it does, "
+                    "so that the controller is restarted. Its thread is at:\n%s",
+                    stall.idle_s(), self.after_s, stall.what, stall.stack or "(gone)",
+                )  # fmt: skip
+        return False
+
+    def run(self, stop: threading.Event) -> None:
+        """Look every quarter of ``after_s`` (30 s at most): a stall is logged even where
+        nothing probes /healthz."""
+        while not stop.wait(min(30.0, self.after_s / 4)):
+            self.healthy()
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Probes every few seconds would drown the decisions in the log."""
 
 
 def serve_http(
-    metrics: RolloutMetrics, host: str, port: int, ready: Callable[[], bool]
+    metrics: RolloutMetrics,
+    host: str,
+    port: int,
+    ready: Callable[[], bool],
+    healthy: Callable[[], bool] = lambda: True,
 ) -> WSGIServer:
     """Serve /metrics, /healthz and /readyz from a daemon thread; returns the server."""
 
@@ -161,8 +201,12 @@ def serve_http(
             start("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
             return [generate_latest(metrics.registry)]
         if path == "/healthz":
-            start("200 OK", [("Content-Type", "application/json")])
-            return [b'{"status": "ok"}']
+            ok = healthy()
+            start(
+                "200 OK" if ok else "503 Service Unavailable",
+                [("Content-Type", "application/json")],
+            )
+            return [b'{"status": "ok"}' if ok else b'{"status": "the pass is stuck"}']
         if path == "/readyz":
             ok = ready()
             start(
@@ -173,7 +217,13 @@ def serve_http(
         start("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found"]
 
-    server = make_server(host, port, app, handler_class=_QuietHandler)
+    try:
+        server = make_server(host, port, app, handler_class=_QuietHandler)
+    except OSError as exc:
+        raise ConfigError(
+            f"the controller cannot serve its probes and metrics on {host}:{port}: "
+            f"{exc.strerror or exc}; free the port or set SPANMILL_ROLLOUT_HTTP_PORT"
+        ) from None
     threading.Thread(target=server.serve_forever, name="rollout-http", daemon=True).start()
     return server
 
@@ -191,7 +241,21 @@ def run(settings: RolloutSettings, stop: threading.Event | None = None) -> None:
     # With leader election only the holder of the Lease reconciles. The Lease is released
     # after the last pass has ended, so a standby never starts while that pass still writes.
     elector = LeaderElector.from_settings(settings) if settings.leader_election else None
-    lease_stop = threading.Event()
+
+    def ready() -> bool:
+        # A standby is healthy while it can read the Lease; the leader while it reconciles.
+        if elector is not None and not elector.is_leader():
+            return elector.in_touch()
+        last = reconciler.last_tick_at
+        return last is not None and time.time() - last < 3 * settings.interval_s + 30
+
+    watch = StallWatch(reconciler, settings.stall_after_s)
+    # The port first: a replica that cannot serve its probes exits before it takes the Lease.
+    server = serve_http(metrics, settings.http_host, settings.http_port, ready, watch.healthy)
+    watch_stop, lease_stop = threading.Event(), threading.Event()
+    threading.Thread(
+        target=watch.run, args=(watch_stop,), name="rollout-watch", daemon=True
+    ).start()
     lease_thread = None
     if elector is not None:
         metrics.leader.set_function(lambda: float(elector.is_leader()))
@@ -201,15 +265,6 @@ def run(settings: RolloutSettings, stop: threading.Event | None = None) -> None:
         lease_thread.start()
     else:
         metrics.leader.set(1)
-
-    def ready() -> bool:
-        # A standby is healthy while it can read the Lease; the leader while it reconciles.
-        if elector is not None and not elector.is_leader():
-            return elector.in_touch()
-        last = reconciler.last_tick_at
-        return last is not None and time.time() - last < 3 * settings.interval_s + 30
-
-    server = serve_http(metrics, settings.http_host, settings.http_port, ready)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
@@ -227,6 +282,7 @@ def run(settings: RolloutSettings, stop: threading.Event | None = None) -> None:
                 # are) before the Lease goes: a successor never finds one half written.
                 reconciler.close()
     finally:
+        watch_stop.set()
         lease_stop.set()
         if lease_thread is not None:
             lease_thread.join(timeout=settings.renew_deadline_s + 5)

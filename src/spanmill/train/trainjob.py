@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from spanmill.kube import kube_api_client, request_timeout
 from spanmill.train.errors import TrainError
 from spanmill.train.launch import (
     child_env,
@@ -188,6 +189,7 @@ def run_trainjob(
 ) -> None:
     """Create the TrainJob (or take up the one an earlier try created) and wait for its end."""
     from kubernetes import client
+    from urllib3.exceptions import HTTPError
 
     api = client.CustomObjectsApi(api_client)
     namespace = manifest["metadata"]["namespace"]
@@ -198,23 +200,32 @@ def run_trainjob(
     reported = ""
     while True:
         try:
-            current = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            current = api.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=request_timeout()
+            )
         except client.ApiException as exc:
             if exc.status == 404:
                 raise TrainError(f"{where} was deleted while the step waited for it") from None
-            raise TrainError(f"cannot read {where}: {exc.status} {exc.reason}") from None
-        state, detail = job_state(current)
-        if state == "Complete":
-            logger.info("%s completed", where)
-            return
-        if state == "Failed":
-            raise TrainError(
-                f"{where} failed ({detail}); its pods' logs: kubectl logs -n {namespace} "
-                f"-l jobset.sigs.k8s.io/jobset-name={name} --prefix"
-            )
-        if state != reported:
-            logger.info("%s: %s %s", where, state.lower(), detail)
-            reported = state
+            if exc.status != 429 and exc.status < 500:
+                raise TrainError(f"cannot read {where}: {exc.status} {exc.reason}") from None
+            # The API server busy or failing over: the training goes on without it.
+            logger.warning("reading %s: %s %s; trying again", where, exc.status, exc.reason)
+        except (HTTPError, OSError) as exc:
+            # Out of reach for a moment (a timeout, a refused connection): the same.
+            logger.warning("reading %s failed (%s); trying again", where, exc)
+        else:
+            state, detail = job_state(current)
+            if state == "Complete":
+                logger.info("%s completed", where)
+                return
+            if state == "Failed":
+                raise TrainError(
+                    f"{where} failed ({detail}); its pods' logs: kubectl logs -n {namespace} "
+                    f"-l jobset.sigs.k8s.io/jobset-name={name} --prefix"
+                )
+            if state != reported:
+                logger.info("%s: %s %s", where, state.lower(), detail)
+                reported = state
         if time.monotonic() - started > timeout_s:
             raise TrainError(
                 f"{where} has not finished within {timeout_s:.0f} s (SPANMILL_TRAINJOB_WAIT_S); "
@@ -236,7 +247,9 @@ def _create(
     namespace = manifest["metadata"]["namespace"]
     name = manifest["metadata"]["name"]
     try:
-        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, dict(manifest))
+        api.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, dict(manifest), _request_timeout=request_timeout()
+        )
         logger.info("created %s", where)
         return
     except client.ApiException as exc:
@@ -255,21 +268,29 @@ def _create(
         if exc.status != 409:
             raise TrainError(f"cannot create {where}: {exc.status} {exc.reason}") from None
     try:
-        existing = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        existing = api.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, _request_timeout=request_timeout()
+        )
         if job_state(existing)[0] != "Failed":
             logger.info("%s exists from an earlier try of this step: waiting for it", where)
             return
         logger.info("%s failed on an earlier try of this step: starting it again", where)
-        api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        api.delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, _request_timeout=request_timeout()
+        )
         while True:  # the old one's pods go first
             try:
-                api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+                api.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, _request_timeout=request_timeout()
+                )
             except client.ApiException as exc:
                 if exc.status == 404:
                     break
                 raise
             sleep(poll_s)
-        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, dict(manifest))
+        api.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, dict(manifest), _request_timeout=request_timeout()
+        )
     except client.ApiException as exc:
         raise TrainError(f"replacing {where} failed: {exc.status} {exc.reason}") from None
 
@@ -280,8 +301,9 @@ def delete_trainjob(api_client: Any, namespace: str, name: str) -> None:
     api = client.CustomObjectsApi(api_client)
     try:
         api.delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
-        )
+            GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background",
+            _request_timeout=request_timeout(),
+        )  # fmt: skip
     except client.ApiException as exc:
         if exc.status != 404:
             logger.warning("could not delete TrainJob %s/%s: %s", namespace, name, exc.reason)
@@ -326,7 +348,7 @@ def train_on_trainer(
         config_maps=config_maps,
         secrets=secrets,
     )
-    api_client = api_client if api_client is not None else _api_client()
+    api_client = api_client if api_client is not None else kube_api_client()
     copy_to(Path(dataset_dir), f"{staging}/dataset")
     run_trainjob(api_client, manifest, poll_s=job.poll_s, timeout_s=job.wait_s)
     copy_from(f"{staging}/output", Path(output_dir))
@@ -405,16 +427,6 @@ def _own_namespace() -> str:
             "not running in a Kubernetes pod, so the TrainJob's namespace is unknown; set "
             "SPANMILL_TRAINJOB_NAMESPACE"
         ) from None
-
-
-def _api_client() -> Any:
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
 
 
 def main(argv: list[str] | None = None) -> int:
