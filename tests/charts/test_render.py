@@ -767,6 +767,12 @@ def test_controller_replicas_elect_a_leader_on_the_charts_lease(
     pdb = rendered.get("PodDisruptionBudget", name)
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
     assert pdb["spec"]["maxUnavailable"] == 1
+    # A stuck pass fails the liveness probe, and the kubelet restarts the leader; a
+    # stopping one is given time to end its deployments.
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == values["terminationGracePeriodSeconds"] > 30
+    assert env["SPANMILL_ROLLOUT_STALL_AFTER_S"]["value"] == str(values["stallAfterSeconds"])
+    assert rendered.container(name)["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
 def _secret_ref(entry: dict[str, Any]) -> tuple[str, str]:
