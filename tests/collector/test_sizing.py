@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,3 +102,42 @@ def test_auto_and_numbers_are_read_from_the_environment(monkeypatch: pytest.Monk
     monkeypatch.setenv("SPANMILL_COLLECTOR_WORKERS", "0")
     settings = load_settings(CollectorSettings)
     assert (settings.processes, settings.workers) == ("auto", 0)
+
+
+@pytest.mark.services
+def test_kafka_says_how_many_partitions_the_topic_has(topics: Any, kafka: Any) -> None:
+    """Asked of a real broker: before, an option this client does not take made every
+    question fail, and every collector was sized as if the topic were not there."""
+    from spanmill.collector.sizing import topic_partitions
+    from spanmill.config import KafkaSettings
+
+    five = kafka.create_topic(f"sizing-{uuid.uuid4().hex[:8]}", partitions=5)
+    settings = CollectorSettings(
+        kafka=KafkaSettings(bootstrap_servers=topics.bootstrap, spans_topic=five),
+        store_url="unused", cpus=8, processes="auto", workers="auto",
+    )  # fmt: skip
+    partitions = topic_partitions(settings)
+    assert partitions == 5
+    assert settled(sized(settings, partitions)) == Layout(5, 0)
+
+
+def test_a_broker_that_never_answers_leaves_the_partitions_unknown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The broker takes connections and never answers: the question gives up (the
+    client's first contact within 10 s, the topic's metadata within ``timeout_s``), and
+    the collector is sized by its cores."""
+    import socket
+
+    from spanmill.collector.sizing import topic_partitions
+    from spanmill.config import KafkaSettings
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        settings = CollectorSettings(
+            kafka=KafkaSettings(bootstrap_servers=f"127.0.0.1:{silent.getsockname()[1]}"),
+            store_url="unused",
+        )  # fmt: skip
+        assert topic_partitions(settings, timeout_s=3) is None
+    assert "partitions" in caplog.text

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -95,26 +96,40 @@ def settled(settings: CollectorSettings) -> Layout:
     return Layout(processes, workers)
 
 
-def topic_partitions(settings: CollectorSettings) -> int | None:
-    """How many partitions the span topic has, or None where Kafka cannot say yet."""
+def topic_partitions(settings: CollectorSettings, timeout_s: float = 15.0) -> int | None:
+    """How many partitions the span topic has, or None where Kafka cannot say within
+    ``timeout_s`` (the collector is then sized by its cores alone)."""
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
+    topic = settings.kafka.spans_topic
     try:
         consumer = KafkaConsumer(
             **settings.kafka.client_options(),
             client_id="spanmill-collector-sizing",
             request_timeout_ms=10_000,
-            api_version_auto_timeout_ms=10_000,
+            bootstrap_timeout_ms=10_000,
         )
     except KafkaError as exc:
         log.warning("could not ask Kafka for the span topic's partitions: %s", exc)
         return None
-    try:
-        found = consumer.partitions_for_topic(settings.kafka.spans_topic)
-        return len(found) if found else None
-    except KafkaError as exc:
-        log.warning("could not ask Kafka for the span topic's partitions: %s", exc)
-        return None
-    finally:
-        consumer.close()
+    found: list[int | None] = []
+
+    def ask() -> None:
+        try:
+            partitions = consumer.partitions_for_topic(topic)
+            found.append(len(partitions) if partitions else None)
+        except KafkaError as exc:
+            log.warning("could not ask Kafka for the span topic's partitions: %s", exc)
+            found.append(None)
+
+    # The client waits for the topic's metadata without a bound where no broker answers
+    # (brokers lost after the first contact): the collector starts sized by its cores.
+    asking = threading.Thread(target=ask, name="collector-sizing", daemon=True)
+    asking.start()
+    asking.join(timeout_s)
+    if asking.is_alive():
+        log.warning("Kafka did not say within %.0fs how many partitions %s has", timeout_s, topic)
+        return None  # the client is left to its thread, which ends with the process
+    consumer.close()
+    return found[0]
