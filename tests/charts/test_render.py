@@ -661,6 +661,11 @@ def test_pipeline_upload_job_runs_the_documented_contract(render_set: Any, helm:
     job = render_set("all-features").get("Job", f"{FULLNAME}-pipeline-upload")
     hooks = job["metadata"]["annotations"]["helm.sh/hook"]
     assert set(hooks.split(",")) == {"post-install", "post-upgrade"}
+    # Bounded as a whole: the client would wait for ever on an API that never answers.
+    assert (
+        job["spec"]["activeDeadlineSeconds"]
+        == merged_values("all-features")["pipelineUpload"]["deadlineSeconds"]
+    )
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["spanmill"]
     assert container["args"] == [
