@@ -103,6 +103,18 @@ class MLflowSettings(BaseSettings):
     model_config = _config("SPANMILL_MLFLOW_")
 
     tracking_uri: str = f"http://{LOOPBACK}:{DEFAULT_MLFLOW_PORT}"
+    # The client's own defaults (120 s, 7 retries with backoff) hold one call to a quiet
+    # MLflow about 20 minutes (spanmill.registry.bounds); the controller has its own.
+    request_timeout_s: int = Field(
+        30, gt=0, description="Seconds a spanmill process waits for one MLflow answer."
+    )
+    request_retries: int = Field(3, ge=0, description="Retries of an MLflow call that failed.")
+
+    def bound_requests(self) -> None:
+        """Bound this process's MLflow calls so, where MLFLOW_HTTP_REQUEST_* are not set."""
+        from spanmill.registry.bounds import bound_by_default
+
+        bound_by_default(self.request_timeout_s, self.request_retries)
 
 
 class TritonSettings(BaseSettings):

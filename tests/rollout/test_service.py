@@ -147,6 +147,7 @@ def test_a_stuck_pass_fails_healthz_and_logs_where_it_is_stuck(
         try:
             thread.start()
             statuses: list[int] = []
+            idles: list[float] = []
             deadline = time.monotonic() + 60
             # Stuck, then bounded: 503 while the read waits, 200 once it has failed.
             while not (503 in statuses and statuses[-1] == 200):
@@ -156,12 +157,13 @@ def test_a_stuck_pass_fails_healthz_and_logs_where_it_is_stuck(
                 if statuses and statuses[-1] == 503:
                     metrics = httpx.get(f"{base}/metrics", timeout=2).text
                     idle = metrics.split("\nspanmill_rollout_pass_idle_seconds ")[1].split()[0]
-                    assert float(idle) > 1.0
+                    idles.append(float(idle))  # 0 once the pass has ended
                 time.sleep(0.1)
         finally:
             stop.set()
             thread.join(timeout=30)
     assert not thread.is_alive()
+    assert max(idles) > 1.0, idles
     stalls = [r.getMessage() for r in caplog.records if "has not moved on" in r.getMessage()]
     assert len(stalls) == 1, stalls  # once a stall, however often it is asked
     assert "reading the state and the agents" in stalls[0]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +131,24 @@ def test_an_episode_that_raises_or_hangs_is_a_failed_episode_not_the_end_of_the_
     assert episodes_finished(1, results) == results[:2]
 
 
+def test_an_episode_that_never_returns_does_not_keep_the_process_alive() -> None:
+    """The run ends with that episode counted as failed; then the process exits (the
+    executor it ran on before was joined at exit, and the training pod ran on, idle)."""
+    code = (
+        "import threading\n"
+        "from concurrent.futures import wait\n"
+        "from spanmill.train.rollouts import on_daemon_threads\n"
+        "never = threading.Event()\n"
+        "futures = on_daemon_threads(lambda item: never.wait() if item else item, [0, 1], 2)\n"
+        "done, late = wait(futures, timeout=1)\n"
+        "print(len(done), len(late))\n"
+    )
+    ended = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    assert ended.returncode == 0, ended.stderr
+    assert ended.stdout.split() == ["1", "1"]
+
+
 @pytest.mark.parametrize(
     ("environment", "settings", "message"),
     [
@@ -196,7 +216,35 @@ def test_mlflow_gone_mid_run_costs_metrics_never_the_training(
     tracker.finish("FAILED")
     said = [r.getMessage() for r in caplog.records if r.name == "spanmill.train.tracking"]
     assert len(said) == 3 and all(m.startswith("MLflow did not take") for m in said), said
-    assert "step 3's metrics" in said[0]
+    assert any("step 3's metrics" in m for m in said), said
+
+
+def test_a_step_never_waits_for_a_quiet_mlflow(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MLflow takes the connection and does not answer: a step's metrics leave from
+    MLflow's own logging thread, so the step goes on; the run's end says what was lost."""
+    import socket
+    import threading
+
+    from spanmill.train.tracking import RunTracker
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    tracker = RunTracker(f"http://127.0.0.1:{silent.getsockname()[1]}", "0" * 32)
+    try:
+        step = threading.Thread(target=tracker.log_metrics, args=({"loss": 0.5}, 3))
+        step.start()
+        step.join(30)  # sent by the step itself, it would wait out the 120 s
+        assert not step.is_alive()
+    finally:
+        silent.close()  # MLflow goes: what waited for it fails
+    tracker.finish("FAILED")
+    said = [r.getMessage() for r in caplog.records if r.name == "spanmill.train.tracking"]
+    assert any("step 3's metrics" in m for m in said), said
 
 
 def test_an_init_adapter_trained_on_another_base_is_refused(tmp_path: Path) -> None:

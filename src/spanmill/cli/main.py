@@ -6,6 +6,8 @@ rollout, pipeline, demo) register here the same way.
 
 from __future__ import annotations
 
+import contextlib
+
 import typer
 
 from spanmill import __version__
@@ -25,6 +27,7 @@ from spanmill.cli import (
     train,
     triton,
 )
+from spanmill.config import MLflowSettings
 
 app = typer.Typer(
     name="spanmill",
@@ -43,6 +46,17 @@ app.command()(demo.demo)
 app.add_typer(models.app, name="models")
 app.add_typer(agent.app, name="agent")
 app.add_typer(dataset.app, name="dataset")
+
+
+@app.callback()
+def main() -> None:
+    """Turn the traces of agents in production into better models, continuously."""
+    # Every command's MLflow calls bounded (spanmill.registry.bounds); the controller
+    # bounds its own tighter. A malformed setting is left for the command to report.
+    with contextlib.suppress(ValueError):
+        MLflowSettings().bound_requests()
+
+
 app.command()(collector.collector)
 app.add_typer(spans.app, name="spans")
 app.add_typer(store.app, name="store")

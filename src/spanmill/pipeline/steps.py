@@ -417,4 +417,7 @@ def _serving(flavour: str, num_threads: int = 0) -> ServingSettings:
 
 
 def _mlflow(tracking_uri: str) -> MLflowSettings:
-    return load_settings(MLflowSettings, **_given(tracking_uri=tracking_uri))
+    """The step's MLflow, its calls bounded for the step's process and those it starts."""
+    settings = load_settings(MLflowSettings, **_given(tracking_uri=tracking_uri))
+    settings.bound_requests()
+    return settings

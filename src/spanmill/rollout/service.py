@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -24,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from spanmill.config import RolloutSettings
 from spanmill.errors import ConfigError
+from spanmill.registry.bounds import bounded, request_env
 from spanmill.registry.client import ModelRegistry
 from spanmill.rollout.backend import RolloutBackend
 from spanmill.rollout.deployer import Deployer
@@ -90,29 +90,13 @@ def signals_of(settings: RolloutSettings) -> Signals:
 def mlflow_request_env(settings: RolloutSettings) -> dict[str, str]:
     """The MLflow client's own variables that bound a call as ``settings`` ask: one
     answer waited for ``mlflow_timeout_s``, ``mlflow_retries`` retries a second apart."""
-    return {
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(settings.mlflow_timeout_s),
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(settings.mlflow_retries),
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
-    }
+    return request_env(settings.mlflow_timeout_s, settings.mlflow_retries)
 
 
-@contextlib.contextmanager
-def bounded_mlflow(settings: RolloutSettings) -> Iterator[None]:
+def bounded_mlflow(settings: RolloutSettings) -> contextlib.AbstractContextManager[None]:
     """MLflow calls bounded as the controller's settings ask, while it runs; what the
     process had before is restored after (the client reads them at each call)."""
-    bounds = mlflow_request_env(settings)
-    before = {name: os.environ.get(name) for name in bounds}
-    os.environ.update(bounds)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return bounded(settings.mlflow_timeout_s, settings.mlflow_retries)
 
 
 def build_reconciler(

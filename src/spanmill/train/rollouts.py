@@ -15,12 +15,14 @@ token ids trained on are the ones the gateway recorded, never re-tokenised text.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 import pyarrow as pa
@@ -37,6 +39,9 @@ from spanmill.tasks.runner import EpisodeResult, run_episode
 from spanmill.train.errors import RewardError, TrainError
 
 log = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,9 @@ def run_groups(
     An episode is the agent's own code: one that raises (a tool's bug, a verifier's) or
     that has not ended within ``timeout_s`` of the step's start is a failed episode, with
     its error, never the end of the run; the others are trained on. A thread stuck in
-    code that never returns cannot be stopped: it is left behind, and what it may still
-    send is not read (its trace is not asked for).
+    code that never returns cannot be stopped: it is left behind (a daemon thread, which
+    the process does not wait for at its exit), and what it may still send is not read
+    (its trace is not asked for).
     """
     if group_size < 2:
         raise TrainError(f"a group needs at least 2 episodes to compare, got {group_size}")
@@ -102,9 +108,8 @@ def run_groups(
                 log.warning("an episode of %s failed", instance.id, exc_info=True)
             return failed(instance, f"{type(exc).__name__}: {exc}")
 
-    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="rollout")
+    futures = on_daemon_threads(one, jobs, concurrency)
     try:
-        futures = [pool.submit(one, instance) for instance in jobs]
         _, late = wait(futures, timeout=timeout_s)
         if late:
             log.error("%d of %d episodes had not ended after %g s; counted as failed",
@@ -116,7 +121,37 @@ def run_groups(
             for instance, future in zip(jobs, futures, strict=True)
         ]
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        for future in futures:
+            future.cancel()  # those not begun yet are not begun
+
+
+def on_daemon_threads(
+    call: Callable[[Item], Result], items: Sequence[Item], threads: int
+) -> list[Future[Result]]:
+    """``call`` on each item, ``threads`` at a time, on daemon threads: unlike a
+    ThreadPoolExecutor's, which the interpreter joins at exit, one stuck in an episode
+    that never returns does not keep the training process alive after its run."""
+    futures: list[Future[Result]] = [Future() for _ in items]
+    queued: queue.SimpleQueue[tuple[Item, Future[Result]]] = queue.SimpleQueue()
+    for pair in zip(items, futures, strict=True):
+        queued.put(pair)
+
+    def work() -> None:
+        while True:
+            try:
+                item, future = queued.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled before it began
+            try:
+                future.set_result(call(item))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    for n in range(max(1, min(threads, len(items)))):
+        threading.Thread(target=work, name=f"rollout-{n}", daemon=True).start()
+    return futures
 
 
 class RolloutReader:

@@ -40,6 +40,8 @@ class RunTracker:
         self.tracking_uri = tracking_uri
         self.run_id = run_id
         self.owns_status = owns_status
+        # Metrics sent from MLflow's logging thread, by step, until finish() waits for them.
+        self._sending: list[tuple[int, Any]] = []
 
     @classmethod
     def open(
@@ -95,7 +97,9 @@ class RunTracker:
             self.client.log_batch(self.run_id, params=fresh[start : start + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Best effort: MLflow gone mid-run costs the step's metrics, never the training."""
+        """Best effort: MLflow gone mid-run costs the step's metrics, never the training.
+        Sent from MLflow's own logging thread: a step never waits for MLflow's answer
+        (:meth:`finish` waits for what is still on its way)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -105,7 +109,13 @@ class RunTracker:
             if isinstance(value, int | float) and math.isfinite(value)
         ]
         if entries:
-            _quietly(f"step {step}'s metrics", self.client.log_batch, self.run_id, metrics=entries)
+            try:
+                sending = self.client.log_batch(self.run_id, metrics=entries, synchronous=False)
+            except Exception as exc:
+                logger.warning("MLflow did not take step %d's metrics: %s: %s", step,
+                               type(exc).__name__, exc)  # fmt: skip
+            else:
+                self._sending.append((step, sending))
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
@@ -143,6 +153,17 @@ class RunTracker:
     def finish(self, status: str) -> None:
         """Best effort: a run that ended (or failed, with its own error to tell) is not
         undone, nor its error hidden, by an MLflow that cannot be told."""
+        # The metrics still on their way first, so a finished run holds all of them. One
+        # step's lost says MLflow is gone: the rest are not waited for one by one.
+        sending, self._sending = self._sending, []
+        for index, (step, operations) in enumerate(sending):
+            try:
+                operations.wait()
+            except Exception as exc:
+                later = len(sending) - index - 1
+                logger.warning("MLflow did not take step %d's metrics (nor, it may be, the %d "
+                               "steps' logged after it): %s", step, later, exc)  # fmt: skip
+                break
         if self.owns_status:
             _quietly(f"the run's status {status}", self.client.set_terminated, self.run_id,
                      status=status)  # fmt: skip
