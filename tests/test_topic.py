@@ -94,3 +94,35 @@ def test_a_record_on_the_topic_is_keyed_by_trace_typed_and_lz4_compressed(kafka)
     assert record.key == b"cd" * 16
     assert dict(record.headers) == {sc.CONTENT_TYPE_HEADER: sc.CONTENT_TYPE_OTLP_PROTOBUF.encode()}
     assert [s.span_id for s in decode_otlp_protobuf(record.value)] == [s.span_id for s in spans]
+
+
+def test_a_topics_partitions_are_asked_within_a_bound() -> None:
+    """kafka-python waits for metadata without a bound where no broker answers: the
+    question gives up, and a failure is the caller's to see."""
+    import threading
+
+    import pytest
+    from kafka.errors import KafkaTimeoutError
+
+    from spanmill.topic import partitions_of
+
+    never = threading.Event()
+
+    class Lost:
+        def partitions_for_topic(self, topic: str) -> set[int]:
+            never.wait()
+            return {0}
+
+    class Known:
+        def partitions_for_topic(self, topic: str) -> set[int] | None:
+            return {0, 1, 2} if topic == "spans" else None
+
+    class Failing:
+        def partitions_for_topic(self, topic: str) -> set[int]:
+            raise KafkaTimeoutError("no broker")
+
+    assert partitions_of(Lost(), "spans", timeout_s=0.5) is None
+    assert partitions_of(Known(), "spans") == {0, 1, 2}
+    assert partitions_of(Known(), "other") == set()
+    with pytest.raises(KafkaTimeoutError):
+        partitions_of(Failing(), "spans")

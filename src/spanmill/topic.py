@@ -141,3 +141,30 @@ def reduced(
         if len(payload) <= max_bytes:
             return payload
     return None
+
+
+def partitions_of(consumer: Any, topic: str, timeout_s: float = 15.0) -> set[int] | None:
+    """``topic``'s partitions as ``consumer``'s client learns them (an empty set: no such
+    topic), or None where Kafka has not said within ``timeout_s``.
+
+    kafka-python waits for a topic's metadata without a bound where no broker answers
+    (brokers lost after the client's first contact): the question is asked on a daemon
+    thread, left behind if it never returns, and the caller goes on.
+    """
+    import threading
+
+    answer: list[set[int]] = []
+    failure: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            answer.append(set(consumer.partitions_for_topic(topic) or ()))
+        except BaseException as exc:
+            failure.append(exc)
+
+    asking = threading.Thread(target=ask, name="kafka-partitions", daemon=True)
+    asking.start()
+    asking.join(timeout_s)
+    if failure:
+        raise failure[0]
+    return answer[0] if answer else None

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -102,6 +101,8 @@ def topic_partitions(settings: CollectorSettings, timeout_s: float = 15.0) -> in
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
+    from spanmill.topic import partitions_of
+
     topic = settings.kafka.spans_topic
     try:
         consumer = KafkaConsumer(
@@ -113,23 +114,13 @@ def topic_partitions(settings: CollectorSettings, timeout_s: float = 15.0) -> in
     except KafkaError as exc:
         log.warning("could not ask Kafka for the span topic's partitions: %s", exc)
         return None
-    found: list[int | None] = []
-
-    def ask() -> None:
-        try:
-            partitions = consumer.partitions_for_topic(topic)
-            found.append(len(partitions) if partitions else None)
-        except KafkaError as exc:
-            log.warning("could not ask Kafka for the span topic's partitions: %s", exc)
-            found.append(None)
-
-    # The client waits for the topic's metadata without a bound where no broker answers
-    # (brokers lost after the first contact): the collector starts sized by its cores.
-    asking = threading.Thread(target=ask, name="collector-sizing", daemon=True)
-    asking.start()
-    asking.join(timeout_s)
-    if asking.is_alive():
+    try:
+        found = partitions_of(consumer, topic, timeout_s)
+    except KafkaError as exc:
+        log.warning("could not ask Kafka for the span topic's partitions: %s", exc)
+        found = set()
+    if found is None:
         log.warning("Kafka did not say within %.0fs how many partitions %s has", timeout_s, topic)
         return None  # the client is left to its thread, which ends with the process
     consumer.close()
-    return found[0]
+    return len(found) or None

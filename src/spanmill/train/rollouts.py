@@ -36,6 +36,7 @@ from spanmill.spans.errors import SpanDecodeError
 from spanmill.store.rows import table_from_spans
 from spanmill.tasks.base import Task, TaskInstance
 from spanmill.tasks.runner import EpisodeResult, run_episode
+from spanmill.topic import partitions_of
 from spanmill.train.errors import RewardError, TrainError
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,12 @@ class RolloutReader:
             auto_offset_reset="latest",
             allow_auto_create_topics=False,
         )
-        partitions = self._consumer.partitions_for_topic(topic)
+        partitions = partitions_of(self._consumer, topic)
+        if partitions is None:
+            raise TrainError(
+                f"Kafka at {kafka.bootstrap_servers} did not say within 15 s which partitions "
+                f"the topic {topic!r} has; is it up?"
+            )
         if not partitions:
             self._consumer.close()
             raise TrainError(
