@@ -561,3 +561,24 @@ def test_every_result_of_parallel_tool_calls_reaches_the_prompt() -> None:
         {"role": "tool", "content": "RA", "tool_call_id": "a"},
         {"role": "user", "content": "And the other order?"},
     ]
+
+
+def test_readiness_gives_up_on_a_triton_that_never_answers() -> None:
+    """Under the session's bound for a generation (an hour here), each probe's question
+    stayed open that long; it now gives up within seconds, and says not ready."""
+    import socket
+
+    from spanmill.gateway.upstream import TritonUpstream
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the backlog, nothing answers
+        upstream = TritonUpstream(f"127.0.0.1:{silent.getsockname()[1]}", timeout_s=3600)
+
+        async def ask() -> bool:
+            try:
+                return await upstream.ready()
+            finally:
+                await upstream.close()
+
+        assert asyncio.run(ask()) is False

@@ -153,6 +153,10 @@ class _Prepared:
         )
 
 
+# How long the readiness probe's question to Triton may take.
+READY_TIMEOUT_S = 2.0
+
+
 class TritonUpstream:
     """A model in Triton, on the generate extension's Server-Sent Events.
 
@@ -195,8 +199,12 @@ class TritonUpstream:
         return self._client
 
     async def ready(self) -> bool:
+        """Whether Triton says it is ready, within READY_TIMEOUT_S: under the session's bound
+        for a generation (minutes), a Triton that never answers left a probe's call open
+        long after the kubelet had given up on it, one more every few seconds."""
         try:
-            async with self._get().get("/v2/health/ready") as response:
+            bound = aiohttp.ClientTimeout(total=READY_TIMEOUT_S)
+            async with self._get().get("/v2/health/ready", timeout=bound) as response:
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
