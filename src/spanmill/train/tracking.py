@@ -115,7 +115,8 @@ class RunTracker:
                 logger.warning("MLflow did not take step %d's metrics: %s: %s", step,
                                type(exc).__name__, exc)  # fmt: skip
             else:
-                self._sending.append((step, sending))
+                if sending is not None:  # what is still on its way
+                    self._sending.append((step, sending))
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
