@@ -103,10 +103,14 @@ class MLflowSettings(BaseSettings):
     model_config = _config("SPANMILL_MLFLOW_")
 
     tracking_uri: str = f"http://{LOOPBACK}:{DEFAULT_MLFLOW_PORT}"
-    # The client's own defaults (120 s, 7 retries with backoff) hold one call to a quiet
-    # MLflow about 20 minutes (spanmill.registry.bounds); the controller has its own.
+    # The client's own defaults (120 s, 7 retries with backoff up to 128 s) hold one call
+    # to a quiet MLflow about 20 minutes, 3 retries about 8 (spanmill.registry.bounds);
+    # the controller has its own, tighter.
     request_timeout_s: int = Field(
-        30, gt=0, description="Seconds a spanmill process waits for one MLflow answer."
+        120,
+        gt=0,
+        description="Seconds a spanmill process waits for one MLflow answer (MLflow's own "
+        "default: an artifact's upload is answered once the server has stored it).",
     )
     request_retries: int = Field(3, ge=0, description="Retries of an MLflow call that failed.")
 
@@ -587,7 +591,7 @@ class RolloutSettings(BaseSettings):
         "before it holds that agent and goes on to the others.",
     )
     stall_after_s: float = Field(
-        600.0,
+        900.0,
         gt=0,
         description="A pass that has not moved on for this long (one agent's step stuck in a "
         "call) logs where it is stuck and fails /healthz, so that the kubelet restarts the "
@@ -664,10 +668,12 @@ class RolloutSettings(BaseSettings):
     @field_validator("stall_after_s")
     @classmethod
     def _stall_after(cls, value: float, info: ValidationInfo) -> float:
-        # A step waiting for its deployment is not stuck.
-        wait = info.data.get("deploy_wait_s")
-        if wait is not None and value <= wait:
-            raise ValueError(f"must be longer than SPANMILL_ROLLOUT_DEPLOY_WAIT_S ({wait})")
+        # A step waiting for its deployment, or for a version's load (a retirement reloads
+        # a vLLM engine on the pass's thread), is not stuck.
+        for name in ("deploy_wait_s", "load_timeout_s"):
+            bound = info.data.get(name)
+            if bound is not None and value <= bound:
+                raise ValueError(f"must be longer than SPANMILL_ROLLOUT_{name.upper()} ({bound})")
         return value
 
     @field_validator("retry_period_s")

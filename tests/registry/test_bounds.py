@@ -15,7 +15,10 @@ NAMES = tuple(request_env(1, 1))
 @pytest.fixture
 def unbounded(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name in NAMES:
-        monkeypatch.delenv(name, raising=False)
+        # Set first, so that what the test leaves is undone (a variable absent at the
+        # start is recorded only by a set).
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
     return monkeypatch
 
 
@@ -36,7 +39,7 @@ def test_every_cli_command_bounds_mlflow(unbounded: pytest.MonkeyPatch) -> None:
 
     result = CliRunner().invoke(app, ["version"])
     assert result.exit_code == 0, result.output
-    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "30"
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "120"
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "3"
 
 

@@ -132,12 +132,12 @@ def test_a_stuck_pass_fails_healthz_and_logs_where_it_is_stuck(
     an error, and /healthz answers again."""
     import spanmill.kube
 
-    monkeypatch.setattr(spanmill.kube, "API_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(spanmill.kube, "API_TIMEOUT_S", 8.0)
     port = free_port()
     settings = RolloutSettings(
         mlflow=MLflowSettings(tracking_uri="http://127.0.0.1:9"),  # never reached
         backend="kubernetes", agents=["calc"], interval_s=30, http_port=port,
-        deploy_wait_s=0.5, stall_after_s=1.0,
+        deploy_wait_s=0.5, load_timeout_s=0.5, stall_after_s=1.0,
     )  # fmt: skip
     stop = threading.Event()
     thread = threading.Thread(target=run, args=(settings, stop), daemon=True)

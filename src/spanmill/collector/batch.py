@@ -31,6 +31,7 @@ from spanmill.collector.redact import Redactor
 from spanmill.collector.translate import Translation
 from spanmill.collector.tuning import tune_process
 from spanmill.config import CollectorSettings
+from spanmill.logs import stacks_on_sigusr1
 from spanmill.spans.errors import SpanDecodeError
 from spanmill.store.layout import BatchId
 from spanmill.store.rows import (
@@ -346,6 +347,7 @@ def _init_worker(config: ProcessingConfig, parent: int) -> None:
     global _worker
     _worker = BatchProcessor(config)
     tune_process()
+    stacks_on_sigusr1()
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
 

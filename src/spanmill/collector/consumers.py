@@ -210,9 +210,10 @@ class Supervised:
 def _child(settings: CollectorSettings, send: Connection, parent: int) -> None:
     from spanmill.collector.loop import Collector
     from spanmill.collector.tuning import tune_process
-    from spanmill.logs import configure_logging
+    from spanmill.logs import configure_logging, stacks_on_sigusr1
 
     configure_logging()
+    stacks_on_sigusr1()  # as the first process: a signal asks, it does not end it
     tune_process()
     try:
         _consume(send, parent, Collector(settings))

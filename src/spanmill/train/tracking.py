@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,8 +41,7 @@ class RunTracker:
         self.tracking_uri = tracking_uri
         self.run_id = run_id
         self.owns_status = owns_status
-        # Metrics sent from MLflow's logging thread, by step, until finish() waits for them.
-        self._sending: list[tuple[int, Any]] = []
+        self._metrics = _MetricSender(self._send_metrics)
 
     @classmethod
     def open(
@@ -98,8 +98,8 @@ class RunTracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Best effort: MLflow gone mid-run costs the step's metrics, never the training.
-        Sent from MLflow's own logging thread: a step never waits for MLflow's answer
-        (:meth:`finish` waits for what is still on its way)."""
+        Sent from a thread of the tracker's own: a step never waits for MLflow's answer
+        (:meth:`finish` waits for what is still on its way, within a bound)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -109,14 +109,11 @@ class RunTracker:
             if isinstance(value, int | float) and math.isfinite(value)
         ]
         if entries:
-            try:
-                sending = self.client.log_batch(self.run_id, metrics=entries, synchronous=False)
-            except Exception as exc:
-                logger.warning("MLflow did not take step %d's metrics: %s: %s", step,
-                               type(exc).__name__, exc)  # fmt: skip
-            else:
-                if sending is not None:  # what is still on its way
-                    self._sending.append((step, sending))
+            self._metrics.put(step, entries)
+
+    def _send_metrics(self, entries: list[Any]) -> None:
+        for start in range(0, len(entries), 1000):  # MLflow takes 1,000 a batch
+            self.client.log_batch(self.run_id, metrics=entries[start : start + 1000])
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
@@ -154,20 +151,65 @@ class RunTracker:
     def finish(self, status: str) -> None:
         """Best effort: a run that ended (or failed, with its own error to tell) is not
         undone, nor its error hidden, by an MLflow that cannot be told."""
-        # The metrics still on their way first, so a finished run holds all of them. One
-        # step's lost says MLflow is gone: the rest are not waited for one by one.
-        sending, self._sending = self._sending, []
-        for index, (step, operations) in enumerate(sending):
-            try:
-                operations.wait()
-            except Exception as exc:
-                later = len(sending) - index - 1
-                logger.warning("MLflow did not take step %d's metrics (nor, it may be, the %d "
-                               "steps' logged after it): %s", step, later, exc)  # fmt: skip
-                break
+        # The metrics still on their way first, so a finished run holds all of them.
+        self._metrics.close(FINISH_WAIT_S)
         if self.owns_status:
             _quietly(f"the run's status {status}", self.client.set_terminated, self.run_id,
                      status=status)  # fmt: skip
+
+
+# How long a run's end waits for its metrics still on their way to MLflow.
+FINISH_WAIT_S = 120.0
+
+
+class _MetricSender:
+    """A run's metrics sent one batch at a time from a daemon thread of its own. What
+    steps log while a batch is on its way waits, and goes with the next: a step never
+    waits for MLflow, and an MLflow that has gone quiet holds one batch, not a queue of
+    them that the process must wait out at its exit (MLflow's own asynchronous logging
+    sends every one it queued before the process may end)."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[int, list[Any]]] = []
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def put(self, step: int, entries: list[Any]) -> None:
+        with self._lock:
+            self._waiting.append((step, entries))
+            if not self._idle.is_set():
+                return  # the thread sending takes it with its next batch
+            self._idle.clear()
+        threading.Thread(target=self._run, name="mlflow-metrics", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._waiting = self._waiting, []
+                if not batch:
+                    self._idle.set()
+                    return
+            try:
+                self._send([entry for _, entries in batch for entry in entries])
+            except Exception as exc:
+                steps = sorted({step for step, _ in batch})
+                said = (
+                    f"step {steps[0]}'s" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}'s"
+                )
+                logger.warning("MLflow did not take %s metrics: %s: %s", said,
+                               type(exc).__name__, exc)  # fmt: skip
+
+    def close(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for what is on its way; what is not sent by then is
+        left, and said so."""
+        if not self._idle.wait(timeout_s):
+            with self._lock:
+                steps = [step for step, _ in self._waiting]
+            logger.warning("MLflow had not taken the run's last metrics after %.0fs (%d steps "
+                           "waiting besides the batch on its way); they are left", timeout_s,
+                           len(steps))  # fmt: skip
 
 
 def _quietly(what: str, call: Any, *args: Any, **kwargs: Any) -> None:
