@@ -233,8 +233,10 @@ class Pod:
             port, self.port = self.port, free_port()
             env = {k: str(self.port) if v == str(port) else v for k, v in env.items()}
         if deployment == "spanmill-rollout":
-            # A pass stuck in one call logs where it is within a minute, not ten.
-            env["SPANMILL_ROLLOUT_STALL_AFTER_S"] = "60"
+            # A pass stuck in one call logs where it is within the waits below (a stall
+            # must outlast a version's load, which a retirement may wait for).
+            env["SPANMILL_ROLLOUT_LOAD_TIMEOUT_S"] = "240"
+            env["SPANMILL_ROLLOUT_STALL_AFTER_S"] = "270"
         self.log = (tmp_path / f"{self.name}.log").open("wb")
         self.process = subprocess.Popen(
             [*container["command"], *container["args"]],
