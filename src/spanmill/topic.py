@@ -151,20 +151,11 @@ def partitions_of(consumer: Any, topic: str, timeout_s: float = 15.0) -> set[int
     (brokers lost after the client's first contact): the question is asked on a daemon
     thread, left behind if it never returns, and the caller goes on.
     """
-    import threading
+    from concurrent.futures import wait
 
-    answer: list[set[int]] = []
-    failure: list[BaseException] = []
+    from spanmill.daemons import on_daemon_threads
 
-    def ask() -> None:
-        try:
-            answer.append(set(consumer.partitions_for_topic(topic) or ()))
-        except BaseException as exc:
-            failure.append(exc)
-
-    asking = threading.Thread(target=ask, name="kafka-partitions", daemon=True)
-    asking.start()
-    asking.join(timeout_s)
-    if failure:
-        raise failure[0]
-    return answer[0] if answer else None
+    (asked,) = on_daemon_threads(consumer.partitions_for_topic, [topic], 1)
+    if not wait([asked], timeout=timeout_s).done:
+        return None
+    return set(asked.result() or ())

@@ -137,7 +137,7 @@ def test_an_episode_that_never_returns_does_not_keep_the_process_alive() -> None
     code = (
         "import threading\n"
         "from concurrent.futures import wait\n"
-        "from spanmill.train.rollouts import on_daemon_threads\n"
+        "from spanmill.daemons import on_daemon_threads\n"
         "never = threading.Event()\n"
         "futures = on_daemon_threads(lambda item: never.wait() if item else item, [0, 1], 2)\n"
         "done, late = wait(futures, timeout=1)\n"

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from spanmill.config import RolloutSettings
 from spanmill.errors import ConfigError
-from spanmill.registry.bounds import bounded, request_env
+from spanmill.registry.bounds import bounded
 from spanmill.registry.client import ModelRegistry
 from spanmill.rollout.backend import RolloutBackend
 from spanmill.rollout.deployer import Deployer
@@ -85,12 +85,6 @@ def signals_of(settings: RolloutSettings) -> Signals:
                            port_name=settings.gateway_port_name)  # fmt: skip
         return GatewayMetricsSignals(pods=pods)
     return GatewayMetricsSignals(settings.gateway_urls)
-
-
-def mlflow_request_env(settings: RolloutSettings) -> dict[str, str]:
-    """The MLflow client's own variables that bound a call as ``settings`` ask: one
-    answer waited for ``mlflow_timeout_s``, ``mlflow_retries`` retries a second apart."""
-    return request_env(settings.mlflow_timeout_s, settings.mlflow_retries)
 
 
 def bounded_mlflow(settings: RolloutSettings) -> contextlib.AbstractContextManager[None]:

@@ -15,20 +15,19 @@ token ids trained on are the ones the gateway recorded, never re-tokenised text.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, wait
+from collections.abc import Mapping, Sequence
+from concurrent.futures import wait
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import openai
 import pyarrow as pa
 
 from spanmill import semconv as sc
 from spanmill.config import KafkaSettings
+from spanmill.daemons import on_daemon_threads
 from spanmill.dataset.episodes import read_llm_calls, read_rewards
 from spanmill.spans import Span
 from spanmill.spans.codec import detect_and_decode
@@ -40,9 +39,6 @@ from spanmill.topic import partitions_of
 from spanmill.train.errors import RewardError, TrainError
 
 log = logging.getLogger(__name__)
-
-Item = TypeVar("Item")
-Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -124,35 +120,6 @@ def run_groups(
     finally:
         for future in futures:
             future.cancel()  # those not begun yet are not begun
-
-
-def on_daemon_threads(
-    call: Callable[[Item], Result], items: Sequence[Item], threads: int
-) -> list[Future[Result]]:
-    """``call`` on each item, ``threads`` at a time, on daemon threads: unlike a
-    ThreadPoolExecutor's, which the interpreter joins at exit, one stuck in an episode
-    that never returns does not keep the training process alive after its run."""
-    futures: list[Future[Result]] = [Future() for _ in items]
-    queued: queue.SimpleQueue[tuple[Item, Future[Result]]] = queue.SimpleQueue()
-    for pair in zip(items, futures, strict=True):
-        queued.put(pair)
-
-    def work() -> None:
-        while True:
-            try:
-                item, future = queued.get_nowait()
-            except queue.Empty:
-                return
-            if not future.set_running_or_notify_cancel():
-                continue  # cancelled before it began
-            try:
-                future.set_result(call(item))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-    for n in range(max(1, min(threads, len(items)))):
-        threading.Thread(target=work, name=f"rollout-{n}", daemon=True).start()
-    return futures
 
 
 class RolloutReader:

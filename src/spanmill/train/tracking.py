@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,7 @@ class _MetricSender:
     them that the process must wait out at its exit (MLflow's own asynchronous logging
     sends every one it queued before the process may end)."""
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Callable[[list[Any]], None]) -> None:
         self._send = send
         self._lock = threading.Lock()
         self._waiting: list[tuple[int, list[Any]]] = []
@@ -206,10 +206,10 @@ class _MetricSender:
         left, and said so."""
         if not self._idle.wait(timeout_s):
             with self._lock:
-                steps = [step for step, _ in self._waiting]
+                waiting = len(self._waiting)
             logger.warning("MLflow had not taken the run's last metrics after %.0fs (%d steps "
                            "waiting besides the batch on its way); they are left", timeout_s,
-                           len(steps))  # fmt: skip
+                           waiting)  # fmt: skip
 
 
 def _quietly(what: str, call: Any, *args: Any, **kwargs: Any) -> None:
